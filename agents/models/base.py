@@ -1,0 +1,42 @@
+"""The model interface: a chat request in, a completion out. Backends must be thread-safe.
+
+Agents make one request at a time per task; many tasks run at once, so a backend may gather concurrent
+requests into batches (see the transformers backend) without the agent knowing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    messages: tuple[dict, ...] | list[dict]
+    max_new_tokens: int = 512
+    temperature: float = 0.0  # 0 = greedy
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    task_id: str | None = None  # lets oracle test doubles answer; real models ignore it
+    tools: tuple[dict, ...] | None = None  # JSON-schema tools, for models whose chat template has them
+
+
+@dataclass
+class Generation:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    finish_reason: str = "stop"  # "stop" | "length"
+    tool_calls: list[dict] = field(default_factory=list)
+
+
+class Model(Protocol):
+    name: str
+
+    def generate(self, request: GenRequest) -> Generation: ...
+
+    def close(self) -> None: ...
+
+
+class ModelUnavailable(RuntimeError):
+    """The model cannot be loaded here (missing weights, no network...). Message is one line."""

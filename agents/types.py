@@ -1,0 +1,142 @@
+"""Typed records that flow between layers: Task -> (agent) -> Trajectory of Attempts and ModelCalls.
+
+Everything here round-trips through JSON (to_dict / from_dict): trajectories are what MLflow stores per
+task, what resume reads back, and what the sweep cache keeps.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxes.base import ExecResult
+
+# The hub's 15 fields of bigcode/humanevalpack (python config, test split), in the hub's order.
+TASK_FIELDS = (
+    "task_id", "prompt", "declaration", "canonical_solution", "buggy_solution", "bug_type",
+    "failure_symptoms", "entry_point", "import", "test_setup", "test", "example_test", "signature",
+    "docstring", "instruction",
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One HumanEvalFix problem."""
+
+    task_id: str
+    prompt: str
+    declaration: str
+    canonical_solution: str
+    buggy_solution: str
+    bug_type: str
+    failure_symptoms: str
+    entry_point: str
+    imports: str  # the hub's "import" field ("" for Python)
+    test_setup: str
+    test: str
+    example_test: str
+    signature: str
+    docstring: str
+    instruction: str
+
+    @classmethod
+    def from_row(cls, row: dict) -> "Task":
+        kw = {("imports" if k == "import" else k): row[k] for k in TASK_FIELDS}
+        return cls(**kw)
+
+    @property
+    def buggy_code(self) -> str:
+        """The whole buggy function as a person reads it: declaration (with helpers) + buggy body."""
+        return self.declaration + self.buggy_solution
+
+    @property
+    def fixed_code(self) -> str:
+        return self.declaration + self.canonical_solution
+
+
+@dataclass
+class ModelCall:
+    """One request to the model and its answer."""
+
+    messages: list[dict]
+    output: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    temperature: float = 0.0
+    seed: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class Attempt:
+    """One round: the model call(s) that produced a candidate and what became of it.
+
+    decision: "tested"       - the candidate ran in the sandbox (see result);
+              "syntax_error" - not valid Python or wrong/missing signature; not run;
+              "no_code"      - no code could be extracted from the answer;
+              "repeat"       - same as an earlier candidate; not run again;
+              "model_error"  - the model call failed.
+    """
+
+    round: int
+    decision: str
+    code: str | None = None
+    result: ExecResult | None = None
+    feedback: str | None = None
+    calls: list[ModelCall] = field(default_factory=list)
+    seconds: float = 0.0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.result is not None and self.result.passed
+
+
+@dataclass
+class Trajectory:
+    """Everything an agent did on one task. The pass@1 curve over rounds is derived from it."""
+
+    task_id: str
+    bug_type: str
+    strategy: str
+    attempts: list[Attempt] = field(default_factory=list)
+    first_pass_round: int | None = None
+    error: str | None = None  # the task crashed (harness problem, not a wrong answer)
+    seconds: float = 0.0
+    budget: int = 0  # iters: feedback rounds allowed after round 0
+    sample: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return self.first_pass_round is not None
+
+    def passed_by_round(self, r: int) -> bool:
+        return self.first_pass_round is not None and self.first_pass_round <= r
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(c.prompt_tokens for a in self.attempts for c in a.calls)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.completion_tokens for a in self.attempts for c in a.calls)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["passed"] = self.passed
+        d["prompt_tokens"] = self.prompt_tokens
+        d["completion_tokens"] = self.completion_tokens
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Trajectory":
+        attempts = []
+        for a in d.get("attempts", []):
+            a = dict(a)
+            a["calls"] = [ModelCall(**c) for c in a.get("calls", [])]
+            a["result"] = ExecResult.from_dict(a["result"]) if a.get("result") else None
+            attempts.append(Attempt(**a))
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names and k != "attempts"}
+        return cls(attempts=attempts, **kw)

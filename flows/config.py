@@ -1,0 +1,82 @@
+"""From a Hydra config to checked, typed settings. Bad values fail here with one clear line."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from agents.loop import PROTOCOLS, STRATEGIES, AgentConfig
+
+
+class ConfigError(ValueError):
+    """A bad config value. The message names the key, the value and what is allowed."""
+
+
+@dataclass
+class JobSettings:
+    agent: AgentConfig
+    model: dict
+    sandbox: dict
+    dataset: dict
+    runner: dict
+    tracking: dict
+    samples: int
+    offline: Any
+    resume: str | None
+    raw: dict  # the whole resolved config, logged as MLflow params
+
+    @property
+    def run_name(self) -> str:
+        return self.tracking.get("run_name") or f"{self.model['name']}-{self.agent.strategy}-iters{self.agent.iters}"
+
+
+def _int(cfg: dict, key: str, lo: int, label: str | None = None) -> int:
+    v = cfg.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ConfigError(f"{label or key} must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def _num(cfg: dict, key: str, lo: float, label: str | None = None, hi: float | None = None) -> float:
+    v = cfg.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" + (f" and <= {hi}" if hi is not None else "")
+        raise ConfigError(f"{label or key} must be a number {rng}, got {v!r}")
+    return float(v)
+
+
+def settings_from(cfg: dict) -> JobSettings:
+    """`cfg` is the resolved Hydra config as a plain dict."""
+    strategy = dict(cfg.get("strategy") or {})
+    name = strategy.get("name")
+    if name not in STRATEGIES:
+        raise ConfigError(f"strategy {name!r} is unknown: use strategy={' | strategy='.join(STRATEGIES)}")
+    protocol = cfg.get("protocol")
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"protocol={protocol!r} is unknown: use one of {', '.join(PROTOCOLS)}")
+    sandbox = dict(cfg.get("sandbox") or {})
+    runner = dict(cfg.get("runner") or {})
+    _int(runner, "workers", 1, "runner.workers")
+    model = dict(cfg.get("model") or {})
+    if not model.get("name") or not model.get("backend"):
+        raise ConfigError("model config needs `name` and `backend` (see conf/model/*.yaml)")
+    offline = cfg.get("offline")
+    if offline not in ("auto", True, False):
+        raise ConfigError(f"offline must be auto, true or false, got {offline!r}")
+    known = set(AgentConfig.__dataclass_fields__)
+    agent = AgentConfig(
+        strategy=name,
+        iters=_int(cfg, "iters", 0),
+        protocol=protocol,
+        temperature=_num(cfg, "temperature", 0.0, hi=5.0),
+        max_new_tokens=_int(cfg, "max_new_tokens", 1),
+        seed=_int(cfg, "seed", 0),
+        timeout_s=_num(sandbox, "timeout_s", 0.001, "sandbox.timeout_s"),
+        **{k: v for k, v in strategy.items() if k in known and k not in ("strategy",)},
+    )
+    if agent.strategy == "single_shot":
+        _num(strategy, "resample_temperature", 0.0, "strategy.resample_temperature", 5.0)
+    return JobSettings(
+        agent=agent, model=model, sandbox=sandbox, dataset=dict(cfg.get("dataset") or {}), runner=runner,
+        tracking=dict(cfg.get("tracking") or {}), samples=_int(cfg, "samples", 1), offline=offline,
+        resume=cfg.get("resume"), raw=cfg,
+    )

@@ -1,0 +1,367 @@
+"""`python -m flows.evaluate [overrides] [-m]`: one Hydra job = one Prefect flow run = one MLflow run.
+
+The flow maps one Prefect task per HumanEvalFix problem over the configured task runner; each task runs
+the agent (agents/loop.py) with the process's shared model and sandbox, writes its trajectory as soon as it
+finishes (resume reads those back), and the job ends by printing one JSON summary line on stdout.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from agents.loop import run_agent
+from agents.models import ModelUnavailable, build_model
+from agents.tasks import DatasetError, load_tasks
+from agents.types import Task, Trajectory
+from sandboxes import SandboxUnavailable, make_sandbox
+
+from .config import ConfigError, JobSettings, settings_from
+from .tracking import MLRUNS, RunTracker, safe_name
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+USER_ERRORS = (ConfigError, DatasetError, ModelUnavailable, SandboxUnavailable)
+
+
+# ---------------------------------------------------------------- process-level model and sandbox
+_contexts: dict[str, tuple] = {}
+_contexts_lock = threading.Lock()
+
+
+def worker_context(model_cfg: dict, sandbox_cfg: dict, tasks: list[Task]):
+    """The model and sandbox of this process, built once and shared by every task (and every job of a
+    sweep) that asks for the same configs."""
+    key = json.dumps([model_cfg, sandbox_cfg], sort_keys=True, default=str)
+    with _contexts_lock:
+        if key not in _contexts:
+            sandbox = make_sandbox(sandbox_cfg)
+            model = build_model(model_cfg, tasks)
+            _contexts[key] = (model, sandbox)
+        return _contexts[key]
+
+
+def close_contexts() -> None:
+    with _contexts_lock:
+        for model, sandbox in _contexts.values():
+            for thing in (model, sandbox):
+                try:
+                    thing.close()
+                except Exception:
+                    pass
+        _contexts.clear()
+
+
+# ---------------------------------------------------------------- per-task state (atomic, resumable)
+class TaskStore:
+    """One JSON file per finished trajectory under <store>/state/<run id>/tasks/, written atomically
+    (temp file + rename), so a kill -9 leaves either the whole trajectory or none of it."""
+
+    def __init__(self, base: Path, run_id: str):
+        self.dir = base / "state" / run_id / "tasks"
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, task_id: str, sample: int) -> Path:
+        return self.dir / f"{safe_name(task_id)}__s{sample}.json"
+
+    def save(self, traj: Trajectory) -> None:
+        p = self.path(traj.task_id, traj.sample)
+        tmp = p.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps(traj.to_dict(), default=str))
+        os.replace(tmp, p)
+
+    def load(self) -> dict[tuple[str, int], Trajectory]:
+        done = {}
+        for p in self.dir.glob("*.json"):
+            try:
+                t = Trajectory.from_dict(json.loads(p.read_text()))
+            except (ValueError, TypeError, KeyError):
+                continue  # a torn or foreign file: that task simply runs again
+            if t.error is None:
+                done[(t.task_id, t.sample)] = t
+        return done
+
+
+# ---------------------------------------------------------------- Prefect flow
+def _repair_one(task: Task, sample: int, settings: JobSettings, tasks: list[Task]) -> Trajectory:
+    import dataclasses
+
+    try:
+        model, sandbox = worker_context(settings.model, settings.sandbox, tasks)
+        cfg = dataclasses.replace(settings.agent, sample=sample)
+        return run_agent(task, model, sandbox, cfg)
+    except Exception as e:  # never let one task kill the run
+        return Trajectory(task_id=task.task_id, bug_type=task.bug_type, strategy=settings.agent.strategy,
+                          budget=settings.agent.iters, sample=sample, error=f"{type(e).__name__}: {e}")
+
+
+def make_flow():
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+
+    repair = task(_repair_one, name="repair", cache_policy=NO_CACHE, persist_result=False)
+
+    @flow(name="humanevalfix-evaluate", persist_result=False, log_prints=False)
+    def evaluate_flow(jobs: list[tuple[Task, int]], settings: JobSettings, tasks: list[Task], on_done=None):
+        from prefect.futures import as_completed
+
+        futures = {repair.submit(t, s, settings, tasks): (t, s) for t, s in jobs}
+        out = []
+        for fut in as_completed(list(futures)):
+            t, s = futures[fut]
+            try:
+                traj = fut.result()
+            except Exception as e:
+                traj = Trajectory(task_id=t.task_id, bug_type=t.bug_type, strategy=settings.agent.strategy,
+                                  budget=settings.agent.iters, sample=s, error=f"{type(e).__name__}: {e}")
+            if on_done:
+                on_done(traj)
+            out.append(traj)
+        return out
+
+    return evaluate_flow
+
+
+def task_runner(runner: dict):
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    name = runner.get("name", "threads")
+    if name == "threads":
+        return ThreadPoolTaskRunner(max_workers=runner["workers"])
+    if name == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        if runner.get("address"):
+            return DaskTaskRunner(address=runner["address"])
+        return DaskTaskRunner(cluster_kwargs={"n_workers": runner["workers"], "threads_per_worker": runner.get("threads_per_worker", 4), "processes": True})
+    raise ConfigError(f"runner {name!r} is unknown: use runner=threads or runner=dask")
+
+
+# ---------------------------------------------------------------- metrics
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimator (Chen et al. 2021) for n samples of which c passed."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def summarize(trajs: list[Trajectory], tasks: list[Task], settings: JobSettings) -> dict:
+    n = settings.samples
+    iters = settings.agent.iters
+    by_task: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        by_task.setdefault(t.task_id, []).append(t)
+    total = len(tasks)
+
+    def mean_pass(pred) -> float:
+        return sum(sum(pred(t) for t in by_task.get(task.task_id, [])) / n for task in tasks) / total if total else 0.0
+
+    curve = [round(mean_pass(lambda t, r=r: t.passed_by_round(r)), 6) for r in range(iters + 1)]
+    passed_tasks = sum(1 for task in tasks if any(t.passed for t in by_task.get(task.task_id, [])))
+    summary = {
+        "pass@1": curve[-1],
+        "passed": passed_tasks if n == 1 else round(curve[-1] * total, 3),
+        "total": total,
+        "pass@1_by_iter": curve,
+        "errors": sum(1 for t in trajs if t.error),
+        "prompt_tokens": sum(t.prompt_tokens for t in trajs),
+        "completion_tokens": sum(t.completion_tokens for t in trajs),
+    }
+    if n > 1:
+        summary["pass@k"] = {k: round(sum(pass_at_k(n, sum(t.passed for t in by_task.get(task.task_id, [])), k)
+                                          for task in tasks) / total, 6) for k in (1, 2, 5, 10, 100) if k <= n}
+    bug_types = sorted({task.bug_type for task in tasks})
+    summary["pass@1_by_bug_type"] = {
+        b: round(sum(sum(t.passed for t in by_task.get(task.task_id, [])) / n for task in tasks if task.bug_type == b)
+                 / sum(1 for task in tasks if task.bug_type == b), 6) for b in bug_types}
+    return summary
+
+
+# ---------------------------------------------------------------- the job
+def apply_offline(offline) -> bool:
+    """Go offline at once when the hub cannot be resolved (here DNS fails at once); else 20-50 s retries."""
+    if offline == "auto":
+        result = []
+        th = threading.Thread(target=lambda: result.append(_resolves("huggingface.co")), daemon=True)
+        th.start()
+        th.join(3.0)
+        offline = not (result and result[0])
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["HF_DATASETS_OFFLINE"] = "1"
+        if "huggingface_hub.constants" in sys.modules:
+            sys.modules["huggingface_hub.constants"].HF_HUB_OFFLINE = True
+    return bool(offline)
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, 443)
+        return True
+    except OSError:
+        return False
+
+
+class Progress:
+    def __init__(self, total: int, already: int = 0, passed: int = 0):
+        self.total, self.done, self.passed = total, already, passed
+        self.lock = threading.Lock()
+        self.t0 = time.perf_counter()
+
+    def __call__(self, traj: Trajectory) -> None:
+        with self.lock:
+            self.done += 1
+            self.passed += traj.passed
+            verdict = "ERROR" if traj.error else (f"passed@{traj.first_pass_round}" if traj.passed else "failed")
+            rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
+            print(f"[{self.done:>4}/{self.total}] {traj.task_id:<12} {verdict:<9} passes so far {self.passed}"
+                  f"  ({rate * 60:.1f} tasks/min)" + (f"  {traj.error}" if traj.error else ""), file=sys.stderr, flush=True)
+
+
+def run_job(cfg: dict) -> dict:
+    t0 = time.perf_counter()
+    settings = settings_from(cfg)
+    apply_offline(settings.offline)
+    tasks = load_tasks(settings.dataset)
+    tracker = RunTracker(settings.tracking)
+    resume = settings.resume
+    if resume == "last":
+        resume = tracker.last_run_id()
+        if resume is None:
+            raise ConfigError("resume=last: no earlier run in this experiment to resume")
+    # Build model and sandbox before any task starts, so a missing key or model is one error up front.
+    worker_context(settings.model, settings.sandbox, tasks)
+    tags = {"model": settings.model["name"], "strategy": settings.agent.strategy,
+            "protocol": settings.agent.protocol, "iters": str(settings.agent.iters)}
+    try:
+        run_id = tracker.start(settings.run_name, settings.raw, tags, resume_run_id=resume)
+    except Exception as e:
+        if resume:
+            raise ConfigError(f"resume={resume}: no such MLflow run ({type(e).__name__})") from None
+        raise
+    store = TaskStore(tracker.store_dir, run_id)
+    done = store.load() if resume else {}
+    jobs = [(t, s) for t in tasks for s in range(settings.samples) if (t.task_id, s) not in done]
+    print(f"fixlab: {len(tasks)} tasks x {settings.samples} sample(s), {len(jobs)} to run, model={settings.model['name']} "
+          f"strategy={settings.agent.strategy} iters={settings.agent.iters} run_id={run_id}", file=sys.stderr, flush=True)
+    progress = Progress(len(tasks) * settings.samples, len(done), sum(t.passed for t in done.values()))
+
+    def on_done(traj: Trajectory) -> None:
+        store.save(traj)
+        progress(traj)
+        try:
+            tracker.log_task(traj.to_dict())
+        except Exception as e:  # the local state file already holds it; the final upload retries
+            print(f"fixlab: could not log {traj.task_id} to MLflow now ({e}); it is kept for the final upload",
+                  file=sys.stderr)
+
+    status = "FAILED"
+    try:
+        if jobs:
+            flow = make_flow().with_options(task_runner=task_runner(settings.runner))
+            flow(jobs, settings, tasks, on_done)
+        trajs = list(store.load().values()) + [t for t in _errored(store)]
+        summary = summarize(trajs, tasks, settings)
+        summary.update(run_id=run_id, wall_s=round(time.perf_counter() - t0, 2), model=settings.model["name"],
+                       strategy=settings.agent.strategy, protocol=settings.agent.protocol, iters=settings.agent.iters,
+                       samples=settings.samples)
+        tracker.log_lines(_result_rows(trajs), "results.jsonl")
+        status = "FINISHED"
+        tracker.finish(summary, status)
+        return summary
+    finally:
+        if status != "FINISHED":
+            try:
+                tracker.client.set_terminated(run_id, status="KILLED")
+            except Exception:
+                pass
+
+
+def _errored(store: TaskStore) -> list[Trajectory]:
+    out = []
+    for p in store.dir.glob("*.json"):
+        try:
+            t = Trajectory.from_dict(json.loads(p.read_text()))
+        except (ValueError, TypeError, KeyError):
+            continue
+        if t.error is not None:
+            out.append(t)
+    return out
+
+
+def _result_rows(trajs: list[Trajectory]):
+    for t in sorted(trajs, key=lambda t: (_task_num(t.task_id), t.sample)):
+        yield {
+            "task_id": t.task_id, "sample": t.sample, "bug_type": t.bug_type, "passed": t.passed,
+            "first_pass_round": t.first_pass_round, "error": t.error, "seconds": t.seconds,
+            "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
+            "attempts": [{"round": a.round, "decision": a.decision, "code": a.code,
+                          "status": a.result.status if a.result else None,
+                          "test_output": (a.result.stderr[-2000:] if a.result else None),
+                          "feedback": a.feedback} for a in t.attempts],
+        }
+
+
+def _task_num(task_id: str):
+    tail = task_id.rsplit("/", 1)[-1]
+    return (0, int(tail)) if tail.isdigit() else (1, tail)
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> float:
+    try:
+        summary = run_job(OmegaConf.to_container(cfg, resolve=True))
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        close_contexts()
+        sys.exit(2)
+    print(json.dumps(summary), flush=True)
+    return summary["pass@1"]
+
+
+def check_overrides(argv: list[str]) -> str | None:
+    """Compose the config once per command line (first value of each sweep) before Hydra runs, so an
+    unknown key or option is one line instead of Hydra's multi-line report. Returns the error or None."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = [a for a in argv if not a.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+        simple = []
+        for o in parsed:
+            if o.is_sweep_override():
+                first = next(iter(o.sweep_string_iterator()), None)
+                simple.append(f"{o.get_key_element()}={first}")
+            else:
+                simple.append(o.input_line)
+        with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+            compose(config_name="config", overrides=[a for a in simple if not a.startswith("hydra.")])
+    except Exception as e:
+        text = str(e).split("Config search path")[0]
+        if "is not in struct" in str(e) + str(e.__cause__) and text.startswith("Could not override"):
+            key = text.split("'")[1]
+            return (f"unknown setting {key!r}: check the spelling (`python -m flows.evaluate --cfg job` "
+                    f"prints every setting)")
+        text = " ".join(text.replace("In 'config': ", "").split())
+        return text[:400] + (" (see conf/ for the settings and options)" if "conf/" not in text else "")
+    return None
+
+
+if __name__ == "__main__":
+    problem = check_overrides(sys.argv[1:]) if not any(a in ("-h", "--help", "--cfg", "-c", "--info") for a in sys.argv) else None
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        main()
+    finally:
+        close_contexts()

@@ -1,0 +1,60 @@
+"""Shared fixtures: an isolated MLflow store, Prefect home and offline environment per test."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = (REPO / ".." / "shared" / "data" / "humanevalfix_python.jsonl").resolve()
+
+needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"HumanEvalFix data not found at {DATA}")
+
+
+def base_env(tmp: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PREFECT_HOME=str(tmp / "prefect"),
+               PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
+    return env
+
+
+@dataclass
+class EvalRun:
+    rc: int
+    stdout: str
+    stderr: str
+    tracking_uri: str
+
+    @property
+    def summaries(self) -> list[dict]:
+        return [json.loads(l) for l in self.stdout.splitlines() if l.startswith("{")]
+
+    @property
+    def summary(self) -> dict:
+        s = self.summaries
+        assert len(s) == 1, f"expected one JSON line, got {len(s)}:\n{self.stdout}\n{self.stderr[-3000:]}"
+        return s[0]
+
+
+@pytest.fixture
+def evaluate(tmp_path):
+    """Run `python -m flows.evaluate ARGS...` for real, against a throwaway MLflow store."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+
+    def run(*args: str, timeout: float = 600, env_extra: dict | None = None) -> EvalRun:
+        cmd = [sys.executable, "-m", "flows.evaluate", f"tracking.uri={uri}",
+               f"tracking.artifacts={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/outputs",
+               f"hydra.sweep.dir={tmp_path}/multirun", *args]
+        env = base_env(tmp_path)
+        env.update(env_extra or {})
+        p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        return EvalRun(p.returncode, p.stdout, p.stderr, uri)
+
+    run.tmp = tmp_path
+    run.uri = uri
+    return run

@@ -1,0 +1,43 @@
+"""Bad input gets one clear line on stderr and a non-zero exit, never a traceback wall."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import needs_data
+
+
+def _one_line_error(run, *words):
+    assert run.rc != 0
+    assert "Traceback" not in run.stderr, run.stderr[-2000:]
+    lines = [l for l in run.stderr.strip().splitlines() if l.startswith("error:")]
+    assert len(lines) == 1, run.stderr[-2000:]
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_bad_config_value_is_one_line(evaluate):
+    _one_line_error(evaluate("model=canonical", "iters=-1"), "iters", ">= 0")
+    _one_line_error(evaluate("model=canonical", "protocol=secret"), "protocol", "tests")
+
+
+def test_unknown_key_is_one_line(evaluate):
+    _one_line_error(evaluate("model=canonical", "iterz=3"), "iterz")
+
+
+def test_missing_dataset_file_is_one_line(evaluate, tmp_path):
+    _one_line_error(evaluate("model=canonical", f"dataset.path={tmp_path}/nope.jsonl"), "nope.jsonl", "dataset.path")
+
+
+@needs_data
+def test_malformed_row_names_row_and_field(evaluate, tmp_path):
+    from conftest import DATA
+
+    rows = [json.loads(l) for l in open(DATA)][:3]
+    del rows[1]["test"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _one_line_error(evaluate("model=canonical", f"dataset.path={bad}"), "Python/1", "row 2", "'test'")
+    bad.write_text(json.dumps(rows[0]) + "\n{not json\n")
+    _one_line_error(evaluate("model=canonical", f"dataset.path={bad}"), "line 2", "JSON")
