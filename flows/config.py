@@ -22,7 +22,9 @@ class JobSettings:
     samples: int
     offline: Any
     resume: str | None
-    raw: dict  # the whole resolved config, logged as MLflow params
+    raw: dict
+    cache: bool = True
+    cache_dir: str | None = None  # the whole resolved config, logged as MLflow params
 
     @property
     def run_name(self) -> str:
@@ -42,6 +44,13 @@ def _num(cfg: dict, key: str, lo: float, label: str | None = None, hi: float | N
         rng = f">= {lo}" + (f" and <= {hi}" if hi is not None else "")
         raise ConfigError(f"{label or key} must be a number {rng}, got {v!r}")
     return float(v)
+
+
+def _bool(cfg: dict, key: str) -> bool:
+    v = cfg.get(key)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key} must be true or false, got {v!r}")
+    return v
 
 
 def settings_from(cfg: dict) -> JobSettings:
@@ -78,5 +87,5 @@ def settings_from(cfg: dict) -> JobSettings:
     return JobSettings(
         agent=agent, model=model, sandbox=sandbox, dataset=dict(cfg.get("dataset") or {}), runner=runner,
         tracking=dict(cfg.get("tracking") or {}), samples=_int(cfg, "samples", 1), offline=offline,
-        resume=cfg.get("resume"), raw=cfg,
+        resume=cfg.get("resume"), raw=cfg, cache=_bool(cfg, "cache"), cache_dir=cfg.get("cache_dir"),
     )

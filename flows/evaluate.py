@@ -19,12 +19,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from agents.loop import run_agent
+from agents import loop as agent_loop
 from agents.models import ModelUnavailable, build_model
 from agents.tasks import DatasetError, load_tasks
 from agents.types import Task, Trajectory
 from sandboxes import SandboxUnavailable, make_sandbox
 
+from .cache import TrajectoryCache, default_cache_dir
 from .config import ConfigError, JobSettings, settings_from
 from .tracking import MLRUNS, RunTracker, safe_name
 
@@ -58,6 +59,20 @@ def close_contexts() -> None:
                 except Exception:
                     pass
         _contexts.clear()
+
+
+_caches: dict[str, TrajectoryCache] = {}
+
+
+def trajectory_cache(settings: JobSettings) -> TrajectoryCache | None:
+    if not settings.cache or not TrajectoryCache.applies(settings.model):
+        return None
+    key = json.dumps([settings.cache_dir, settings.model, settings.sandbox, repr(settings.agent)], sort_keys=True, default=str)
+    with _contexts_lock:
+        if key not in _caches:
+            _caches[key] = TrajectoryCache(Path(settings.cache_dir) if settings.cache_dir else default_cache_dir(),
+                                           settings.model, settings.agent, settings.sandbox)
+        return _caches[key]
 
 
 # ---------------------------------------------------------------- per-task state (atomic, resumable)
@@ -97,7 +112,14 @@ def _repair_one(task: Task, sample: int, settings: JobSettings, tasks: list[Task
     try:
         model, sandbox = worker_context(settings.model, settings.sandbox, tasks)
         cfg = dataclasses.replace(settings.agent, sample=sample)
-        return run_agent(task, model, sandbox, cfg)
+        cache = trajectory_cache(settings)
+        prior = cache.get(task, sample) if cache else None
+        if prior is not None and prior.budget >= cfg.iters:
+            return agent_loop.truncate(prior, cfg.iters)  # a longer cached run holds this budget's rounds
+        traj = agent_loop.run_agent(task, model, sandbox, cfg, prior=prior) if prior else agent_loop.run_agent(task, model, sandbox, cfg)
+        if cache:
+            cache.put(traj, task)
+        return traj
     except Exception as e:  # never let one task kill the run
         return Trajectory(task_id=task.task_id, bug_type=task.bug_type, strategy=settings.agent.strategy,
                           budget=settings.agent.iters, sample=sample, error=f"{type(e).__name__}: {e}")

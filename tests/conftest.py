@@ -41,16 +41,64 @@ class EvalRun:
         return s[0]
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """One real `prefect server start` on a free loopback port for the whole session: every evaluate
+    subprocess would otherwise start its own temporary server (12-25 s each on 2 cores)."""
+    import time
+    import urllib.request
+
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = free_port()
+    env = base_env(home)
+    env.update(PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(port),
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false")
+    log = open(home / "server.log", "w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).read()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+    yield url
+    import os as _os
+    import signal
+
+    try:
+        _os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        _os.killpg(proc.pid, signal.SIGKILL)
+    log.close()
+
+
 @pytest.fixture
-def evaluate(tmp_path):
-    """Run `python -m flows.evaluate ARGS...` for real, against a throwaway MLflow store."""
+def evaluate(tmp_path, prefect_api):
+    """Run `python -m flows.evaluate ARGS...` for real, against a throwaway MLflow store and the
+    session's Prefect server."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
 
     def run(*args: str, timeout: float = 600, env_extra: dict | None = None) -> EvalRun:
         cmd = [sys.executable, "-m", "flows.evaluate", f"tracking.uri={uri}",
                f"tracking.artifacts={tmp_path}/artifacts", f"hydra.run.dir={tmp_path}/outputs",
-               f"hydra.sweep.dir={tmp_path}/multirun", *args]
+               f"hydra.sweep.dir={tmp_path}/multirun", f"cache_dir={tmp_path}/trajectories", *args]
         env = base_env(tmp_path)
+        env.update(PREFECT_API_URL=prefect_api)
         env.update(env_extra or {})
         p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
         return EvalRun(p.returncode, p.stdout, p.stderr, uri)

@@ -1,0 +1,87 @@
+"""Trajectory cache: a sweep over budgets costs about one budget.
+
+Round r of a trajectory does not depend on the budget (agents/loop.py keeps that invariant), so a job
+with budget k cuts a cached longer trajectory (`truncate`) or continues a cached shorter one
+(`run_agent(prior=...)`). Entries are keyed by everything that changes a trajectory: the model config
+(id, revision, pack, dtype...), the strategy and its knobs, protocol, seed, max_new_tokens, the sandbox
+config, the content of the prompt templates and of the agent code, and the task itself. `cache=false`
+turns it off. Test doubles (oracle, scripted) are never cached: they cost nothing and a cache would hide
+harness changes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+from agents.types import Task, Trajectory
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+AGENTS = REPO_ROOT / "agents"
+UNCACHED_BACKENDS = ("oracle", "scripted")
+# Model knobs that change speed, not output (greedy output is the same batched as alone).
+THROUGHPUT_KEYS = ("max_batch", "batch_window_ms", "gather_ms", "engine", "concurrency", "api_keys")
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("FIXLAB_CACHE") or Path.home() / ".cache" / "fixlab") / "trajectories"
+
+
+def _agent_code_digest() -> str:
+    """Prompt templates and agent code (not the model backends) as one digest."""
+    h = hashlib.sha256()
+    files = sorted(p for p in AGENTS.rglob("*") if p.is_file() and p.suffix in (".py", ".txt", ".md", ".j2")
+                   and "models" not in p.relative_to(AGENTS).parts and "__pycache__" not in p.parts)
+    for p in files:
+        h.update(str(p.relative_to(AGENTS)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+class TrajectoryCache:
+    def __init__(self, root: Path, model: dict, agent, sandbox: dict):
+        agent_knobs = {k: v for k, v in dataclasses.asdict(agent).items() if k not in ("iters", "sample")}
+        ident = {
+            "model": {k: v for k, v in model.items() if k not in THROUGHPUT_KEYS},
+            "agent": agent_knobs,
+            "sandbox": sandbox,
+            "code": _agent_code_digest(),
+        }
+        self.key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:24]
+        self.dir = Path(root) / self.key
+        self.dir.mkdir(parents=True, exist_ok=True)
+        ident_file = self.dir / "key.json"
+        if not ident_file.exists():
+            ident_file.write_text(json.dumps(ident, indent=1, sort_keys=True, default=str))
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def applies(model: dict) -> bool:
+        return model.get("backend") not in UNCACHED_BACKENDS
+
+    def _path(self, task: Task, sample: int) -> Path:
+        digest = hashlib.sha256(json.dumps(dataclasses.asdict(task), sort_keys=True).encode()).hexdigest()[:16]
+        return self.dir / f"{digest}__s{sample}.json"
+
+    def get(self, task: Task, sample: int) -> Trajectory | None:
+        p = self._path(task, sample)
+        try:
+            return Trajectory.from_dict(json.loads(p.read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def put(self, traj: Trajectory, task: Task) -> None:
+        """Keep the longest clean trajectory for a task (errors are never cached)."""
+        if traj.error is not None:
+            return
+        p = self._path(task, traj.sample)
+        with self._lock:
+            old = self.get(task, traj.sample)
+            if old is not None and old.budget >= traj.budget:
+                return
+            tmp = p.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(json.dumps(traj.to_dict(), default=str))
+            os.replace(tmp, p)
