@@ -1,0 +1,370 @@
+"""Batching engine: many threads call `generate` one request each; one worker thread runs them through the
+model together.
+
+Why: decoding one sequence is memory-bound (every token re-reads all weights), so decoding 16 rows per step
+costs little more than 1. Agents stay simple (one task per thread, blocking call) and the engine does the
+batching underneath.
+
+How (continuous batching over a left-padded KV cache):
+- requests wait in a queue; an idle engine waits up to `gather_ms` for more before starting, up to `max_batch`;
+- new requests are prefilled (left padding, attention mask, position ids from the mask; prefills are split to
+  at most `max_prefill_tokens` padded tokens per forward) and their KV caches merged into the running batch;
+- each step feeds one token per row through the cached model (`logits_to_keep=1`);
+- sampling is per row: greedy, or temperature with the row's own seeded torch.Generator, so a request's output
+  does not depend on what it was batched with;
+- rows that hit EOS, a stop string or their max_new_tokens leave the batch at once (cache rows dropped,
+  all-padding columns trimmed) and waiting requests fill the freed slots;
+- a failing forward (OOM...) is retried row by row so only the request that cannot run gets the error.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from .base import Generation, GenRequest
+
+log = logging.getLogger(__name__)
+
+
+class RequestError(RuntimeError):
+    """This request cannot be generated (too long for the context, failed forward). One line."""
+
+
+@dataclass
+class _Row:
+    req: GenRequest
+    prompt_ids: list[int]
+    max_new: int
+    future: Future
+    t_submit: float
+    generator: torch.Generator | None = None
+    out_ids: list[int] = field(default_factory=list)
+    finish: str | None = None
+    stop_window: int = 0  # how many trailing tokens can contain a stop string
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {s[0] if s else ''}"[:300]
+
+
+class BatchEngine:
+    def __init__(self, model, tokenizer, *, eos_ids: set[int], max_context: int, max_batch: int = 16,
+                 gather_ms: float = 30.0, max_prefill_tokens: int = 8192, pad_id: int = 0,
+                 name: str = "engine"):
+        self.model = model
+        self.tok = tokenizer
+        self.eos_ids = set(eos_ids)
+        self.max_context = max_context
+        self.max_batch = max(1, int(max_batch))
+        self.gather_s = max(0.0, gather_ms / 1000.0)
+        self.max_prefill_tokens = max(1, int(max_prefill_tokens))
+        self.pad_id = pad_id
+        self.device = next(model.parameters()).device
+        self._queue: deque[_Row] = deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._name = name
+        # state of the running batch (touched only by the worker thread)
+        self._rows: list[_Row] = []
+        self._cache = None
+        self._mask: torch.Tensor | None = None  # [B, T] 1 = real token
+        self._pos: torch.Tensor | None = None  # [B] position id of the next token fed
+        self._last: torch.Tensor | None = None  # [B] token to feed next
+        self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0}
+
+    # ---- caller side -------------------------------------------------------------------------------------------
+    def submit(self, req: GenRequest, prompt_ids: list[int]) -> Future:
+        fut: Future = Future()
+        n = len(prompt_ids)
+        if n == 0:
+            fut.set_exception(RequestError("empty prompt"))
+            return fut
+        if n >= self.max_context:
+            fut.set_exception(RequestError(
+                f"prompt has {n} tokens but the model context is {self.max_context}: shorten the prompt"))
+            return fut
+        # Clamp rather than fail: the caller sees finish_reason="length".
+        max_new = max(1, min(int(req.max_new_tokens), self.max_context - n))
+        gen = None
+        if req.temperature and req.temperature > 0:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(req.seed if req.seed is not None else random.SystemRandom().randrange(2**63))
+        stop_window = max((len(s) for s in req.stop), default=0) + 2 if req.stop else 0
+        row = _Row(req, list(prompt_ids), max_new, fut, time.perf_counter(), gen, stop_window=stop_window)
+        with self._cv:
+            if self._closed:
+                fut.set_exception(RequestError("model is closed"))
+                return fut
+            self._queue.append(row)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._cv.notify()
+        return fut
+
+    def generate(self, req: GenRequest, prompt_ids: list[int]) -> Generation:
+        return self.submit(req, prompt_ids).result()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=60)
+
+    # ---- worker ------------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                new = self._take_new()
+                if new is None:
+                    break
+                try:
+                    if new:
+                        self._admit(new)
+                    if self._rows:
+                        self._step()
+                except BaseException as e:  # never let the worker die with callers blocked
+                    log.exception("batch engine failure")
+                    for r in self._rows + new:
+                        if not r.future.done():
+                            r.future.set_exception(RequestError(f"engine failure: {_first_line(e)}"))
+                    self._reset_batch()
+        err = RequestError("model is closed")
+        for r in self._rows + list(self._queue):
+            if not r.future.done():
+                r.future.set_exception(err)
+
+    def _take_new(self) -> list[_Row] | None:
+        """Requests to admit now: while a batch runs, whatever is waiting (up to free slots); when idle, block
+        until something arrives, then gather for up to gather_ms so concurrent callers start together."""
+        with self._cv:
+            if not self._rows:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return None
+                deadline = time.monotonic() + self.gather_s
+                while len(self._queue) < self.max_batch and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
+            if self._closed:
+                return None
+            free = self.max_batch - len(self._rows)
+            new = []
+            while self._queue and len(new) < free:
+                r = self._queue.popleft()
+                if r.future.set_running_or_notify_cancel():
+                    new.append(r)
+            return new
+
+    # ---- batch state -------------------------------------------------------------------------------------------
+    def _reset_batch(self) -> None:
+        self._rows, self._cache, self._mask, self._pos, self._last = [], None, None, None, None
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache):
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :].float()
+
+    def _prefill(self, rows: list[_Row]):
+        """One forward over rows' prompts (+ tokens generated so far, when recovering). Returns cache state."""
+        from transformers import DynamicCache
+
+        seqs = [r.prompt_ids + r.out_ids for r in rows]
+        T = max(len(s) for s in seqs)
+        ids = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), T), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, T - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, T - len(s):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, pos, cache)
+        self.stats["prefills"] += 1
+        return cache, mask, pos[:, -1] + 1, logits
+
+    def _prefill_groups(self, rows: list[_Row]):
+        """Prefill in groups bounded by max_prefill_tokens (padded); a failing group is retried row by row and
+        only the rows that fail alone get the error."""
+        rows = sorted(rows, key=lambda r: len(r.prompt_ids) + len(r.out_ids))  # similar lengths pad less
+        groups, cur = [], []
+        for r in rows:
+            L = len(r.prompt_ids) + len(r.out_ids)
+            if cur and L * (len(cur) + 1) > self.max_prefill_tokens:
+                groups.append(cur)
+                cur = []
+            cur.append(r)
+        if cur:
+            groups.append(cur)
+        done = []
+        for g in groups:
+            try:
+                done.append((g, self._prefill(g)))
+            except Exception as e:
+                if len(g) == 1:
+                    self._fail(g[0], e)
+                    continue
+                self.stats["recoveries"] += 1
+                for r in g:
+                    try:
+                        done.append(([r], self._prefill([r])))
+                    except Exception as e1:
+                        self._fail(r, e1)
+        return done
+
+    def _fail(self, row: _Row, e: BaseException) -> None:
+        if isinstance(e, torch.OutOfMemoryError) and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if not row.future.done():
+            row.future.set_exception(RequestError(f"generation failed: {_first_line(e)}"))
+
+    def _admit(self, new: list[_Row]) -> None:
+        for rows, (cache, mask, pos, logits) in self._prefill_groups(new):
+            nxt = self._sample(rows, logits)
+            self._merge(rows, cache, mask, pos, nxt)
+        self._retire()
+
+    def _merge(self, rows, cache, mask, pos, nxt) -> None:
+        """Append prefilled rows to the running batch: left-pad the shorter KV cache to a common length."""
+        if not self._rows:
+            self._rows, self._cache, self._mask, self._pos, self._last = list(rows), cache, mask, pos, nxt
+            return
+        Ta, Tb = self._mask.shape[1], mask.shape[1]
+        T = max(Ta, Tb)
+        for la, lb in zip(self._cache.layers, cache.layers):
+            for name in ("keys", "values"):
+                a, b = getattr(la, name), getattr(lb, name)
+                setattr(la, name, torch.cat([_left_pad(a, T - Ta, -2), _left_pad(b, T - Tb, -2)], dim=0))
+        self._mask = torch.cat([_left_pad(self._mask, T - Ta, -1), _left_pad(mask, T - Tb, -1)], dim=0)
+        self._pos = torch.cat([self._pos, pos])
+        self._last = torch.cat([self._last, nxt])
+        self._rows.extend(rows)
+
+    def _step(self) -> None:
+        B = len(self._rows)
+        self._mask = torch.cat([self._mask, self._mask.new_ones((B, 1))], dim=1)
+        try:
+            logits = self._forward(self._last[:, None], self._mask, self._pos[:, None], self._cache)
+        except Exception as e:
+            self._recover(e)
+            return
+        self._pos = self._pos + 1
+        self.stats["steps"] += 1
+        self.stats["row_steps"] += B
+        self.stats["max_rows"] = max(self.stats["max_rows"], B)
+        self._last = self._sample(self._rows, logits)
+        self._retire()
+
+    def _recover(self, e: BaseException) -> None:
+        """A batched decode step failed; the cache may be half-updated. Rebuild each row from its tokens so far
+        (prompt + generated), alone; rows that fail alone get the error, the others go on where they were."""
+        log.warning("batched step failed (%s); retrying %d rows one by one", _first_line(e), len(self._rows))
+        self.stats["recoveries"] += 1
+        rows = self._rows
+        self._reset_batch()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        for r in rows:
+            # out_ids already holds the pending token, so this prefill yields the logits of the next one; the
+            # row's generator simply continues its stream.
+            try:
+                cache, mask, pos, logits = self._prefill([r])
+            except Exception as e1:
+                self._fail(r, e1)
+                continue
+            self._merge([r], cache, mask, pos, self._sample([r], logits))
+        self._retire()
+
+    def _sample(self, rows: list[_Row], logits: torch.Tensor) -> torch.Tensor:
+        """Next token per row: greedy argmax, or the row's own seeded generator (so rows never share RNG)."""
+        nxt = logits.argmax(dim=-1)
+        for i, r in enumerate(rows):
+            if r.generator is not None:
+                probs = torch.softmax(logits[i] / float(r.req.temperature), dim=-1)
+                nxt[i] = torch.multinomial(probs, 1, generator=r.generator)[0]
+        for r, t in zip(rows, nxt.tolist()):
+            r.out_ids.append(t)
+            if t in self.eos_ids:
+                r.finish = "stop"
+            elif r.stop_window and self._hit_stop(r):
+                r.finish = "stop"
+            elif len(r.out_ids) >= r.max_new:
+                r.finish = "length"
+        return nxt
+
+    def _hit_stop(self, r: _Row) -> bool:
+        tail = self.tok.decode(r.out_ids[-r.stop_window:], skip_special_tokens=True)
+        return any(s in tail for s in r.req.stop)
+
+    def _retire(self) -> None:
+        """Complete finished rows and drop them (and all-padding cache columns) from the batch."""
+        if not any(r.finish for r in self._rows):
+            return
+        keep = [i for i, r in enumerate(self._rows) if not r.finish]
+        for r in self._rows:
+            if r.finish:
+                self._complete(r)
+        if not keep:
+            self._reset_batch()
+            return
+        if len(keep) < len(self._rows):
+            idx = torch.tensor(keep, device=self.device)
+            self._cache.batch_select_indices(idx)
+            self._mask, self._pos, self._last = self._mask[idx], self._pos[idx], self._last[idx]
+            self._rows = [self._rows[i] for i in keep]
+            # columns that are padding in every remaining row cost attention time for nothing
+            cols = self._mask.any(dim=0).nonzero()
+            cut = int(cols[0]) if len(cols) else 0
+            if cut > 0:
+                for layer in self._cache.layers:
+                    layer.keys = layer.keys[..., cut:, :]
+                    layer.values = layer.values[..., cut:, :]
+                self._mask = self._mask[:, cut:]
+
+    def _complete(self, r: _Row) -> None:
+        ids = r.out_ids
+        if ids and ids[-1] in self.eos_ids:
+            ids = ids[:-1]
+        text = self.tok.decode(ids, skip_special_tokens=True)
+        if r.req.stop:
+            cuts = [text.find(s) for s in r.req.stop if s in text]
+            if cuts:
+                text = text[: min(cuts)]
+                r.finish = "stop"
+        if not r.future.done():
+            r.future.set_result(Generation(
+                text=text, prompt_tokens=len(r.prompt_ids), completion_tokens=len(r.out_ids),
+                seconds=time.perf_counter() - r.t_submit, finish_reason=r.finish or "length"))
+
+
+def _left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    if n <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = n
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def default_threads() -> int:
+    """CPU threads for torch: the cores this process may use (cgroup/affinity aware), overridable."""
+    env = os.environ.get("FIXLAB_TORCH_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)

@@ -1,0 +1,269 @@
+"""Transformers backend: a local causal LM (hub id, registry pack or folder) behind the Model protocol.
+
+generate() is thread-safe. By default requests go through the per-model BatchEngine (engine.py), which batches
+what concurrent threads ask for; `batching: false` runs one request at a time through `model.generate`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+from .base import Generation, GenRequest, ModelUnavailable
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16", "half": "float16"}
+# End-of-turn tokens of common chat formats: generation stops on these even if the config names another eos.
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|EOT|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+class BadModelConfig(ModelUnavailable, ValueError):
+    """The model config is wrong (unknown dtype/device, no model named). One line."""
+
+
+def resolve_device(name: str | None):
+    import torch
+
+    name = (name or "auto").strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise BadModelConfig(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BadModelConfig(f"device {name!r} requested but no CUDA device is available here: use device=auto or cpu")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise BadModelConfig(f"unsupported device {name!r}: use auto, cpu, cuda or cuda:N")
+    return dev
+
+
+def resolve_dtype(name: str | None, device):
+    """auto: bf16 on CUDA (fp16 where bf16 is unsupported); fp32 on CPU, measured faster than bf16 there."""
+    import torch
+
+    name = (name or "auto").strip().lower()
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if name not in DTYPES:
+        raise BadModelConfig(f"unknown dtype {name!r}: use auto, {', '.join(sorted(set(DTYPES.values())))}")
+    return getattr(torch, DTYPES[name])
+
+
+def _source(cfg: dict) -> tuple[str, dict]:
+    """Where the weights come from: (path or hub id, from_pretrained kwargs)."""
+    given = [k for k in ("pack", "path", "model") if cfg.get(k)]
+    if not given:
+        raise BadModelConfig(f"model config {cfg.get('name', '?')!r} names no weights: set model (hub id), "
+                             "pack or path")
+    if len(given) > 1:
+        raise BadModelConfig(f"model config {cfg.get('name', '?')!r} sets {' and '.join(given)}: set only one")
+    if cfg.get("pack"):
+        from .packs import ensure_pack
+
+        return str(ensure_pack(cfg["pack"])), {}
+    if cfg.get("path"):
+        p = Path(cfg["path"]).expanduser()
+        if not (p / "config.json").is_file():
+            raise ModelUnavailable(f"model path {str(p)!r} has no config.json")
+        return str(p), {}
+    kw = {}
+    if cfg.get("revision"):
+        kw["revision"] = str(cfg["revision"])
+    return str(cfg["model"]), kw
+
+
+class TransformersModel:
+    def __init__(self, cfg: dict):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = dict(cfg)
+        self.name = cfg.get("name") or cfg.get("model") or cfg.get("pack") or "transformers"
+        self.device = resolve_device(cfg.get("device"))
+        self.dtype = resolve_dtype(cfg.get("dtype"), self.device)
+        src, kw = _source(cfg)
+        if self.device.type == "cpu":
+            # torch defaults to the physical cores of the machine, which can exceed what this process may use.
+            from .engine import default_threads
+
+            torch.set_num_threads(int(cfg.get("threads") or min(torch.get_num_threads(), default_threads())))
+        trust = bool(cfg.get("trust_remote_code", False))
+        t0 = time.perf_counter()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust, **kw)
+            mkw = dict(dtype=self.dtype, trust_remote_code=trust, **kw)
+            if cfg.get("attn_implementation"):
+                mkw["attn_implementation"] = cfg["attn_implementation"]
+            self.model = AutoModelForCausalLM.from_pretrained(src, **mkw)
+        except ModelUnavailable:
+            raise
+        except (OSError, ValueError, EnvironmentError) as e:
+            where = f"{src}@{kw['revision']}" if kw.get("revision") else src
+            offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0") else ""
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise ModelUnavailable(f"cannot load model {where!r}{offline}: {first}; fix: check the id/revision and "
+                                   "network, or use a local `path` or a registry `pack`") from None
+        self.model.to(self.device).eval()
+        self.load_seconds = time.perf_counter() - t0
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ModelUnavailable(f"model {self.name!r} has no chat template: use an instruct/chat checkpoint")
+        self.eos_ids = self._eos_ids()
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.eos_ids, default=0)
+        self.max_context = int(cfg.get("max_context") or getattr(self.model.config, "max_position_embeddings", 0)
+                               or 4096)
+        self._lock = threading.Lock()  # the unbatched path runs one request at a time
+        self.engine = None
+        if cfg.get("batching", True):
+            from .engine import BatchEngine
+
+            self.engine = BatchEngine(
+                self.model, self.tokenizer, eos_ids=self.eos_ids, max_context=self.max_context,
+                max_batch=int(cfg.get("max_batch", 16)), gather_ms=float(cfg.get("gather_ms", 30)),
+                max_prefill_tokens=int(cfg.get("max_prefill_tokens", 8192)), pad_id=self.pad_id,
+                name=f"engine-{self.name}")
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.model.config):
+            v = getattr(src, "eos_token_id", None) if src is not None else None
+            ids.update([v] if isinstance(v, int) else (v or []))
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        vocab = self.tokenizer.get_vocab()
+        ids.update(vocab[t] for t in END_OF_TURN if t in vocab)
+        return ids
+
+    # ---- prompts ---------------------------------------------------------------------------------------------
+    def prompt_ids(self, request: GenRequest) -> list[int]:
+        kw = {"tools": list(request.tools)} if request.tools else {}
+        text = self.tokenizer.apply_chat_template(list(request.messages), tokenize=False,
+                                                  add_generation_prompt=True, **kw)
+        # The template already writes BOS/special tokens where the model wants them.
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    # ---- generation ------------------------------------------------------------------------------------------
+    def generate(self, request: GenRequest) -> Generation:
+        ids = self.prompt_ids(request)
+        if self.engine is not None:
+            gen = self.engine.generate(request, ids)
+        else:
+            gen = self._generate_one(request, ids)
+        if request.tools:
+            gen.tool_calls = parse_tool_calls(gen.text)
+        return gen
+
+    def _generate_one(self, request: GenRequest, ids: list[int]) -> Generation:
+        """Reference path: one request at a time through transformers' own generate."""
+        import torch
+        from transformers import GenerationConfig
+
+        from .engine import RequestError
+
+        n = len(ids)
+        if n >= self.max_context:
+            raise RequestError(f"prompt has {n} tokens but the model context is {self.max_context}: shorten the prompt")
+        max_new = max(1, min(int(request.max_new_tokens), self.max_context - n))
+        sample = bool(request.temperature and request.temperature > 0)
+        # Explicit config: the checkpoint's own defaults (top_k, repetition penalty...) would make this path
+        # differ from the engine's plain greedy / temperature sampling.
+        gc = GenerationConfig(max_new_tokens=max_new, do_sample=sample, temperature=request.temperature or 1.0,
+                              top_k=None, top_p=None, eos_token_id=sorted(self.eos_ids), pad_token_id=self.pad_id,
+                              stop_strings=list(request.stop) or None)
+        t0 = time.perf_counter()
+        with self._lock, torch.inference_mode():
+            if sample:
+                torch.manual_seed(request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "big"))
+            inp = torch.tensor([ids], device=self.device)
+            out = self.model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), generation_config=gc,
+                                      tokenizer=self.tokenizer if request.stop else None)
+        new = out[0, n:].tolist()
+        finish = "length"
+        if new and new[-1] in self.eos_ids:
+            finish = "stop"
+        body = new[:-1] if finish == "stop" else new
+        text = self.tokenizer.decode(body, skip_special_tokens=True)
+        cuts = [text.find(s) for s in request.stop if s in text]
+        if cuts:
+            text, finish = text[: min(cuts)], "stop"
+        return Generation(text=text, prompt_tokens=n, completion_tokens=len(new),
+                          seconds=time.perf_counter() - t0, finish_reason=finish)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+
+def parse_tool_calls(text: str) -> list[dict]:
+    """Hermes/Qwen-style <tool_call>{"name":..., "arguments":...}</tool_call> blocks, in OpenAI's shape."""
+    calls = []
+    for i, m in enumerate(_TOOL_CALL.finditer(text)):
+        try:
+            d = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(d, dict) or "name" not in d:
+            continue
+        args = d.get("arguments", {})
+        calls.append({"id": f"call_{i}", "type": "function",
+                      "function": {"name": d["name"],
+                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    return calls
+
+
+# ---- random-initialised real architectures (tests and benchmarks; never the hub) --------------------------------
+_CORPUS = [
+    "def add(a, b):\n    return a + b\n", "def has_close_elements(numbers, threshold):\n",
+    "    for idx, elem in enumerate(numbers):\n        if abs(elem - elem2) < threshold:\n            return True\n",
+    "Fix the bug in the following function. Reply with the whole corrected function in a ```python block.",
+    "You are a helpful assistant that repairs buggy Python code.", "assert candidate([1.0, 2.0], 0.5) == False",
+    "import math\nfrom typing import List\n", "The tests failed with AssertionError: expected 3, got -1",
+]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def make_test_tokenizer(vocab_size: int = 512):
+    """A small byte-level BPE with ChatML special tokens, trained in milliseconds on a fixed corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None)
+    fast.chat_template = CHATML
+    return fast
+
+
+def make_random_model(config, folder: str | Path, seed: int = 0, tokenizer=None) -> Path:
+    """Save a randomly initialised model of `config` (a PretrainedConfig of a real architecture) and a test
+    tokenizer to `folder`, loadable with `path: folder`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    tok = tokenizer or make_test_tokenizer(min(config.vocab_size, 512))
+    config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
+    config.pad_token_id = tok.pad_token_id
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

