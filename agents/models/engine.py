@@ -80,7 +80,8 @@ class BatchEngine:
         self._mask: torch.Tensor | None = None  # [B, T] 1 = real token
         self._pos: torch.Tensor | None = None  # [B] position id of the next token fed
         self._last: torch.Tensor | None = None  # [B] token to feed next
-        self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0}
+        self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0,
+                      "prefill_s": 0.0, "decode_s": 0.0}
 
     # ---- caller side -------------------------------------------------------------------------------------------
     def submit(self, req: GenRequest, prompt_ids: list[int]) -> Future:
@@ -193,7 +194,11 @@ class BatchEngine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
         cache = DynamicCache(config=self.model.config)
+        t0 = time.perf_counter()
         logits = self._forward(ids, mask, pos, cache)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.stats["prefill_s"] += time.perf_counter() - t0
         self.stats["prefills"] += 1
         return cache, mask, pos[:, -1] + 1, logits
 
@@ -257,16 +262,18 @@ class BatchEngine:
     def _step(self) -> None:
         B = len(self._rows)
         self._mask = torch.cat([self._mask, self._mask.new_ones((B, 1))], dim=1)
+        t0 = time.perf_counter()
         try:
             logits = self._forward(self._last[:, None], self._mask, self._pos[:, None], self._cache)
         except Exception as e:
             self._recover(e)
             return
         self._pos = self._pos + 1
+        self._last = self._sample(self._rows, logits)  # .tolist() inside syncs CUDA, so the timing is real
+        self.stats["decode_s"] += time.perf_counter() - t0
         self.stats["steps"] += 1
         self.stats["row_steps"] += B
         self.stats["max_rows"] = max(self.stats["max_rows"], B)
-        self._last = self._sample(self._rows, logits)
         self._retire()
 
     def _recover(self, e: BaseException) -> None:

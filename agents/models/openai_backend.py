@@ -1,0 +1,143 @@
+"""OpenAI-compatible chat backend (OpenAI, vLLM, llama.cpp server, `transformers serve`, ...).
+
+Thread-safe: agents call generate() from many threads; a semaphore caps requests in flight. Keys come from
+env API_KEYS=k1,k2,... (used in turn, so load spreads over keys and a rate-limited key is skipped for the next
+try) or from one env var (api_key_env, default OPENAI_API_KEY); local servers need none. 429, 5xx, timeouts
+and connection errors are retried with exponential backoff and jitter (honouring Retry-After); other errors
+fail at once with the server's message.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import random
+import threading
+import time
+
+import httpx
+
+from .base import Generation, GenRequest, ModelUnavailable
+
+log = logging.getLogger(__name__)
+RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
+
+
+class OpenAIError(RuntimeError):
+    """The endpoint refused or kept failing this request. One line."""
+
+
+class OpenAIModel:
+    def __init__(self, cfg: dict):
+        self.cfg = dict(cfg)
+        self.name = cfg.get("name") or cfg.get("model") or "openai"
+        self.model = cfg.get("model")
+        if not self.model:
+            raise ModelUnavailable(f"openai model config {self.name!r} has no `model` (the server's model name)")
+        self.base_url = str(cfg.get("base_url") or os.environ.get("OPENAI_BASE_URL") or
+                            "https://api.openai.com/v1").rstrip("/")
+        keys = [k.strip() for k in os.environ.get(cfg.get("api_keys_env", "API_KEYS"), "").split(",") if k.strip()]
+        if not keys and os.environ.get(cfg.get("api_key_env", "OPENAI_API_KEY")):
+            keys = [os.environ[cfg.get("api_key_env", "OPENAI_API_KEY")]]
+        self._keys = itertools.cycle(keys) if keys else None
+        self._key_lock = threading.Lock()
+        self.max_retries = int(cfg.get("max_retries", 6))
+        self.backoff_s = float(cfg.get("backoff_s", 1.0))
+        self.backoff_max_s = float(cfg.get("backoff_max_s", 60.0))
+        self.timeout_s = float(cfg.get("timeout_s", 120.0))
+        self.max_tokens_param = cfg.get("max_tokens_param", "max_tokens")  # some APIs want max_completion_tokens
+        self.extra_body = dict(cfg.get("extra_body") or {})
+        self._sem = threading.BoundedSemaphore(int(cfg.get("max_concurrency", 8)))
+        self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=min(10.0, self.timeout_s)),
+                                    limits=httpx.Limits(max_connections=int(cfg.get("max_concurrency", 8)) + 2))
+        self.stats = {"requests": 0, "retries": 0}
+
+    def _next_key(self) -> str | None:
+        if self._keys is None:
+            return None
+        with self._key_lock:
+            return next(self._keys)
+
+    def _body(self, req: GenRequest) -> dict:
+        body = {"model": self.model, "messages": list(req.messages), self.max_tokens_param: int(req.max_new_tokens),
+                "temperature": float(req.temperature)}
+        if req.seed is not None:
+            body["seed"] = int(req.seed)
+        if req.stop:
+            body["stop"] = list(req.stop)[:4]  # the OpenAI API takes at most 4; the rest are cut locally
+        if req.tools:
+            body["tools"] = list(req.tools)
+        body.update(self.extra_body)
+        return body
+
+    def generate(self, request: GenRequest) -> Generation:
+        body = self._body(request)
+        url = f"{self.base_url}/chat/completions"
+        t0 = time.perf_counter()
+        last = ""
+        with self._sem:
+            for attempt in range(self.max_retries + 1):
+                key = self._next_key()
+                headers = {"Authorization": f"Bearer {key}"} if key else {}
+                wait = None
+                try:
+                    self.stats["requests"] += 1
+                    r = self._client.post(url, json=body, headers=headers)
+                except (httpx.TimeoutException, httpx.TransportError) as e:
+                    last = f"{type(e).__name__}: {e}"
+                else:
+                    if r.status_code == 200:
+                        return self._parse(r, request, time.perf_counter() - t0)
+                    last = f"HTTP {r.status_code}: {_error_text(r)}"
+                    if r.status_code not in RETRY_STATUS:
+                        raise OpenAIError(f"{url} refused the request ({last})")
+                    wait = _retry_after(r)
+                if attempt == self.max_retries:
+                    break
+                if wait is None:
+                    wait = min(self.backoff_max_s, self.backoff_s * 2 ** attempt) * (0.5 + random.random() / 2)
+                self.stats["retries"] += 1
+                log.warning("%s: %s; retry %d/%d in %.1fs", self.name, last, attempt + 1, self.max_retries, wait)
+                time.sleep(min(wait, self.backoff_max_s))
+        raise OpenAIError(f"{url} failed after {self.max_retries + 1} attempts (last: {last})")
+
+    def _parse(self, r: httpx.Response, req: GenRequest, seconds: float) -> Generation:
+        try:
+            d = r.json()
+            choice = d["choices"][0]
+            msg = choice.get("message") or {}
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise OpenAIError(f"unexpected response from {self.base_url}: {r.text[:200]!r}") from None
+        text = msg.get("content") or ""
+        finish = choice.get("finish_reason") or "stop"
+        for s in req.stop[4:]:  # stops beyond the API's 4
+            if s in text:
+                text, finish = text[: text.find(s)], "stop"
+        usage = d.get("usage") or {}
+        calls = [c for c in (msg.get("tool_calls") or []) if isinstance(c, dict)]
+        return Generation(text=text, prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                          completion_tokens=int(usage.get("completion_tokens") or 0), seconds=seconds,
+                          finish_reason="length" if finish == "length" else "stop", tool_calls=calls)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _retry_after(r: httpx.Response) -> float | None:
+    v = r.headers.get("retry-after")
+    try:
+        return max(0.0, float(v)) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _error_text(r: httpx.Response) -> str:
+    try:
+        d = r.json()
+        e = d.get("error", d) if isinstance(d, dict) else d
+        msg = e.get("message", e) if isinstance(e, dict) else e
+        s = msg if isinstance(msg, str) else json.dumps(msg)
+    except ValueError:
+        s = r.text
+    return " ".join(s.split())[:200]

@@ -1,0 +1,196 @@
+"""OpenAI-compatible backend against a real `transformers serve` on 127.0.0.1 (tiny random model), plus the
+retry/backoff/key-rotation paths against a small local HTTP server."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from transformers import Qwen2Config  # noqa: E402
+
+from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
+from agents.models.openai_backend import OpenAIError, OpenAIModel  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from agents.models.hf import make_random_model
+
+    cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.2, tie_word_embeddings=False)
+    return make_random_model(cfg, tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir, tmp_path_factory):
+    """`transformers serve` (OpenAI-compatible) preloading the tiny model."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    cli = Path(sys.executable).with_name("transformers")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([str(cli), "serve", str(tiny_dir), "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=fh, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail(f"transformers serve did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def bug(k: int = 1) -> list[dict]:
+    return [{"role": "user", "content": "def add(a, b):\n    return a - b\n" * k}]
+
+
+def test_real_server_matches_local_greedy(server, tiny_dir):
+    from agents.models.hf import TransformersModel
+
+    local = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(tiny_dir), "batching": False})
+    remote = OpenAIModel({"name": "tiny-remote", "backend": "openai", "base_url": server + "/v1",
+                          "model": str(tiny_dir), "max_concurrency": 2})
+    try:
+        reqs = [GenRequest(messages=bug(k), max_new_tokens=10) for k in (1, 2, 3)]
+        want = [local.generate(r) for r in reqs]
+        out: list = [None] * 3
+        ts = [threading.Thread(target=lambda i=i: out.__setitem__(i, remote.generate(reqs[i]))) for i in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        for w, g in zip(want, out):
+            assert g is not None
+            # the server strips surrounding whitespace of the reply; tokens are the same
+            assert g.text.strip() == w.text.strip() and g.text.strip()
+            assert g.prompt_tokens == w.prompt_tokens and g.completion_tokens == w.completion_tokens
+            assert g.finish_reason == w.finish_reason
+        assert remote.stats["retries"] == 0
+    finally:
+        remote.close()
+        local.close()
+
+
+# ---- retries against a scripted local server ---------------------------------------------------------------------
+class Script:
+    def __init__(self, replies):
+        self.replies = list(replies)
+        self.seen: list[dict] = []
+
+
+@pytest.fixture
+def scripted():
+    state = {"script": None}
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            sc = state["script"]
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            sc.seen.append({"auth": self.headers.get("Authorization"), "body": body, "path": self.path})
+            status, headers, payload, delay = sc.replies.pop(0) if len(sc.replies) > 1 else sc.replies[0]
+            time.sleep(delay)
+            data = json.dumps(payload).encode()
+            try:
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:
+                pass  # the client timed out and went away
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    def use(replies):
+        state["script"] = Script(replies)
+        return f"http://127.0.0.1:{srv.server_address[1]}/v1", state["script"]
+
+    yield use
+    srv.shutdown()
+
+
+OK = {"choices": [{"finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "run_tests", "arguments": "{\"code\": \"x\"}"}}]}}],
+    "usage": {"prompt_tokens": 31, "completion_tokens": 7}}
+TOOLS = ({"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}},)
+
+
+def test_retries_429_and_5xx_rotating_keys(scripted, monkeypatch):
+    monkeypatch.setenv("API_KEYS", "k1, k2")
+    url, sc = scripted([(429, {"Retry-After": "0"}, {"error": {"message": "rate limited"}}, 0),
+                        (503, {}, {"error": "busy"}, 0), (200, {}, OK, 0)])
+    m = OpenAIModel({"name": "x", "backend": "openai", "base_url": url, "model": "m", "backoff_s": 0.2})
+    t0 = time.perf_counter()
+    g = m.generate(GenRequest(messages=bug(), max_new_tokens=5, seed=3, stop=("a", "b", "c", "d", "e"), tools=TOOLS))
+    dt = time.perf_counter() - t0
+    assert [s["auth"] for s in sc.seen] == ["Bearer k1", "Bearer k2", "Bearer k1"]
+    assert dt >= 0.2  # 429 honoured Retry-After: 0; the 503 waited backoff_s * 2 * jitter(0.5..1)
+    assert m.stats["retries"] == 2
+    b = sc.seen[0]["body"]
+    assert b["tools"] == list(TOOLS) and b["seed"] == 3 and b["stop"] == ["a", "b", "c", "d"] and b["max_tokens"] == 5
+    assert sc.seen[0]["path"] == "/v1/chat/completions"
+    assert g.text == "" and g.tool_calls[0]["function"]["name"] == "run_tests"
+    assert (g.prompt_tokens, g.completion_tokens) == (31, 7)
+
+
+def test_client_errors_fail_at_once_and_retries_are_bounded(scripted, monkeypatch):
+    monkeypatch.delenv("API_KEYS", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "solo")
+    url, sc = scripted([(400, {}, {"error": {"message": "model 'm' does not exist"}}, 0)])
+    m = OpenAIModel({"name": "x", "backend": "openai", "base_url": url, "model": "m", "backoff_s": 0.01})
+    with pytest.raises(OpenAIError, match="HTTP 400: model 'm' does not exist"):
+        m.generate(GenRequest(messages=bug()))
+    assert len(sc.seen) == 1 and sc.seen[0]["auth"] == "Bearer solo"
+    url, sc = scripted([(500, {}, {"error": "boom"}, 0)])
+    m = OpenAIModel({"name": "x", "backend": "openai", "base_url": url, "model": "m", "backoff_s": 0.01,
+                     "max_retries": 2})
+    with pytest.raises(OpenAIError, match="after 3 attempts .*HTTP 500: boom"):
+        m.generate(GenRequest(messages=bug()))
+    assert len(sc.seen) == 3
+
+
+def test_timeout_is_retried(scripted):
+    url, sc = scripted([(200, {}, OK, 1.5), (200, {}, OK, 0)])
+    m = OpenAIModel({"name": "x", "backend": "openai", "base_url": url, "model": "m", "backoff_s": 0.01,
+                     "timeout_s": 0.5})
+    g = m.generate(GenRequest(messages=bug()))
+    assert g.completion_tokens == 7 and len(sc.seen) == 2 and m.stats["retries"] == 1
+
+
+def test_config_needs_model_name():
+    with pytest.raises(ModelUnavailable, match="has no `model`"):
+        OpenAIModel({"name": "x", "backend": "openai", "base_url": "http://127.0.0.1:9/v1"})
