@@ -10,9 +10,9 @@ def make_sandbox(cfg: dict) -> Sandbox:
     backend = cfg.get("backend", "local")
     opts = {k: v for k, v in cfg.items() if k not in ("backend", "timeout_s")}
     if backend == "local":
-        from .local import SubprocessSandbox
+        from .local import LocalSandbox
 
-        return SubprocessSandbox(**opts)
+        return LocalSandbox(**opts)
     if backend == "e2b":
         from .e2b import E2BSandbox
 

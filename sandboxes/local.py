@@ -1,143 +1,525 @@
-"""Local backend: each program in a fresh `python3` process with a timeout.
+"""Local backend: warm workers inside a bubblewrap jail fork one child per program.
 
-Limits enforced here:
-- wall-clock timeout: the whole process group is killed (SIGKILL) when it runs out;
-- stdin is /dev/null (a candidate calling input() gets EOFError, never hangs);
-- the child's environment is scrubbed: only PATH, LANG and a private HOME/TMPDIR (no API keys);
-- output is kept as the last OUTPUT_CAP_BYTES of each stream;
-- verdict: `passed` only when the runner prints a per-run secret after the test code returned.
+Host side. The worker (sandboxes/_jail.py) runs in its own pid/net/ipc/uts namespaces with a read-only
+root and a tmpfs scratch; it preloads the import helper and forks a child per program. This process
+owns the per-run secret, the pipes and the clock. Limits and defences: sandboxes/README.md.
 """
 from __future__ import annotations
 
+import atexit
+import hmac
+import json
+import logging
 import os
 import re
 import secrets
+import selectors
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import weakref
 
-from .base import ExecResult, cap_output
+from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable, cap_output
 
-# Runs inside the child: executes the program, then proves completion on a private pipe.
-RUNNER = r"""
-import os, sys
-status_fd = int(sys.argv[2])
-secret = os.read(int(sys.argv[3]), 64)
-os.close(int(sys.argv[3]))
-path = sys.argv[1]
-with open(path) as f:
-    src = f.read()
-code = compile(src, path, "exec")
-g = {"__name__": "__main__", "__file__": path}
-del src
-exec(code, g)
-os.write(status_fd, secret)
-"""
+log = logging.getLogger("sandboxes.local")
+
+_JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jail.py")
+_HDR = struct.Struct("!I")
+_PROGRAM = "program.py"
+_NS_FLAGS = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+# The worker keeps these to switch each child to its own uid, kill what the child left and clean its dir.
+_WORKER_CAPS = ["CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"]
+_OPTIONS = {"workers", "mode", "require_isolation", "memory_mb", "cpu_s", "max_processes", "max_file_mb",
+            "max_open_files", "max_output_mb", "scratch_mb", "allow_fork", "uid_base", "bwrap", "python",
+            "ready_timeout_s"}
+
+_probe_lock = threading.Lock()
+_probe_cache: dict[str, str | None] = {}
+_warned = False
+_live: "weakref.WeakSet[LocalSandbox]" = weakref.WeakSet()
+
+
+def probe_bwrap(bwrap: str = "bwrap") -> str | None:
+    """None when bubblewrap can build our jail here, else the reason it cannot (cached per command)."""
+    with _probe_lock:
+        if bwrap in _probe_cache:
+            return _probe_cache[bwrap]
+        exe = shutil.which(bwrap)
+        if exe is None:
+            reason = f"{bwrap!r} not found on PATH (install the bubblewrap package)"
+        else:
+            cmd = [exe, *_NS_FLAGS, "--die-with-parent", "--ro-bind", "/", "/", "--tmpfs", "/proc"]
+            if os.geteuid() == 0:
+                for cap in _WORKER_CAPS:
+                    cmd += ["--cap-add", cap]
+            else:
+                cmd.insert(1, "--unshare-user")
+            try:
+                r = subprocess.run(cmd + ["true"], capture_output=True, timeout=30)
+                reason = None if r.returncode == 0 else (
+                    "bwrap cannot create namespaces: " + r.stderr.decode(errors="replace").strip()[:200])
+            except (OSError, subprocess.TimeoutExpired) as e:
+                reason = f"bwrap failed to start: {e}"
+        _probe_cache[bwrap] = reason
+        return reason
+
 
 _TB_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(:|$)")
+_EXC_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Iteration", "Warning")
 
 
 def parse_failure(stderr: str, program_path: str, program: str) -> tuple[str | None, str | None]:
-    """(failing source line, exception type) from a Python traceback in stderr."""
+    """(source line of the innermost program frame, exception type) from a Python traceback."""
     lines = program.splitlines()
     failing = None
     for line in stderr.splitlines():
         m = _TB_LINE.match(line)
-        if m and m.group("file") == program_path:
+        if m and os.path.basename(m.group("file")) == os.path.basename(program_path):
             n = int(m.group("line"))
             if 1 <= n <= len(lines):
                 failing = lines[n - 1].strip()
     error_type = None
-    for line in reversed(stderr.strip().splitlines()):
-        m = re.match(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)|AssertionError|StopIteration)\b", line)
-        if m:
+    tail = stderr.strip().splitlines()
+    for line in reversed(tail):
+        m = _EXC_LINE.match(line)
+        if m and (m.group(1).endswith(_EXC_SUFFIXES) or "Traceback (most recent call last):" in stderr):
             error_type = m.group(1).split(".")[-1]
             break
     return failing, error_type
 
 
-class SubprocessSandbox:
-    """One new interpreter per program. Simple and slow (0.1-0.4 s each); see README for the fast path."""
+def _send(sock: socket.socket, obj: dict, fds=()) -> None:
+    data = json.dumps(obj).encode()
+    msg = _HDR.pack(len(data)) + data
+    if fds:
+        socket.send_fds(sock, [msg[:_HDR.size]], list(fds))
+        sock.sendall(msg[_HDR.size:])
+    else:
+        sock.sendall(msg)
 
-    name = "local"
 
-    def __init__(self, python: str | None = None, **_ignored):
-        self.python = python or sys.executable
+class _Tail:
+    """Keeps the last `cap` bytes of a stream and counts the whole."""
 
-    def run(self, program: str, timeout_s: float) -> ExecResult:
-        scratch = tempfile.mkdtemp(prefix="fixlab-sbx-")
-        path = os.path.join(scratch, "program.py")
-        with open(path, "w") as f:
-            f.write(program)
-        secret = secrets.token_hex(16).encode()
-        status_r, status_w = os.pipe()
-        secret_r, secret_w = os.pipe()
-        os.write(secret_w, secret)
-        os.close(secret_w)
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": scratch, "TMPDIR": scratch,
-               "PYTHONDONTWRITEBYTECODE": "1"}
+    def __init__(self, cap: int):
+        self.cap, self.buf, self.total = cap, bytearray(), 0
+
+    def add(self, b: bytes) -> None:
+        self.total += len(b)
+        self.buf += b
+        if len(self.buf) > 2 * self.cap:
+            del self.buf[: -self.cap]
+
+    def result(self) -> tuple[str, bool]:
+        data = bytes(self.buf[-self.cap:]).decode("utf-8", "replace")
+        if self.total <= self.cap:
+            return data, False
+        return "[... output cut: %d bytes in all, the last %d kept ...]\n" % (self.total, self.cap) + data, True
+
+
+class _Worker:
+    """One warm interpreter in its own jail. Used by one run at a time; discarded when in doubt."""
+
+    def __init__(self, sbx: "LocalSandbox", slot: int):
+        self.sbx, self.slot = sbx, slot
+        self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        uid = sbx.uid_base + slot if sbx.switch_uid else None
+        cfg = {"uid": uid, "pidns": sbx.isolated, "allow_fork": sbx.allow_fork, "limits": sbx.limits,
+               "scratch_root": "/tmp/fixlab" if sbx.isolated else tempfile.mkdtemp(prefix="fixlab-sbx-")}
+        self.scratch_root = None if sbx.isolated else cfg["scratch_root"]
+        cmd = [sbx.python, "-I", "-B", _JAIL, str(child.fileno()), json.dumps(cfg)]
+        if sbx.isolated:
+            cmd = sbx.jail_prefix() + cmd
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                                     start_new_session=True)
+        child.close()
+        self.ready = False
+        self.runs = 0
+        self._rbuf = bytearray()
+
+    # -- control channel -------------------------------------------------------------------------
+    def _take_msg(self):
+        if len(self._rbuf) < _HDR.size:
+            return None
+        n = _HDR.unpack(self._rbuf[: _HDR.size])[0]
+        if len(self._rbuf) < _HDR.size + n:
+            return None
+        body = bytes(self._rbuf[_HDR.size: _HDR.size + n])
+        del self._rbuf[: _HDR.size + n]
+        return json.loads(body)
+
+    def wait_ready(self, timeout: float) -> str | None:
+        """None when the worker said it is ready, else why not."""
+        if self.ready:
+            return None
+        deadline = time.monotonic() + timeout
+        self.sock.settimeout(1.0)
+        while True:
+            msg = self._take_msg()
+            if msg is not None:
+                self.ready = bool(msg.get("ready"))
+                return None if self.ready else f"unexpected worker message {msg!r}"
+            if time.monotonic() > deadline:
+                return f"worker not ready after {timeout:.0f} s"
+            try:
+                b = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError as e:
+                b = b""
+                if not isinstance(e, ConnectionResetError):
+                    return f"worker control socket: {e}"
+            if not b:
+                return "worker exited at start: " + self._stderr_tail()
+            self._rbuf += b
+
+    def _stderr_tail(self) -> str:
+        try:
+            self.proc.wait(timeout=5)
+            err = self.proc.stderr.read() if self.proc.stderr else b""
+        except Exception:
+            err = b""
+        lines = err.decode(errors="replace").strip().splitlines()
+        return lines[-1] if lines else f"exit code {self.proc.returncode}"
+
+    def kill(self) -> None:
+        for pgid in (self.proc.pid,):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.proc.stderr:
+            self.proc.stderr.close()
+        if self.scratch_root:
+            shutil.rmtree(self.scratch_root, ignore_errors=True)
+
+    # -- one program -------------------------------------------------------------------------------
+    def execute(self, program: str, timeout_s: float) -> tuple[ExecResult, bool]:
+        """Run one program; returns (result, worker still healthy)."""
+        sbx = self.sbx
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        st_r, st_w = os.pipe()
+        sec_r, sec_w = os.pipe()
+        secret = secrets.token_bytes(32)  # new for every run, never leaves this process but through sec_w
+        os.write(sec_w, secret)
+        os.close(sec_w)
         start = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                [self.python, "-I", "-c", RUNNER, path, str(status_w), str(secret_r)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=scratch, env=env, start_new_session=True, pass_fds=(status_w, secret_r),
-            )
+            _send(self.sock, {"program": program}, fds=(out_w, err_w, st_w, sec_r))
+            sent = True
         except OSError as e:
-            for fd in (status_r, status_w, secret_r):
+            sent, send_err = False, e
+        for fd in (out_w, err_w, st_w, sec_r):
+            os.close(fd)
+        if not sent:
+            for fd in (out_r, err_r, st_r):
                 os.close(fd)
-            shutil.rmtree(scratch, ignore_errors=True)
-            return ExecResult(status="error", stderr=f"could not start python: {e}", backend=self.name)
-        os.close(status_w)
-        os.close(secret_r)
-        timed_out = False
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc.pid)
-            out, err = proc.communicate()
-        _kill_group(proc.pid)  # children left behind by a program that exited
+            return ExecResult(status="error", stderr=f"sandbox worker unreachable: {send_err}",
+                              backend=sbx.name), False
+        out, err = _Tail(OUTPUT_CAP_BYTES), _Tail(OUTPUT_CAP_BYTES)
+        proof = bytearray()
+        sel = selectors.DefaultSelector()
+        for fd, tag in ((out_r, "out"), (err_r, "err"), (st_r, "st")):
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ, tag)
+        self.sock.setblocking(False)
+        sel.register(self.sock, selectors.EVENT_READ, "ctl")
+        open_pipes = 3
+        wait_status = None
+        child_pid = None
+        worker_gone = timed_out = flooded = False
+        deadline = start + timeout_s
+        grace_end = None
+        while True:
+            now = time.monotonic()
+            if wait_status is not None and open_pipes == 0:
+                break
+            if wait_status is None and now >= deadline:
+                timed_out = True
+                break
+            if grace_end is not None and now >= grace_end:
+                break
+            limit = deadline if grace_end is None else grace_end
+            for key, _ in sel.select(timeout=max(0.0, limit - now)):
+                tag = key.data
+                if tag == "ctl":
+                    try:
+                        b = self.sock.recv(65536)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        b = b""
+                    if not b:
+                        worker_gone = True
+                        sel.unregister(self.sock)
+                        grace_end = time.monotonic() + 1.0
+                        continue
+                    self._rbuf += b
+                    while (msg := self._take_msg()) is not None:
+                        if "started" in msg:
+                            child_pid = msg["started"]
+                        elif "wait_status" in msg:
+                            wait_status = msg["wait_status"]
+                            grace_end = time.monotonic() + 2.0  # pipes close once the leftovers are killed
+                    continue
+                try:
+                    b = os.read(key.fd, 1 << 16)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                if not b:
+                    sel.unregister(key.fd)
+                    open_pipes -= 1
+                    continue
+                if tag == "st":
+                    if len(proof) < 4096:
+                        proof += b
+                else:
+                    (out if tag == "out" else err).add(b)
+                    if out.total + err.total > sbx.max_output_bytes:
+                        flooded = True
+                        break
+            if flooded or (worker_gone and wait_status is None and grace_end and time.monotonic() >= grace_end):
+                break
+        sel.close()
+        self.sock.setblocking(True)
+        healthy = wait_status is not None and not timed_out and not flooded and not worker_gone
+        if healthy and not os.WIFEXITED(wait_status):
+            healthy = False  # killed by a signal (rlimit, segfault): start a fresh worker
+        if not healthy:
+            if child_pid is not None and not sbx.isolated:
+                try:
+                    os.killpg(child_pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self.kill()
+            for fd, t in ((out_r, out), (err_r, err), (st_r, None)):  # what was written before the kill
+                try:
+                    while (b := os.read(fd, 1 << 16)):
+                        if t is None:
+                            proof += b[: max(0, 4096 - len(proof))]
+                        else:
+                            t.add(b)
+                            if t.total > sbx.max_output_bytes:
+                                break
+                except (BlockingIOError, OSError):
+                    pass
+        for fd in (out_r, err_r, st_r):
+            os.close(fd)
         duration = time.monotonic() - start
-        proof = _read_all(status_r)
-        os.close(status_r)
-        shutil.rmtree(scratch, ignore_errors=True)
-        stdout, out_cut = cap_output(out)
-        stderr, err_cut = cap_output(err)
+        stdout, out_cut = out.result()
+        stderr, err_cut = err.result()
+        exit_code = None
+        if wait_status is not None:
+            exit_code = os.waitstatus_to_exitcode(wait_status)
+        details: dict = {"isolated": sbx.isolated, "worker_runs": self.runs}
         if timed_out:
             status = "timeout"
-        elif proof == secret and proc.returncode == 0:
+            details["timeout_s"] = timeout_s
+        elif flooded:
+            status = "failed"
+            details["output_limit_bytes"] = sbx.max_output_bytes
+            stderr += f"\n[sandbox: killed after more than {sbx.max_output_bytes} bytes of output]"
+        elif wait_status is None:
+            status = "error"
+            stderr += "\n[sandbox: the worker died before reporting the program's end]"
+        elif exit_code == 0 and hmac.compare_digest(bytes(proof), secret):
             status = "passed"
         else:
             status = "failed"
-        failing, etype = (None, None) if status == "passed" else parse_failure(stderr, path, program)
-        return ExecResult(status=status, exit_code=proc.returncode, stdout=stdout, stderr=stderr,
+            if exit_code is not None and exit_code < 0:
+                details["signal"] = signal.Signals(-exit_code).name if -exit_code in signal.Signals._value2member_map_ else -exit_code
+        failing, etype = (None, None) if status == "passed" else parse_failure(stderr, _PROGRAM, program)
+        self.runs += 1
+        return ExecResult(status=status, exit_code=exit_code, stdout=stdout, stderr=stderr,
                           stdout_truncated=out_cut, stderr_truncated=err_cut, duration_s=round(duration, 4),
-                          failing_line=failing, error_type=etype, backend=self.name)
+                          failing_line=failing, error_type=etype, backend=sbx.name, details=details), healthy
+
+
+class LocalSandbox:
+    """Local backend. mode=fork (default): warm workers fork a child per program; mode=fresh: a new
+    jailed interpreter per program (the slow reference, same isolation and verdict rule)."""
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None, mode: str = "fork", require_isolation: bool = False,
+                 memory_mb: int = 2048, cpu_s: int = 60, max_processes: int = 32, max_file_mb: int = 64,
+                 max_open_files: int = 256, max_output_mb: int = 16, scratch_mb: int = 256,
+                 allow_fork: bool = False, uid_base: int = 62000, bwrap: str = "bwrap",
+                 python: str | None = None, ready_timeout_s: float = 120.0, **unknown):
+        if unknown:
+            raise SandboxUnavailable(f"unknown local sandbox option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+        if mode not in ("fork", "fresh"):
+            raise SandboxUnavailable(f"sandbox mode must be 'fork' or 'fresh', got {mode!r}")
+        n = workers if workers is not None else (os.cpu_count() or 1)
+        if not isinstance(n, int) or n < 1:
+            raise SandboxUnavailable(f"sandbox workers must be a positive integer, got {workers!r}")
+        for k, v in (("memory_mb", memory_mb), ("cpu_s", cpu_s), ("max_processes", max_processes),
+                     ("max_file_mb", max_file_mb), ("max_open_files", max_open_files),
+                     ("max_output_mb", max_output_mb), ("scratch_mb", scratch_mb)):
+            if not isinstance(v, (int, float)) or v <= 0:
+                raise SandboxUnavailable(f"sandbox option {k} must be a positive number, got {v!r}")
+        self.mode, self.workers, self.allow_fork = mode, n, bool(allow_fork)
+        self.python = python or sys.executable
+        self.bwrap, self.scratch_mb, self.uid_base = bwrap, int(scratch_mb), int(uid_base)
+        self.ready_timeout_s = float(ready_timeout_s)
+        self.max_output_bytes = int(max_output_mb * 1024 * 1024)
+        self.limits = {"memory_bytes": int(memory_mb * 1024 * 1024), "cpu_s": int(cpu_s),
+                       "processes": int(max_processes), "file_bytes": int(max_file_mb * 1024 * 1024),
+                       "open_files": int(max_open_files)}
+        reason = probe_bwrap(bwrap)
+        if reason is not None and require_isolation:
+            raise SandboxUnavailable(f"sandbox isolation required but unavailable: {reason}")
+        if reason is not None:
+            global _warned
+            if not _warned:
+                _warned = True
+                log.warning("sandbox: no bubblewrap isolation (%s); running with rlimits only", reason)
+        self.isolated = reason is None
+        self.isolation_reason = reason
+        self.switch_uid = os.geteuid() == 0
+        self._lock = threading.Lock()
+        self._sem = threading.BoundedSemaphore(n)
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+        self._free_slots = list(range(n))
+        self._closed = False
+        _live.add(self)
+
+    def _visible_mounts(self) -> list[str]:
+        """Hide the home directory, and keep the interpreter readable for the child's uid when it lives
+        under a directory others cannot enter (e.g. pyenv under /root, mode 700)."""
+        exe = os.path.realpath(self.python)
+        needed = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(exe)), os.path.dirname(_JAIL)}
+        hidden = []
+        home = os.path.expanduser("~")
+        if home not in ("/", "") and os.path.isdir(home):
+            hidden.append(home)
+        for path in sorted(needed):
+            parts = path.split("/")
+            for i in range(2, len(parts)):
+                anc = "/".join(parts[:i])
+                if not os.stat(anc).st_mode & 0o001 and anc not in hidden:
+                    hidden.append(anc)
+                    break
+        args = []
+        for h in hidden:
+            args += ["--tmpfs", h]
+        for path in sorted(needed):
+            under = [h for h in hidden if path.startswith(h + "/")]
+            if under:
+                parts = path[len(under[0]) + 1:].split("/")
+                for i in range(1, len(parts)):  # bwrap would create these 0700: the child could not enter
+                    args += ["--perms", "0755", "--dir", under[0] + "/" + "/".join(parts[:i])]
+                args += ["--ro-bind", path, path]
+        return args
+
+    def jail_prefix(self) -> list[str]:
+        cmd = [self.bwrap, *_NS_FLAGS, "--die-with-parent", "--new-session", "--ro-bind", "/", "/",
+               *self._visible_mounts(),
+               "--tmpfs", "/proc", "--dev", "/dev", "--size", str(self.scratch_mb * 1024 * 1024),
+               "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--clearenv",
+               "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
+               "--setenv", "OPENBLAS_NUM_THREADS", "1", "--setenv", "OMP_NUM_THREADS", "1", "--chdir", "/tmp"]
+        if self.switch_uid:
+            for cap in _WORKER_CAPS:
+                cmd += ["--cap-add", cap]
+        else:
+            cmd.insert(1, "--unshare-user")
+        return cmd
+
+    def _checkout(self) -> _Worker:
+        with self._lock:
+            if self._closed:
+                raise SandboxUnavailable("sandbox is closed")
+            w = self._idle.pop() if self._idle else _Worker(self, self._free_slots.pop())
+            self._busy.add(w)
+            return w
+
+    def _checkin(self, w: _Worker, healthy: bool) -> None:
+        replace = None
+        with self._lock:
+            self._busy.discard(w)
+            if healthy and self.mode == "fork" and not self._closed:
+                self._idle.append(w)
+                return
+        w.kill()
+        with self._lock:
+            if self.mode == "fork" and not self._closed:
+                replace = _Worker(self, w.slot)  # starts warming now, in the background
+                self._idle.append(replace)
+            else:
+                self._free_slots.append(w.slot)
+
+    def warm_up(self) -> None:
+        """Start every worker now and wait until each has imported the helper (optional)."""
+        with self._lock:
+            while self._free_slots and self.mode == "fork":
+                self._idle.append(_Worker(self, self._free_slots.pop()))
+            idle = list(self._idle)
+        for w in idle:
+            why = w.wait_ready(self.ready_timeout_s)
+            if why:
+                raise SandboxUnavailable(f"sandbox worker failed to start: {why}")
+
+    def run(self, program: str, timeout_s: float) -> ExecResult:
+        if not isinstance(program, str):
+            raise TypeError(f"program must be a str, got {type(program).__name__}")
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
+        with self._sem:
+            w = self._checkout()
+            healthy = False
+            try:
+                why = w.wait_ready(self.ready_timeout_s)
+                if why:
+                    return ExecResult(status="error", stderr=f"sandbox worker failed to start: {why}",
+                                      backend=self.name, details={"isolated": self.isolated})
+                result, healthy = w.execute(program, float(timeout_s))
+                return result
+            finally:
+                self._checkin(w, healthy)
 
     def close(self) -> None:
-        pass
+        with self._lock:
+            self._closed = True
+            workers = self._idle + list(self._busy)
+            self._idle = []
+        for w in workers:
+            w.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+# Kept for callers of the first version: same interface, now the warm-fork backend.
+SubprocessSandbox = LocalSandbox
 
 
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    os.set_blocking(fd, False)
-    while True:
+@atexit.register
+def _close_all() -> None:
+    for sbx in list(_live):
         try:
-            b = os.read(fd, 4096)
-        except BlockingIOError:
-            break
-        if not b:
-            break
-        chunks.append(b)
-    return b"".join(chunks)
+            sbx.close()
+        except Exception:
+            pass

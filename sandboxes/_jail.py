@@ -1,0 +1,299 @@
+"""Warm worker that runs inside the jail (started by local.LocalSandbox; stdlib + numpy only).
+
+It imports the harness's import helper once, then forks one child per program. The child drops to its
+own uid, applies rlimits, runs the program in a second thread and reports completion with the run's
+secret on a private fd. See README.md for what each step defends against.
+"""
+import os
+import sys
+
+# The import helper (program.IMPORT_HELPER) preloaded once: forks inherit it, so programs start warm.
+import math, re, copy, datetime, itertools, collections, heapq, statistics, functools, hashlib, string  # noqa
+import typing  # noqa
+import numpy  # noqa
+
+import builtins
+import json
+import resource
+import shutil
+import signal
+import socket
+import struct
+import _thread
+
+try:
+    import ctypes
+except ImportError:  # the jail works without it: only the non-root fallback uses prctl
+    ctypes = None
+
+_HDR = struct.Struct("!I")
+_SECRET_LEN = 32
+_STATUS_FD = 3
+_PROGRAM = "program.py"
+# Module dicts whose entries a candidate must not rebind (tests call abs, len, math.isclose, np.allclose...).
+_GUARDED = (builtins, math, re, copy, datetime, itertools, collections, heapq, statistics, functools,
+            hashlib, string, typing, numpy)
+
+
+def _send(sock, obj, fds=()):
+    data = json.dumps(obj).encode()
+    msg = _HDR.pack(len(data)) + data
+    if fds:
+        socket.send_fds(sock, [msg], list(fds))
+    else:
+        sock.sendall(msg)
+
+
+def _recv_exact(sock, n, fds):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk, got, _flags, _addr = socket.recv_fds(sock, n - len(buf), 8)
+        fds.extend(got)
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv(sock):
+    fds = []
+    hdr = _recv_exact(sock, _HDR.size, fds)
+    if hdr is None:
+        return None, fds
+    body = _recv_exact(sock, _HDR.unpack(hdr)[0], fds)
+    if body is None:
+        return None, fds
+    return json.loads(body), fds
+
+
+def main():
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    cfg = json.loads(sys.argv[2])
+    root = cfg["scratch_root"]
+    os.makedirs(root, exist_ok=True)
+    # kill(-1) is only safe when we are pid 2 of our own pid namespace (bwrap's init is pid 1):
+    # outside one it would signal every process of the machine we may signal.
+    own_pidns = bool(cfg["pidns"]) and os.getpid() == 2
+    _send(sock, {"ready": True, "pid": os.getpid(), "own_pidns": own_pidns})
+    n = 0
+    while True:
+        msg, fds = _recv(sock)
+        if msg is None:
+            return
+        n += 1
+        scratch = os.path.join(root, "r%d" % n)
+        os.mkdir(scratch, 0o700)
+        if cfg["uid"] is not None:
+            os.chown(scratch, cfg["uid"], cfg["uid"])
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sock.close()
+                _child(msg, fds, scratch, cfg)
+            finally:
+                os._exit(70)
+        for fd in fds:
+            os.close(fd)
+        _send(sock, {"started": pid})
+        _, status = os.waitpid(pid, 0)
+        # Nothing the program started may outlive it (daemons, setsid, double forks).
+        if own_pidns:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        else:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        shutil.rmtree(scratch, ignore_errors=True)
+        _send(sock, {"wait_status": status})
+
+
+def _child(msg, fds, scratch, cfg):
+    out_w, err_w, status_w, secret_r = fds
+    os.setsid()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU):
+        signal.signal(sig, signal.SIG_DFL)
+    secret = b""
+    while len(secret) < _SECRET_LEN:
+        b = os.read(secret_r, _SECRET_LEN - len(secret))
+        if not b:
+            break
+        secret += b
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)  # input() gets EOF, never waits
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.dup2(status_w, _STATUS_FD, inheritable=False)
+    os.closerange(_STATUS_FD + 1, 1 << 16)  # control socket, secret pipe, everything else
+    os.chdir(scratch)
+    lim = cfg["limits"]
+    for res, val in ((resource.RLIMIT_AS, lim["memory_bytes"]), (resource.RLIMIT_FSIZE, lim["file_bytes"]),
+                     (resource.RLIMIT_NOFILE, lim["open_files"]), (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(res, (val, val))
+    cpu = int(lim["cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # soft: SIGXCPU, hard: SIGKILL
+    uid = cfg["uid"]
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)  # drops every capability; the process also becomes non-dumpable
+    elif ctypes is not None:
+        try:  # PR_SET_DUMPABLE 0: no other process of our uid may read our memory
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+        except Exception:
+            pass
+    os.environ.clear()
+    os.environ.update({"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
+                       "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
+    for stream in (sys.stdout, sys.stderr):  # line-buffered: prints survive an os._exit, as in a terminal
+        stream.reconfigure(line_buffering=True)
+    sys.argv[:] = [_PROGRAM]
+    sys.path[0] = scratch
+    program = msg["program"]
+    with open(_PROGRAM, "w") as f:  # for the source lines in tracebacks
+        f.write(program)
+    _run(program, secret, lim["processes"] if cfg["allow_fork"] else 1, cfg["allow_fork"])
+
+
+class TamperError(Exception):
+    """The program rebound a builtin or an import-helper name the test code relies on."""
+
+
+def _run(program, secret, nproc, allow_fork):
+    # Everything used after the program ran is bound here: the program can rebind module globals.
+    write, exit_, display, status_fd = os.write, os._exit, sys.__excepthook__, _STATUS_FD
+    bi, tamper = builtins, TamperError
+    out, err = sys.stdout, sys.stderr
+    OK = object()
+    state = [None]
+    go = _thread.allocate_lock()
+    done = _thread.allocate_lock()
+    go.acquire()
+    done.acquire()
+    try:
+        code = compile(program, _PROGRAM, "exec")
+    except BaseException as e:  # SyntaxError: the candidate's fault, reported like a traceback
+        secret = None
+        display(type(e), e, e.__traceback__)
+        out.flush()
+        exit_(1)
+    g = {"__name__": "__main__", "__file__": _PROGRAM, "__builtins__": bi}
+    snapshot = [(m.__name__, m.__dict__, dict(m.__dict__)) for m in _GUARDED]
+    builtin_names = snapshot[0][2]
+
+    # The program runs in this second thread; `secret` is a local of _run's frame (main thread), which
+    # no frame of this thread reaches, and signal handlers (which get the main thread's frame) can only
+    # be installed from the main thread.
+    def target():
+        go.acquire()
+        try:
+            exec(code, g)
+        except BaseException as e:
+            state[0] = e
+        else:
+            problem = None
+            for name, live, saved in snapshot:
+                for k, v in saved.items():
+                    if live.get(k, tamper) is not v:
+                        problem = "%s.%s was replaced" % (name, k)
+                        break
+                if problem:
+                    break
+            if problem is None and g.get("__builtins__") is not bi:
+                problem = "__builtins__ was replaced"
+            if problem is None:
+                for k, v in g.items():
+                    if k in builtin_names and v is not builtin_names[k] and k != "__name__" and k != "__doc__":
+                        problem = "builtin %r was shadowed by a global" % k
+                        break
+            state[0] = OK if problem is None else tamper(problem)
+        try:
+            out.flush()
+            err.flush()
+        except BaseException:
+            pass
+        done.release()
+
+    _thread.stack_size(64 * 1024 * 1024)
+    _thread.start_new_thread(target, ())
+    # Counted per uid: with 1, neither fork nor a new thread is possible from here on (kernel-enforced).
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    _install_hook(allow_fork)
+    go.release()
+    try:
+        done.acquire()
+        result = state[0]
+    except BaseException as e:
+        result = e
+    if result is OK:
+        write(status_fd, secret)
+        exit_(0)
+    secret = None  # before any candidate code (exception __str__...) runs in this thread
+    rc = 1
+    try:
+        if isinstance(result, SystemExit):
+            c = result.code
+            rc = c if isinstance(c, int) and not isinstance(c, bool) else (0 if c is None else 1)
+        display(type(result), result, result.__traceback__)
+    except BaseException:
+        pass
+    try:
+        out.flush()
+    except BaseException:
+        pass
+    exit_(rc & 0xFF)
+
+
+class Denied(PermissionError, ValueError):
+    """Raised by the audit hook. A ValueError too: stdlib callers of sys._getframe (namedtuple,
+    typing) treat ValueError as 'no frame' and fall back."""
+
+
+class _RejectHook(RuntimeError):
+    pass
+
+
+def _install_hook(allow_fork):
+    """Audit hook (cannot be removed): closes the introspection routes to other frames and memory."""
+    frame_attrs = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame"))
+    blocked = frozenset(("sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
+                         "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__",
+                         "os.symlink", "os.link", "cpython.PyInterpreterState_Clear",
+                         "cpython._PySys_ClearAuditHooks"))
+    spawn = frozenset(("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
+                       "subprocess.Popen"))
+    denied, reject, getcwd, isstr, decode = Denied, _RejectHook, os.getcwd, str, bytes.decode
+
+    def hook(event, args):
+        if event == "object.__getattr__":
+            if args[1] in frame_attrs:
+                raise denied("sandbox: frame access is disabled")
+            return
+        if event == "object.__setattr__":
+            if args[1] == "__code__":
+                raise denied("sandbox: replacing __code__ is disabled")
+            return
+        if event in blocked or event.startswith("ctypes."):
+            raise denied("sandbox: %s is disabled" % event)
+        if event == "sys.addaudithook":
+            raise reject("sandbox: no further audit hooks")
+        if event in spawn and not allow_fork:
+            raise denied("sandbox: starting processes is disabled")
+        if event == "open":
+            p = args[0]
+            if p.__class__ is bytes:
+                p = decode(p, "utf-8", "replace")
+            if p.__class__ is isstr:
+                if p[:1] != "/":
+                    p = getcwd() + "/" + p
+                if "proc" in p.split("/"):
+                    raise denied("sandbox: /proc is disabled")
+
+    sys.addaudithook(hook)
+
+
+if __name__ == "__main__":
+    main()
