@@ -47,6 +47,7 @@ def worker_context(model_cfg: dict, sandbox_cfg: dict, tasks: list[Task]):
             sandbox = make_sandbox(sandbox_cfg)
             model = build_model(model_cfg, tasks)
             _contexts[key] = (model, sandbox)
+            print(f"fixlab: process {os.getpid()} loaded model {model_cfg.get('name')}", file=sys.stderr, flush=True)
         return _contexts[key]
 
 
@@ -125,11 +126,19 @@ def _repair_one(task: Task, sample: int, settings: JobSettings, tasks: list[Task
                           budget=settings.agent.iters, sample=sample, error=f"{type(e).__name__}: {e}")
 
 
+def _repair_with_test_delay(task: Task, sample: int, settings: JobSettings, tasks: list[Task]) -> Trajectory:
+    # Test hook, named for what it is: tests/test_resume.py slows tasks down so it can kill -9 a run mid-way.
+    delay = float(os.environ.get("FIXLAB_TEST_TASK_DELAY_S", "0") or 0)
+    if delay > 0:
+        time.sleep(delay)
+    return _repair_one(task, sample, settings, tasks)
+
+
 def make_flow():
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
 
-    repair = task(_repair_one, name="repair", cache_policy=NO_CACHE, persist_result=False)
+    repair = task(_repair_with_test_delay, name="repair", cache_policy=NO_CACHE, persist_result=False)
 
     @flow(name="humanevalfix-evaluate", persist_result=False, log_prints=False)
     def evaluate_flow(jobs: list[tuple[Task, int]], settings: JobSettings, tasks: list[Task], on_done=None):
@@ -163,8 +172,29 @@ def task_runner(runner: dict):
 
         if runner.get("address"):
             return DaskTaskRunner(address=runner["address"])
-        return DaskTaskRunner(cluster_kwargs={"n_workers": runner["workers"], "threads_per_worker": runner.get("threads_per_worker", 4), "processes": True})
+        # A local cluster of worker processes; each loads the model once (worker_context) for all its tasks.
+        return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs={
+            "n_workers": runner["workers"], "threads_per_worker": runner.get("threads_per_worker", 4),
+            "processes": True, "dashboard_address": None})
     raise ConfigError(f"runner {name!r} is unknown: use runner=threads or runner=dask")
+
+
+_api_server = None
+
+
+def share_prefect_api() -> None:
+    """Dask worker processes report their task runs to the Prefect API; without PREFECT_API_URL each would
+    start its own temporary server (12-25 s each). Start this process's temporary server now and hand its
+    address to the workers through the environment they inherit."""
+    global _api_server
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    if _api_server is None:
+        _api_server = SubprocessASGIServer()  # the same instance the flow's own temporary client uses
+        _api_server.start(timeout=int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")))
+    os.environ["PREFECT_API_URL"] = _api_server.api_url
 
 
 # ---------------------------------------------------------------- metrics
@@ -259,12 +289,16 @@ def run_job(cfg: dict) -> dict:
         resume = tracker.last_run_id()
         if resume is None:
             raise ConfigError("resume=last: no earlier run in this experiment to resume")
-    # Build model and sandbox before any task starts, so a missing key or model is one error up front.
-    worker_context(settings.model, settings.sandbox, tasks)
+    # Build model and sandbox before any task starts, so a missing key or model is one error up front
+    # (not for dask: the model lives in the worker processes, possibly on other machines).
+    if settings.runner.get("name", "threads") != "dask":
+        worker_context(settings.model, settings.sandbox, tasks)
     tags = {"model": settings.model["name"], "strategy": settings.agent.strategy,
             "protocol": settings.agent.protocol, "iters": str(settings.agent.iters)}
     try:
         run_id = tracker.start(settings.run_name, settings.raw, tags, resume_run_id=resume)
+    except ConfigError:
+        raise
     except Exception as e:
         if resume:
             raise ConfigError(f"resume={resume}: no such MLflow run ({type(e).__name__})") from None
@@ -288,6 +322,8 @@ def run_job(cfg: dict) -> dict:
     status = "FAILED"
     try:
         if jobs:
+            if settings.runner.get("name") == "dask":
+                share_prefect_api()
             flow = make_flow().with_options(task_runner=task_runner(settings.runner))
             flow(jobs, settings, tasks, on_done)
         trajs = list(store.load().values()) + [t for t in _errored(store)]
@@ -296,13 +332,22 @@ def run_job(cfg: dict) -> dict:
                        strategy=settings.agent.strategy, protocol=settings.agent.protocol, iters=settings.agent.iters,
                        samples=settings.samples)
         tracker.log_lines(_result_rows(trajs), "results.jsonl")
+        # A resumed run (or a failed upload) may lack some tasks' trajectory files and traces: add them.
+        tracker.complete_tasks([t.to_dict() for t in trajs])
+        tracker.log_results_table([t.to_dict() for t in trajs])
+        if resume:
+            summary["resumed"] = True
         status = "FINISHED"
         tracker.finish(summary, status)
         return summary
+    except BaseException as e:
+        # Ctrl-C is KILLED (resume=last continues it); anything else is FAILED.
+        status = "KILLED" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        raise
     finally:
         if status != "FINISHED":
             try:
-                tracker.client.set_terminated(run_id, status="KILLED")
+                tracker.client.set_terminated(run_id, status=status)
             except Exception:
                 pass
 

@@ -1,7 +1,10 @@
-"""MLflow records of a job: params, pass@1 and its curve over rounds, per-task trajectories.
+"""MLflow records of a job: params, pass@1 and its curve over rounds, per-task trajectories and traces.
 
 Store: sqlite database mlruns/mlflow.db and artifact folder mlruns/artifacts (both git-ignored), so the
-UI (`make ui`) and MlflowClient read the same runs.
+UI (`make ui`) and MlflowClient read the same runs. Per run: tags (model, strategy, protocol, git commit,
+dirty tree), params (the whole resolved config), metrics (pass@1, its curve over rounds, pass@1 per bug
+type, tokens, wall time), artifacts (summary.json, results.jsonl, results_table.json, tasks/<id>.json)
+and one MLflow trace per task (Traces tab: each model call and each sandbox run as a span).
 """
 from __future__ import annotations
 
@@ -13,8 +16,14 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
+from .config import ConfigError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MLRUNS = REPO_ROOT / "mlruns"
+# Set by the sweep callback (flows/sweep.py): every job of a Hydra multirun becomes a child of this run.
+PARENT_ENV = "FIXLAB_PARENT_RUN_ID"
+# Config keys that may differ between a run and its resumption without changing its results.
+RESUME_FREE_KEYS = ("resume", "runner.", "tracking.", "offline")
 
 
 def tracking_uri(tracking: dict) -> str:
@@ -75,11 +84,11 @@ class RunTracker:
 
     def start(self, run_name: str, params: dict, tags: dict, resume_run_id: str | None = None) -> str:
         if resume_run_id:
-            run = self.client.get_run(resume_run_id)
-            self.client.update_run(resume_run_id, status="RUNNING")
-            self.run_id = run.info.run_id
-            return self.run_id
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags={**git_state(), **tags})
+            return self._resume(resume_run_id, params)
+        tags = {**git_state(), "fixlab.kind": "job", **tags}
+        if os.environ.get(PARENT_ENV):
+            tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
         flat = flatten(params)
         from mlflow.entities import Param
@@ -89,12 +98,67 @@ class RunTracker:
             self.client.log_batch(self.run_id, params=items[i:i + 100])
         return self.run_id
 
+    def _resume(self, run_id: str, params: dict) -> str:
+        """Continue an earlier run: same MLflow run, only if its config matches (else results would mix)."""
+        run = self.client.get_run(run_id)
+        if run.info.experiment_id != self.experiment_id:
+            raise ConfigError(f"resume={run_id}: that run belongs to another experiment")
+        if run.data.tags.get("fixlab.kind", "job") != "job":
+            raise ConfigError(f"resume={run_id}: that is a {run.data.tags['fixlab.kind']} run, not an evaluation job")
+        old, new = run.data.params, {k[:250]: v[:6000] for k, v in flatten(params).items()}
+        diff = sorted(k for k in set(old) | set(new)
+                      if old.get(k) != new.get(k) and not k.startswith(RESUME_FREE_KEYS))
+        if diff:
+            k = diff[0]
+            raise ConfigError(f"resume={run_id}: config differs from that run's at {k} "
+                              f"({old.get(k)!r} there, {new.get(k)!r} now); resume with the same settings")
+        self.client.update_run(run_id, status="RUNNING")
+        self.client.set_tag(run_id, "fixlab.resumed", str(int(run.data.tags.get("fixlab.resumed", "0")) + 1))
+        self.run_id = run_id
+        return run_id
+
     def last_run_id(self) -> str | None:
-        runs = self.client.search_runs([self.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)
+        """The newest evaluation job of this experiment that did not finish (what resume=last continues)."""
+        runs = self.client.search_runs([self.experiment_id], "attributes.status != 'FINISHED'",
+                                       order_by=["attributes.start_time DESC"], max_results=50)
+        runs = [r for r in runs if r.data.tags.get("fixlab.kind", "job") == "job"]
         return runs[0].info.run_id if runs else None
 
     def log_task(self, traj: dict) -> None:
         self.log_json(traj, f"tasks/{safe_name(traj['task_id'])}.json")
+        log_trace(self.client, self.experiment_id, self.run_id, traj)
+
+    def complete_tasks(self, trajs: list[dict]) -> int:
+        """Log the trajectories and traces that are not in MLflow yet (a kill between a task's state file
+        and its upload, or an upload that failed). Returns how many were added."""
+        have_files = {a.path for a in self.client.list_artifacts(self.run_id, "tasks")}
+        have_traces = logged_trace_keys(self.experiment_id, self.run_id)
+        added = 0
+        for t in trajs:
+            if f"tasks/{safe_name(t['task_id'])}.json" not in have_files:
+                self.log_json(t, f"tasks/{safe_name(t['task_id'])}.json")
+            if (t["task_id"], str(t.get("sample", 0))) not in have_traces:
+                log_trace(self.client, self.experiment_id, self.run_id, t)
+                added += 1
+        return added
+
+    def log_results_table(self, trajs: list[dict]) -> None:
+        """One row per task (and sample): what a person sorts and filters in the run's Artifacts view."""
+        rows = sorted(trajs, key=lambda t: (task_order(t["task_id"]), t.get("sample", 0)))
+        cols = {"task_id": [], "sample": [], "bug_type": [], "verdict": [], "first_pass_round": [],
+                "rounds": [], "prompt_tokens": [], "completion_tokens": [], "seconds": []}
+        for t in rows:
+            cols["task_id"].append(t["task_id"])
+            cols["sample"].append(t.get("sample", 0))
+            cols["bug_type"].append(t["bug_type"])
+            cols["verdict"].append(verdict(t))
+            # -1 = never passed (the table viewer shows None as an empty cell that sorts badly)
+            cols["first_pass_round"].append(-1 if t.get("first_pass_round") is None else t["first_pass_round"])
+            cols["rounds"].append(len(t.get("attempts", [])))
+            cols["prompt_tokens"].append(t.get("prompt_tokens", 0))
+            cols["completion_tokens"].append(t.get("completion_tokens", 0))
+            cols["seconds"].append(round(float(t.get("seconds", 0.0)), 3))
+        self.client.log_table(self.run_id, data=cols, artifact_file="results_table.json")
 
     def log_json(self, obj, artifact_path: str) -> None:
         folder, name = os.path.split(artifact_path)
@@ -126,4 +190,102 @@ class RunTracker:
             metrics.append(Metric("pass_at_1_" + re.sub(r"\W+", "_", bug_type), v, now, 0))
         self.client.log_batch(self.run_id, metrics=metrics)
         self.log_json(summary, "summary.json")
+        flush_traces()
         self.client.set_terminated(self.run_id, status=status)
+
+
+# ---------------------------------------------------------------- traces
+def task_order(task_id: str):
+    tail = task_id.rsplit("/", 1)[-1]
+    return (0, int(tail), "") if tail.isdigit() else (1, 0, tail)
+
+
+def verdict(t: dict) -> str:
+    return "error" if t.get("error") else ("passed" if t.get("first_pass_round") is not None else "failed")
+
+
+def flush_traces() -> None:
+    import mlflow
+
+    try:  # traces are exported by a background queue; the run's end must not outrun them
+        mlflow.flush_trace_async_logging(terminate=False)
+    except TypeError:
+        mlflow.flush_trace_async_logging()
+
+
+def logged_trace_keys(experiment_id: str, run_id: str) -> set[tuple[str, str]]:
+    import mlflow
+
+    flush_traces()
+    traces = mlflow.search_traces(locations=[experiment_id], run_id=run_id, return_type="list",
+                                  include_spans=False)
+    return {(t.info.tags.get("task_id"), t.info.tags.get("sample", "0")) for t in traces}
+
+
+def _ns(seconds: float) -> int:
+    return int(max(float(seconds or 0.0), 0.0) * 1e9)
+
+
+def log_trace(client, experiment_id: str, run_id: str, traj: dict, end_ns: int | None = None) -> str:
+    """One MLflow trace for one finished trajectory: a root span for the task, a span per round, and under
+    it a span per model call (messages, answer, tokens) and one for the sandbox run (verdict, output).
+
+    The trajectory records durations, not clock times, so spans are laid out back to back ending at
+    `end_ns` (default: now). The agent code stays free of tracing."""
+    import time
+
+    from mlflow.entities import SpanType
+
+    end_ns = end_ns or time.time_ns()
+    start_ns = end_ns - _ns(traj.get("seconds"))
+    v = verdict(traj)
+    tags = {"task_id": traj["task_id"], "sample": str(traj.get("sample", 0)), "bug_type": traj["bug_type"],
+            "verdict": v, "first_pass_round": str(traj.get("first_pass_round")), "strategy": traj.get("strategy", "")}
+    root = client.start_trace(
+        f"{traj['task_id']}" + (f" s{traj['sample']}" if traj.get("sample") else ""), span_type=SpanType.AGENT,
+        inputs={"task_id": traj["task_id"], "bug_type": traj["bug_type"], "strategy": traj.get("strategy"),
+                "budget": traj.get("budget"), "sample": traj.get("sample", 0)},
+        attributes={"verdict": v, "seconds": traj.get("seconds", 0.0)},
+        tags=tags, experiment_id=experiment_id, start_time_ns=start_ns, run_id=run_id)
+    tid = root.trace_id
+    cursor = start_ns
+    for a in traj.get("attempts", []):
+        a_end = min(cursor + _ns(a.get("seconds")), end_ns)
+        span = client.start_span(f"round {a['round']}", trace_id=tid, parent_id=root.span_id,
+                                 span_type=SpanType.CHAIN, inputs={"round": a["round"]},
+                                 attributes={"decision": a["decision"]}, start_time_ns=cursor)
+        t = cursor
+        for i, c in enumerate(a.get("calls", [])):
+            c_end = min(t + _ns(c.get("seconds")), a_end)
+            usage = {"input_tokens": c.get("prompt_tokens", 0), "output_tokens": c.get("completion_tokens", 0),
+                     "total_tokens": c.get("prompt_tokens", 0) + c.get("completion_tokens", 0)}
+            cs = client.start_span(f"model call {i}" if i else "model call", trace_id=tid, parent_id=span.span_id,
+                                   span_type=SpanType.CHAT_MODEL, inputs={"messages": c.get("messages", [])},
+                                   attributes={"mlflow.chat.tokenUsage": usage, "temperature": c.get("temperature"),
+                                               "seed": c.get("seed"), "seconds": c.get("seconds")},
+                                   start_time_ns=t)
+            client.end_span(tid, cs.span_id, end_time_ns=c_end, status="ERROR" if c.get("error") else "OK",
+                            outputs={"choices": [{"index": 0, "finish_reason": "stop",
+                                                  "message": {"role": "assistant", "content": c.get("output", "")}}],
+                                     **({"error": c["error"]} if c.get("error") else {})})
+            t = c_end
+        r = a.get("result")
+        if r:
+            r_end = min(t + _ns(r.get("duration_s")), a_end) if a_end > t else t
+            rs = client.start_span("sandbox run", trace_id=tid, parent_id=span.span_id, span_type=SpanType.TOOL,
+                                   inputs={"code": a.get("code")},
+                                   attributes={"backend": r.get("backend"), "duration_s": r.get("duration_s")},
+                                   start_time_ns=t)
+            client.end_span(tid, rs.span_id, end_time_ns=r_end, outputs={
+                "status": r.get("status"), "exit_code": r.get("exit_code"), "failing_line": r.get("failing_line"),
+                "error_type": r.get("error_type"), "stdout": (r.get("stdout") or "")[-4000:],
+                "stderr": (r.get("stderr") or "")[-4000:]})
+        client.end_span(tid, span.span_id, end_time_ns=a_end,
+                        outputs={"decision": a["decision"], "verdict": (r or {}).get("status"),
+                                 "feedback": a.get("feedback")})
+        cursor = a_end
+    client.end_trace(tid, end_time_ns=end_ns, status="ERROR" if traj.get("error") else "OK",
+                     outputs={"verdict": v, "first_pass_round": traj.get("first_pass_round"),
+                              "error": traj.get("error"), "prompt_tokens": traj.get("prompt_tokens", 0),
+                              "completion_tokens": traj.get("completion_tokens", 0)})
+    return tid

@@ -52,8 +52,10 @@ def test_sweep_over_budgets_makes_one_mlflow_run_per_job_with_curve_steps(evalua
     assert [len(s["pass@1_by_iter"]) for s in summaries] == [1, 2]
     client = MlflowClient(run.tracking_uri)
     exp = client.get_experiment_by_name("humanevalfix")
-    runs = client.search_runs([exp.experiment_id])
+    runs = client.search_runs([exp.experiment_id], "tags.`fixlab.kind` = 'job'")
     assert sorted(r.info.run_id for r in runs) == sorted(s["run_id"] for s in summaries)
+    # ... all children of the sweep's parent run (flows/sweep.py)
+    assert len({r.data.tags["mlflow.parentRunId"] for r in runs}) == 1
     steps = client.get_metric_history(summaries[1]["run_id"], "pass_at_1_by_iter")
     assert [m.step for m in steps] == [0, 1]
     arts = {a.path for a in client.list_artifacts(summaries[1]["run_id"], "tasks")}

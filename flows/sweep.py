@@ -1,0 +1,159 @@
+"""Hydra callback: a sweep (`python -m flows.evaluate ... -m`) gets one MLflow parent run.
+
+on_multirun_start creates the parent run and hands its id to the jobs through FIXLAB_PARENT_RUN_ID, so
+each job's run is a child (tag mlflow.parentRunId; RunTracker.start reads it). on_multirun_end reads the
+children back from MLflow (so it works with any launcher, in-process or not) and logs on the parent:
+  pass_at_1_vs_rounds.png - pass@1 against rounds, one line per job, labelled by what the sweep varies;
+  sweep_curves.json       - the same numbers as a table (one row per job and round);
+  metrics                 - the best job's figures (pass_at_1, its curve, passed, total, tokens, wall_s),
+                            tags best_run_id / best_job.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import time
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from .tracking import PARENT_ENV, RunTracker, git_state
+
+# Params that differ between jobs without being what the sweep is about.
+NOT_SWEPT = ("resume", "tracking.", "cache_dir")
+
+
+class SweepParentRun(Callback):
+    def __init__(self) -> None:
+        self.tracker: RunTracker | None = None
+        self.run_id: str | None = None
+        self.t0 = 0.0
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        tracking = OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config else {}
+        overrides = list(config.hydra.overrides.task) if "hydra" in config else []
+        swept = [o for o in overrides if "," in o or "range(" in o or "choice(" in o]
+        self.tracker = RunTracker(tracking)
+        name = "sweep " + " ".join(swept or overrides)[:200]
+        run = self.tracker.client.create_run(self.tracker.experiment_id, run_name=name, tags={
+            **git_state(), "fixlab.kind": "sweep", "sweep.overrides": " ".join(overrides)[:5000]})
+        self.run_id = run.info.run_id
+        os.environ[PARENT_ENV] = self.run_id
+        self.t0 = time.perf_counter()
+        atexit.register(self._abandon)  # a job that ends the process (bad config) must not leave it RUNNING
+        print(f"fixlab: sweep parent run {self.run_id}", file=sys.stderr, flush=True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        if not self.run_id:
+            return
+        try:
+            log_sweep(self.tracker.client, self.run_id, time.perf_counter() - self.t0)
+            self.tracker.client.set_terminated(self.run_id, status="FINISHED")
+        finally:
+            os.environ.pop(PARENT_ENV, None)
+            self.run_id = None
+
+    def _abandon(self) -> None:
+        if self.run_id:
+            try:
+                self.tracker.client.set_terminated(self.run_id, status="FAILED")
+            except Exception:
+                pass
+
+
+def job_labels(children) -> dict[str, str]:
+    """run id -> what sets this job apart, e.g. "model=canonical" or "strategy=reflection iters=3"."""
+    keys = sorted({k for r in children for k in r.data.params})
+    varying = [k for k in keys if not k.startswith(NOT_SWEPT)
+               and len({r.data.params.get(k) for r in children}) > 1]
+    groups: dict[str, list[str]] = {}
+    for k in varying:
+        groups.setdefault(k.split(".")[0] if "." in k else k, []).append(k)
+    labels = {}
+    for r in children:
+        parts = []
+        for g, ks in groups.items():
+            # A config group (model, strategy...) is named by its `name`; its other keys follow from it.
+            if f"{g}.name" in ks:
+                parts.append(f"{g}={r.data.params.get(f'{g}.name')}")
+            else:
+                parts += [f"{k}={r.data.params.get(k)}" for k in ks]
+        labels[r.info.run_id] = " ".join(parts) or r.info.run_name
+    return labels
+
+
+def log_sweep(client, parent_id: str, wall_s: float) -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from mlflow.entities import Metric
+
+    parent = client.get_run(parent_id)
+    children = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'",
+                                  order_by=["attributes.start_time ASC"], max_results=1000)
+    labels = job_labels(children)
+    jobs = []
+    for r in children:
+        # One value per round; a resumed run logs its curve again, the latest value wins.
+        latest: dict[int, tuple[int, float]] = {}
+        for m in client.get_metric_history(r.info.run_id, "pass_at_1_by_iter"):
+            if m.step not in latest or m.timestamp >= latest[m.step][0]:
+                latest[m.step] = (m.timestamp, m.value)
+        curve = [latest[s][1] for s in sorted(latest)]
+        jobs.append({"job": labels[r.info.run_id], "run_id": r.info.run_id, "run_name": r.info.run_name,
+                     "status": r.info.status, "curve": curve, "metrics": r.data.metrics})
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for j in jobs:
+        if j["curve"]:
+            ax.plot(range(len(j["curve"])), j["curve"], marker="o", label=j["job"])
+    ax.set_xlabel("round (0 = first attempt, then feedback rounds)")
+    ax.set_ylabel("pass@1")
+    ax.set_ylim(-0.02, 1.02)
+    top = max((len(j["curve"]) for j in jobs), default=1)
+    ax.set_xticks(range(top))
+    ax.grid(alpha=0.3)
+    ax.set_title(f"pass@1 vs rounds, {len(jobs)} jobs")
+    if any(j["curve"] for j in jobs):
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    client.log_figure(parent_id, fig, "pass_at_1_vs_rounds.png")
+    plt.close(fig)
+
+    rows = {"job": [], "round": [], "pass_at_1": [], "run_id": [], "run_name": [], "status": []}
+    for j in jobs:
+        for rnd, v in enumerate(j["curve"] or [None]):
+            rows["job"].append(j["job"])
+            rows["round"].append(rnd if j["curve"] else None)
+            rows["pass_at_1"].append(v)
+            rows["run_id"].append(j["run_id"])
+            rows["run_name"].append(j["run_name"])
+            rows["status"].append(j["status"])
+    client.log_table(parent_id, data=rows, artifact_file="sweep_curves.json")
+
+    done = [j for j in jobs if j["status"] == "FINISHED" and "pass_at_1" in j["metrics"]]
+    now = int(time.time() * 1000)
+    metrics = [Metric("jobs", float(len(jobs)), now, 0), Metric("jobs_finished", float(len(done)), now, 0),
+               Metric("sweep_wall_s", round(wall_s, 2), now, 0)]
+    best = None
+    if done:
+        # Best: highest pass@1, then fewest tokens, then fewest rounds.
+        best = max(done, key=lambda j: (j["metrics"]["pass_at_1"],
+                                        -(j["metrics"].get("prompt_tokens", 0) + j["metrics"].get("completion_tokens", 0)),
+                                        -len(j["curve"])))
+        m = best["metrics"]
+        metrics += [Metric("best_pass_at_1", m["pass_at_1"], now, 0), Metric("pass_at_1", m["pass_at_1"], now, 0)]
+        metrics += [Metric("pass_at_1_by_iter", v, now, s) for s, v in enumerate(best["curve"])]
+        metrics += [Metric(k, m[k], now, 0) for k in ("passed", "total", "prompt_tokens", "completion_tokens", "wall_s")
+                    if k in m]
+        client.set_tag(parent_id, "best_run_id", best["run_id"])
+        client.set_tag(parent_id, "best_job", best["job"][:5000])
+    client.log_batch(parent_id, metrics=metrics)
+    summary = {"jobs": [{k: j[k] for k in ("job", "run_id", "status", "curve")} for j in jobs],
+               "best": best and {k: best[k] for k in ("job", "run_id", "curve")}}
+    print(f"fixlab: sweep of {len(jobs)} jobs logged on parent run {parent_id}"
+          + (f"; best: {best['job']} pass@1={best['metrics']['pass_at_1']}" if best else ""), file=sys.stderr, flush=True)
+    return json.loads(json.dumps(summary))

@@ -1,0 +1,195 @@
+"""What a person browsing MLflow sees for one sweep: a parent run with the jobs' pass@1-vs-rounds plot,
+table and best figures; child runs with tags, per-bug-type metrics, a per-task results table and one
+trace per task; and the UI itself (`mlflow server` as `make ui` starts it) rendering the run page in
+headless Chromium.
+
+One sweep (canonical vs buggy test doubles, 2 feedback rounds, 4 tasks) feeds every test in this module.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import REPO, base_env, free_port, needs_data
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run", "--hide-scrollbars"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, prefect_api):
+    if not Path(REPO / ".." / "shared" / "data" / "humanevalfix_python.jsonl").exists():
+        pytest.skip("HumanEvalFix data not found")
+    tmp = tmp_path_factory.mktemp("sweep")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    env = base_env(tmp)
+    env["PREFECT_API_URL"] = prefect_api
+    cmd = [sys.executable, "-m", "flows.evaluate", f"tracking.uri={uri}", f"tracking.artifacts={tmp}/artifacts",
+           f"hydra.sweep.dir={tmp}/multirun", f"cache_dir={tmp}/trajectories",
+           "model=canonical,buggy", "iters=2", "dataset.limit=4", "-m"]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    (tmp / "sweep.log").write_text(p.stderr)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summaries = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    mlflow.set_tracking_uri(uri)
+    return {"tmp": tmp, "uri": uri, "summaries": {s["model"]: s for s in summaries},
+            "client": MlflowClient(uri)}
+
+
+def _parent(sweep):
+    client = sweep["client"]
+    exp = client.get_experiment_by_name("humanevalfix")
+    parents = client.search_runs([exp.experiment_id], "tags.`fixlab.kind` = 'sweep'")
+    assert len(parents) == 1
+    return exp, parents[0]
+
+
+@needs_data
+def test_sweep_parent_run_has_plot_table_and_best_job_metrics(sweep):
+    client = sweep["client"]
+    exp, parent = _parent(sweep)
+    assert parent.info.status == "FINISHED"
+    children = client.search_runs([exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    by_model = sweep["summaries"]
+    assert sorted(r.info.run_id for r in children) == sorted(s["run_id"] for s in by_model.values())
+
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"pass_at_1_vs_rounds.png", "sweep_curves.json"} <= arts
+    png = Path(client.download_artifacts(parent.info.run_id, "pass_at_1_vs_rounds.png", str(sweep["tmp"])))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    table = json.loads(Path(client.download_artifacts(parent.info.run_id, "sweep_curves.json",
+                                                      str(sweep["tmp"]))).read_text())
+    rows = [dict(zip(table["columns"], r)) for r in table["data"]]
+    # Lines are labelled by what the sweep varies (the model), one row per job and round.
+    curves = {}
+    for r in rows:
+        curves.setdefault(r["job"], []).append((r["round"], r["pass_at_1"]))
+    assert curves == {"model=canonical": [(0, 1.0), (1, 1.0), (2, 1.0)],
+                      "model=buggy": [(0, 0.0), (1, 0.0), (2, 0.0)]}
+
+    m = parent.data.metrics
+    assert m["best_pass_at_1"] == 1.0 and m["passed"] == 4 and m["total"] == 4 and m["jobs"] == 2
+    assert parent.data.tags["best_run_id"] == by_model["canonical"]["run_id"]
+    assert [x.value for x in client.get_metric_history(parent.info.run_id, "pass_at_1_by_iter")] == [1.0, 1.0, 1.0]
+
+
+@needs_data
+def test_child_run_tags_bug_type_metrics_and_results_table(sweep):
+    client = sweep["client"]
+    run = client.get_run(sweep["summaries"]["buggy"]["run_id"])
+    tags = run.data.tags
+    assert (tags["model"], tags["strategy"], tags["protocol"]) == ("buggy", "reflection", "tests")
+    assert len(tags["git_commit"]) == 40 and tags["git_dirty"] in ("true", "false")
+    by_bug = sweep["summaries"]["buggy"]["pass@1_by_bug_type"]
+    assert by_bug and all(run.data.metrics["pass_at_1_" + b.replace(" ", "_")] == 0.0 for b in by_bug)
+
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "results_table.json",
+                                                      str(sweep["tmp"] / "buggy"))).read_text())
+    rows = [dict(zip(table["columns"], r)) for r in table["data"]]
+    assert [r["task_id"] for r in rows] == ["Python/0", "Python/1", "Python/2", "Python/3"]
+    assert {"bug_type", "verdict", "first_pass_round", "prompt_tokens", "completion_tokens", "seconds"} <= set(rows[0])
+    assert {r["verdict"] for r in rows} == {"failed"} and {r["first_pass_round"] for r in rows} == {-1}
+    results = {json.loads(l)["task_id"]: json.loads(l)
+               for l in open(client.download_artifacts(run.info.run_id, "results.jsonl", str(sweep["tmp"] / "b2")))}
+    assert all(r["bug_type"] == results[r["task_id"]]["bug_type"] for r in rows)
+
+
+@needs_data
+def test_every_task_is_a_trace_with_model_call_and_sandbox_spans(sweep):
+    run_id = sweep["summaries"]["buggy"]["run_id"]
+    exp_id = sweep["client"].get_run(run_id).info.experiment_id
+    traces = mlflow.search_traces(locations=[exp_id], run_id=run_id, return_type="list")
+    assert sorted(t.info.tags["task_id"] for t in traces) == ["Python/0", "Python/1", "Python/2", "Python/3"]
+    t = next(t for t in traces if t.info.tags["task_id"] == "Python/0")
+    assert t.info.tags["verdict"] == "failed"
+    spans = t.data.spans
+    rounds = [s for s in spans if s.name.startswith("round ")]
+    assert [s.name for s in rounds] == ["round 0", "round 1", "round 2"]
+    calls = [s for s in spans if s.span_type == "CHAT_MODEL"]
+    assert len(calls) == 3
+    first = calls[0]
+    assert first.inputs["messages"][-1]["role"] == "user" and "def " in first.inputs["messages"][-1]["content"]
+    assert "```python" in first.outputs["choices"][0]["message"]["content"]
+    assert first.attributes["mlflow.chat.tokenUsage"]["total_tokens"] == 0  # the oracle double counts none
+    # Round 0 ran the buggy code in the sandbox; the later rounds repeated it (not run again).
+    runs = [s for s in spans if s.span_type == "TOOL"]
+    assert len(runs) == 1 and runs[0].outputs["status"] == "failed" and runs[0].inputs["code"]
+    assert runs[0].parent_id == rounds[0].span_id
+    assert [s.outputs["decision"] for s in rounds] == ["tested", "repeat", "repeat"]
+    assert all(s.start_time_ns >= t.info.timestamp_ms * 1_000_000 - 1_000_000 for s in spans)
+
+
+@pytest.fixture(scope="module")
+def ui(sweep):
+    """`mlflow server` with the settings of `make ui` (one worker, no job runner) on a free loopback port."""
+    port = free_port()
+    env = base_env(sweep["tmp"])
+    env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+    log = open(sweep["tmp"] / "ui.log", "w")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "mlflow"), "server", "--workers", "1",
+                             "--backend-store-uri", sweep["uri"],
+                             "--default-artifact-root", str(sweep["tmp"] / "artifacts"),
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).read()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() - t0 > 90:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail(f"mlflow server did not start: {(sweep['tmp'] / 'ui.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+    yield {"url": url, "startup_s": time.monotonic() - t0}
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    log.close()
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=30).read())
+
+
+@needs_data
+def test_ui_serves_runs_over_rest_and_renders_run_page_in_chromium(sweep, ui):
+    exp = json.loads(urllib.request.urlopen(
+        ui["url"] + "/api/2.0/mlflow/experiments/get-by-name?experiment_name=humanevalfix", timeout=30).read())
+    exp_id = exp["experiment"]["experiment_id"]
+    runs = _post(ui["url"] + "/api/2.0/mlflow/runs/search", {"experiment_ids": [exp_id]})["runs"]
+    assert len(runs) == 3  # the sweep's parent and its two jobs
+    canonical = next(r for r in runs if r["info"]["run_id"] == sweep["summaries"]["canonical"]["run_id"])
+    metrics = {m["key"]: m["value"] for m in canonical["data"]["metrics"]}
+    assert metrics["pass_at_1"] == 1.0 and metrics["total"] == 4
+
+    if not CHROMIUM:
+        pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium; `make setup` does it as root)")
+    run_id = canonical["info"]["run_id"]
+    page = f"{ui['url']}/#/experiments/{exp_id}/runs/{run_id}"
+    shot = sweep["tmp"] / "run_page.png"
+    common = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={sweep['tmp'] / 'chromium'}", "--window-size=1400,1000",
+              "--virtual-time-budget=20000"]
+    dom = subprocess.run([*common, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    subprocess.run([*common, f"--screenshot={shot}", page], capture_output=True, text=True, timeout=120)
+    # The single-page app rendered the run: its name, its metrics and its tags are in the live DOM.
+    assert canonical["info"]["run_name"] in dom, dom[-2000:]
+    assert "pass_at_1" in dom and "reflection" in dom
+    assert shot.exists() and shot.stat().st_size > 20_000
+    print(f"run page screenshot: {shot}; UI started in {ui['startup_s']:.1f} s")
