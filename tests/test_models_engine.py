@@ -204,3 +204,19 @@ def test_parse_tool_calls():
     calls = parse_tool_calls(text)
     assert calls == [{"id": "call_0", "type": "function",
                       "function": {"name": "run_tests", "arguments": '{"code": "x=1"}'}}]
+
+
+def test_skinny_matmul_matches_linear():
+    from agents.models.engine import _SKINNY_MAX_ROWS, use_skinny_matmul
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(48, 96), torch.nn.Linear(96, 40, bias=False))
+    for rows in (1, 3, 16, _SKINNY_MAX_ROWS + 5):  # the last one takes the stock path
+        x = torch.randn(rows, 1, 48)
+        want = net(x)
+        assert use_skinny_matmul(net) == 2
+        got = net(x)
+        for m in net:
+            del m.forward  # back to stock for the next round
+        assert got.shape == want.shape and got.is_contiguous()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

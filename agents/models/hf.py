@@ -114,6 +114,10 @@ class TransformersModel:
             raise ModelUnavailable(f"cannot load model {where!r}{offline}: {first}; fix: check the id/revision and "
                                    "network, or use a local `path` or a registry `pack`") from None
         self.model.to(self.device).eval()
+        if self.device.type == "cpu" and cfg.get("skinny_matmul", True):
+            from .engine import use_skinny_matmul
+
+            use_skinny_matmul(self.model)
         self.load_seconds = time.perf_counter() - t0
         if not getattr(self.tokenizer, "chat_template", None):
             raise ModelUnavailable(f"model {self.name!r} has no chat template: use an instruct/chat checkpoint")

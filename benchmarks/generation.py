@@ -1,0 +1,301 @@
+"""New tokens per second: one prompt at a time (transformers generate) vs the batching engine at batch 1/4/16/64.
+
+Models are the real architectures of deepseek-coder-1.3b-instruct and Qwen2.5-Coder-0.5B-Instruct (config.json
+files in benchmarks/configs/) with randomly initialised weights: speed depends on shapes, not on weight values.
+Prompts are random token ids of HumanEvalFix-like lengths (default 400-900 tokens); every request generates
+exactly --new-tokens tokens (no EOS), greedy.
+
+Columns: `decode tok/s` = new tokens / time in decode steps (the part batching speeds up);
+`e2e tok/s` = new tokens / wall time including prefill (what a run sees; prefill is compute-bound on CPU, so
+with short answers and long prompts it caps the end-to-end gain). `exact` = greedy tokens of the first prompt
+equal transformers' one-at-a-time output.
+
+    python benchmarks/generation.py                                # CPU default: 4 layers, 32 new tokens
+    python benchmarks/generation.py --layers 0 --new-tokens 64     # full depth (slow on CPU)
+    python benchmarks/generation.py --device cuda --dtype bfloat16 --layers 0 --new-tokens 128
+    python benchmarks/generation.py --arch Qwen2.5-Coder-0.5B-Instruct --batches 1 16 --hf-cb   # + transformers CB
+
+Flags: --arch (repeatable; default both), --layers N (0 = the real depth), --new-tokens, --prompt-len MIN MAX,
+--batches, --seq-prompts (prompts for the one-at-a-time baseline and batch 1), --threads, --hf-cb (also time
+transformers' own continuous batching `generate_batch`), --no-skinny (CPU: engine runs keep stock nn.Linear
+instead of the skinny-matmul path TransformersModel uses on CPU; the baseline is always stock transformers),
+--out (JSON path). Results are noisy when other
+processes share the CPU: note the load average printed in the table header.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast  # noqa: E402
+
+from agents.models.base import GenRequest  # noqa: E402
+from agents.models.engine import BatchEngine, default_threads, use_skinny_matmul  # noqa: E402
+from agents.models.hf import resolve_device, resolve_dtype  # noqa: E402
+
+CONFIGS = ROOT / "benchmarks" / "configs"
+
+
+def id_tokenizer(vocab_size: int):
+    """Every id decodes to its own word 't<id>': generated texts compare exactly like token ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def build(arch: str, layers: int, device, dtype):
+    d = json.loads((CONFIGS / f"{arch}.json").read_text())
+    cfg = AutoConfig.for_model(d.pop("model_type"), **{k: v for k, v in d.items() if not k.startswith("_")})
+    if layers:
+        cfg.num_hidden_layers = layers
+        if hasattr(cfg, "max_window_layers"):
+            cfg.max_window_layers = layers
+        if getattr(cfg, "layer_types", None):
+            cfg.layer_types = cfg.layer_types[:layers]
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return model.eval(), cfg
+
+
+def baseline(model, prompts, new_tokens, device):
+    """transformers generate, one prompt at a time; prefill timed separately (max_new_tokens=1)."""
+    out_ids, total, prefill = [], 0.0, 0.0
+    with torch.inference_mode():  # warm-up (allocator, thread pool), not timed
+        model.generate(input_ids=torch.tensor([prompts[0][:16]], device=device), max_new_tokens=2, do_sample=False,
+                       pad_token_id=0)
+    for p in prompts:
+        inp = torch.tensor([p], device=device)
+        for n in (1, new_tokens):
+            gc = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
+                                  pad_token_id=0, top_k=None, top_p=None, temperature=None)
+            _sync(device)
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                o = model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), generation_config=gc)
+            _sync(device)
+            dt = time.perf_counter() - t0
+            if n == 1:
+                prefill += dt
+            else:
+                total += dt
+        out_ids.append(o[0, len(p):].tolist())
+    toks = len(prompts) * new_tokens
+    return {"tokens": toks, "wall_s": total, "prefill_s": prefill, "decode_s": total - prefill,
+            "ids0": out_ids[0]}
+
+
+def engine_run(model, tok, prompts, new_tokens, batch, max_context, decode_ids=True):
+    eng = BatchEngine(model, tok, eos_ids=set(), max_context=max_context, max_batch=batch, gather_ms=2000,
+                      max_prefill_tokens=16384)
+    req = GenRequest(messages=(), max_new_tokens=new_tokens)
+    try:
+        eng.generate(req, prompts[0][:16])  # warm-up (threads, allocator), not timed
+        eng.stats.update(prefill_s=0.0, decode_s=0.0, steps=0)
+        t0 = time.perf_counter()
+        if batch == 1:  # one at a time, through the engine
+            gens = [eng.generate(req, p) for p in prompts]
+        else:
+            futs = [eng.submit(req, p) for p in prompts]
+            gens = [f.result() for f in futs]
+        wall = time.perf_counter() - t0
+        stats = dict(eng.stats)
+    finally:
+        eng.close()
+    ids0 = [int(w[1:]) for w in gens[0].text.split()] if decode_ids else gens[0].text
+    return {"tokens": sum(g.completion_tokens for g in gens), "wall_s": wall, "prefill_s": stats["prefill_s"],
+            "decode_s": stats["decode_s"], "steps": stats["steps"], "ids0": ids0}
+
+
+def hf_continuous(model, prompts, new_tokens):
+    gc = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
+                          pad_token_id=0, top_k=None, top_p=None, temperature=None)
+    t0 = time.perf_counter()
+    out = model.generate_batch(inputs=prompts, generation_config=gc, progress_bar=False)
+    wall = time.perf_counter() - t0
+    outs = sorted(out.values(), key=lambda o: int(str(o.request_id).split("_")[-1]))
+    return {"tokens": sum(len(o.generated_tokens) for o in outs), "wall_s": wall, "prefill_s": None,
+            "decode_s": None, "ids0": list(outs[0].generated_tokens)}
+
+
+BUGGY = '''from typing import List
+
+
+def has_close_elements(numbers: List[float], threshold: float) -> bool:
+    """ Check if in given list of numbers, are any two numbers closer to each other than
+    given threshold.
+    >>> has_close_elements([1.0, 2.0, 3.0], 0.5)
+    False
+    >>> has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3)
+    True
+    """
+    for idx, elem in enumerate(numbers):
+        for idx2, elem2 in enumerate(numbers):
+            if idx != idx2:
+                distance = elem - elem2
+                if distance < threshold:
+                    return True
+
+    return False
+'''
+
+
+def pack_prompts(tok, n: int) -> list[list[int]]:
+    """Real chat prompts (HumanEvalFix style, about 250 tokens), slightly different per request."""
+    out = []
+    for i in range(n):
+        msg = [{"role": "system", "content": "You are an expert Python programmer who fixes bugs."},
+               {"role": "user", "content": f"Fix bugs in has_close_elements (attempt {i}).\n\n```python\n{BUGGY}```\n"
+                                           "Reply with the whole corrected function in one ```python block."}]
+        text = tok.apply_chat_template(msg, tokenize=False, add_generation_prompt=True)
+        out.append(tok(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+def run_pack(name: str, args, results) -> None:
+    """A real registry pack (real weights and tokenizer): same modes as above, EOS ignored so every request
+    makes exactly --new-tokens tokens."""
+    from agents.models.hf import TransformersModel
+
+    t0 = time.perf_counter()
+    m = TransformersModel({"name": name, "backend": "transformers", "pack": name, "batching": False,
+                           "device": args.device, "dtype": args.dtype, "skinny_matmul": False})
+    print(f"# pack {name}: loaded in {time.perf_counter() - t0:.1f}s", flush=True)
+    nmax = max(args.batches + [args.seq_prompts])
+    prompts = pack_prompts(m.tokenizer, nmax)
+    base = baseline(m.model, prompts[: args.seq_prompts], args.new_tokens, m.device)
+    rows = [("one at a time (transformers generate)", 1, base)]
+    if m.device.type == "cpu" and not args.no_skinny:
+        use_skinny_matmul(m.model)
+    tok = m.tokenizer
+    for b in args.batches:
+        n = args.seq_prompts if b == 1 else b
+        r = engine_run(m.model, tok, prompts[:n], args.new_tokens, b, m.max_context, decode_ids=False)
+        rows.append((f"engine batch {b}", b, r))
+        print(f"  done batch {b}", flush=True)
+    base_text = tok.decode(base["ids0"], skip_special_tokens=True)
+    for label, b, r in rows:
+        r["exact"] = r is base or r["ids0"] == base_text
+        r["e2e_tps"] = r["tokens"] / r["wall_s"]
+        r["decode_tps"] = r["tokens"] / r["decode_s"] if r.get("decode_s") else None
+        results["runs"].append({"arch": f"pack:{name}", "mode": label, "batch": b, "layers": m.model.config.num_hidden_layers,
+                                "prompt_tokens": len(prompts[0]), **{k: v for k, v in r.items() if k != "ids0"}})
+    m.close()
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", action="append", choices=sorted(p.stem for p in CONFIGS.glob("*.json")) + ["none"])
+    ap.add_argument("--layers", type=int, default=4, help="decoder layers (0 = the real depth); default 4 on CPU")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, nargs=2, default=(400, 900), metavar=("MIN", "MAX"))
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--seq-prompts", type=int, default=3, help="prompts for the one-at-a-time runs")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the cores we may use)")
+    ap.add_argument("--hf-cb", action="store_true", help="also time transformers' generate_batch")
+    ap.add_argument("--no-skinny", action="store_true", help="CPU: keep stock nn.Linear in the engine runs")
+    ap.add_argument("--pack", action="append", default=[], help="also (or, with --arch none, only) time a real "
+                    "registry pack, e.g. smollm2-135m, qwen0.5b-coder-q4")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads or default_threads())
+    archs = [a for a in (args.arch or ["deepseek-coder-1.3b-instruct", "Qwen2.5-Coder-0.5B-Instruct"]) if a != "none"]
+    rng = random.Random(0)
+    results = {"meta": {"device": str(device), "skinny_matmul": device.type == "cpu" and not args.no_skinny, "dtype": str(dtype).replace("torch.", ""), "layers": args.layers,
+                        "new_tokens": args.new_tokens, "prompt_len": list(args.prompt_len),
+                        "threads": torch.get_num_threads(), "torch": torch.__version__,
+                        "cpu": platform.processor() or platform.machine(), "loadavg_start": os.getloadavg(),
+                        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                        "time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "runs": []}
+    for arch in archs:
+        t0 = time.perf_counter()
+        model, cfg = build(arch, args.layers, device, dtype)
+        tok = id_tokenizer(cfg.vocab_size)
+        print(f"# {arch}: {cfg.num_hidden_layers} layers, {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
+              f"params, built in {time.perf_counter() - t0:.1f}s", flush=True)
+        nmax = max(args.batches + [args.seq_prompts])
+        prompts = [[rng.randrange(100, cfg.vocab_size) for _ in range(rng.randint(*args.prompt_len))]
+                   for _ in range(nmax)]
+        ctx = cfg.max_position_embeddings
+        base = baseline(model, prompts[: args.seq_prompts], args.new_tokens, device)
+        rows = [("one at a time (transformers generate)", 1, base)]
+        if device.type == "cpu" and not args.no_skinny:
+            use_skinny_matmul(model)  # what TransformersModel does on CPU; the baseline above ran stock
+        for b in args.batches:
+            n = args.seq_prompts if b == 1 else b
+            rows.append((f"engine batch {b}", b, engine_run(model, tok, prompts[:n], args.new_tokens, b, ctx)))
+            print(f"  done batch {b}", flush=True)
+        if args.hf_cb:
+            for b in [b for b in args.batches if b > 1]:
+                try:
+                    rows.append((f"transformers generate_batch {b}", b, hf_continuous(model, prompts[:b],
+                                                                                       args.new_tokens)))
+                except Exception as e:  # report, don't hide
+                    print(f"  generate_batch failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                    rows.append((f"transformers generate_batch {b}", b, {"error": f"{type(e).__name__}: {e}"[:300]}))
+        for label, b, r in rows:
+            if "error" in r:
+                results["runs"].append({"arch": arch, "mode": label, "batch": b, **r})
+                continue
+            r["exact"] = r["ids0"] == base["ids0"]
+            r["e2e_tps"] = r["tokens"] / r["wall_s"]
+            r["decode_tps"] = r["tokens"] / r["decode_s"] if r.get("decode_s") else None
+            results["runs"].append({"arch": arch, "mode": label, "batch": b, "layers": cfg.num_hidden_layers,
+                                    **{k: v for k, v in r.items() if k != "ids0"}})
+        del model
+    for name in args.pack:
+        run_pack(name, args, results)
+    results["meta"]["loadavg_end"] = os.getloadavg()
+    _table(results)
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / (
+        f"generation-{device.type}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    print(f"wrote {out}")
+
+
+def _table(results) -> None:
+    m = results["meta"]
+    print(f"\ndevice={m['device']} dtype={m['dtype']} threads={m['threads']} new_tokens={m['new_tokens']} "
+          f"prompt_len={m['prompt_len']} load avg at start {m['loadavg_start'][0]:.1f}")
+    print(f"| arch | layers | mode | requests | decode tok/s | vs one-at-a-time | e2e tok/s | vs one-at-a-time | exact |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    base = {}
+    for r in results["runs"]:
+        if "error" in r:
+            print(f"| {r['arch']} | | {r['mode']} | | error: {r['error'][:80]} | | | | |")
+            continue
+        if r["mode"].startswith("one at a time"):
+            base[r["arch"]] = r
+        b = base[r["arch"]]
+        dec = f"{r['decode_tps']:.1f}" if r.get("decode_tps") else "-"
+        rel_dec = f"{r['decode_tps'] / b['decode_tps']:.2f}x" if r.get("decode_tps") else "-"
+        print(f"| {r['arch']} | {r['layers']} | {r['mode']} | {r['tokens'] // m['new_tokens']} | {dec} | {rel_dec} | "
+              f"{r['e2e_tps']:.1f} | {r['e2e_tps'] / b['e2e_tps']:.2f}x | {'yes' if r['exact'] else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main()
