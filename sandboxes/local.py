@@ -11,6 +11,7 @@ import hmac
 import json
 import logging
 import os
+import queue
 import re
 import secrets
 import selectors
@@ -24,6 +25,7 @@ import tempfile
 import threading
 import time
 import weakref
+from concurrent.futures import Future
 
 from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable, cap_output
 
@@ -37,7 +39,7 @@ _NS_FLAGS = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
 _WORKER_CAPS = ["CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"]
 _OPTIONS = {"workers", "mode", "require_isolation", "memory_mb", "cpu_s", "max_processes", "max_file_mb",
             "max_open_files", "max_output_mb", "scratch_mb", "allow_fork", "uid_base", "bwrap", "python",
-            "ready_timeout_s"}
+            "ready_timeout_s", "output_cap_bytes"}
 
 _probe_lock = threading.Lock()
 _probe_cache: dict[str, str | None] = {}
@@ -124,6 +126,32 @@ class _Tail:
         return "[... output cut: %d bytes in all, the last %d kept ...]\n" % (self.total, self.cap) + data, True
 
 
+_spawn_q: "queue.Queue" = queue.Queue()
+_spawner: threading.Thread | None = None
+
+
+def _spawner_loop() -> None:
+    while True:
+        fut, args, kwargs = _spawn_q.get()
+        try:
+            fut.set_result(subprocess.Popen(*args, **kwargs))
+        except BaseException as e:
+            fut.set_exception(e)
+
+
+def _spawn(*args, **kwargs) -> subprocess.Popen:
+    """Popen from one long-lived thread: bwrap's --die-with-parent fires when the *thread* that started
+    it ends, and run() is called from short-lived threads (agents, HTTP handlers)."""
+    global _spawner
+    with _probe_lock:
+        if _spawner is None or not _spawner.is_alive():
+            _spawner = threading.Thread(target=_spawner_loop, name="sandbox-spawner", daemon=True)
+            _spawner.start()
+    fut: Future = Future()
+    _spawn_q.put((fut, args, kwargs))
+    return fut.result()
+
+
 class _Worker:
     """One warm interpreter in its own jail. Used by one run at a time; discarded when in doubt."""
 
@@ -138,11 +166,11 @@ class _Worker:
         if sbx.isolated:
             cmd = sbx.jail_prefix() + cmd
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                                     start_new_session=True)
+        self.proc = _spawn(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
         child.close()
         self.ready = False
+        self.last_words = ""
         self.runs = 0
         self._rbuf = bytearray()
 
@@ -206,6 +234,12 @@ class _Worker:
         except subprocess.TimeoutExpired:
             pass
         if self.proc.stderr:
+            try:
+                os.set_blocking(self.proc.stderr.fileno(), False)
+                tail = (self.proc.stderr.read() or b"")[-2000:].decode(errors="replace").strip()
+            except (OSError, ValueError):
+                tail = ""
+            self.last_words = tail or f"exit status {self.proc.returncode}"
             self.proc.stderr.close()
         if self.scratch_root:
             shutil.rmtree(self.scratch_root, ignore_errors=True)
@@ -234,7 +268,7 @@ class _Worker:
                 os.close(fd)
             return ExecResult(status="error", stderr=f"sandbox worker unreachable: {send_err}",
                               backend=sbx.name), False
-        out, err = _Tail(OUTPUT_CAP_BYTES), _Tail(OUTPUT_CAP_BYTES)
+        out, err = _Tail(sbx.output_cap_bytes), _Tail(sbx.output_cap_bytes)
         proof = bytearray()
         sel = selectors.DefaultSelector()
         for fd, tag in ((out_r, "out"), (err_r, "err"), (st_r, "st")):
@@ -339,7 +373,7 @@ class _Worker:
             stderr += f"\n[sandbox: killed after more than {sbx.max_output_bytes} bytes of output]"
         elif wait_status is None:
             status = "error"
-            stderr += "\n[sandbox: the worker died before reporting the program's end]"
+            stderr += "\n[sandbox: the worker died before reporting the program's end: %s]" % self.last_words
         elif exit_code == 0 and hmac.compare_digest(bytes(proof), secret):
             status = "passed"
         else:
@@ -363,7 +397,8 @@ class LocalSandbox:
                  memory_mb: int = 2048, cpu_s: int = 60, max_processes: int = 32, max_file_mb: int = 64,
                  max_open_files: int = 256, max_output_mb: int = 16, scratch_mb: int = 256,
                  allow_fork: bool = False, uid_base: int = 62000, bwrap: str = "bwrap",
-                 python: str | None = None, ready_timeout_s: float = 120.0, **unknown):
+                 python: str | None = None, ready_timeout_s: float = 120.0,
+                 output_cap_bytes: int = OUTPUT_CAP_BYTES, **unknown):
         if unknown:
             raise SandboxUnavailable(f"unknown local sandbox option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
         if mode not in ("fork", "fresh"):
@@ -373,7 +408,8 @@ class LocalSandbox:
             raise SandboxUnavailable(f"sandbox workers must be a positive integer, got {workers!r}")
         for k, v in (("memory_mb", memory_mb), ("cpu_s", cpu_s), ("max_processes", max_processes),
                      ("max_file_mb", max_file_mb), ("max_open_files", max_open_files),
-                     ("max_output_mb", max_output_mb), ("scratch_mb", scratch_mb)):
+                     ("max_output_mb", max_output_mb), ("scratch_mb", scratch_mb),
+                     ("output_cap_bytes", output_cap_bytes)):
             if not isinstance(v, (int, float)) or v <= 0:
                 raise SandboxUnavailable(f"sandbox option {k} must be a positive number, got {v!r}")
         self.mode, self.workers, self.allow_fork = mode, n, bool(allow_fork)
@@ -381,6 +417,7 @@ class LocalSandbox:
         self.bwrap, self.scratch_mb, self.uid_base = bwrap, int(scratch_mb), int(uid_base)
         self.ready_timeout_s = float(ready_timeout_s)
         self.max_output_bytes = int(max_output_mb * 1024 * 1024)
+        self.output_cap_bytes = int(output_cap_bytes)
         self.limits = {"memory_bytes": int(memory_mb * 1024 * 1024), "cpu_s": int(cpu_s),
                        "processes": int(max_processes), "file_bytes": int(max_file_mb * 1024 * 1024),
                        "open_files": int(max_open_files)}
