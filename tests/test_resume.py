@@ -1,0 +1,101 @@
+"""No lost work: a run killed with kill -9 mid-way continues with resume=last, runs only the missing tasks,
+logs to the same MLflow run and ends with the same figures and per-task results as an uninterrupted run.
+
+FIXLAB_TEST_TASK_DELAY_S (a test hook in flows/evaluate.py) slows each task down so the kill lands mid-run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+from conftest import REPO, base_env, needs_data
+
+N = 10
+ARGS = ("model=canonical", "iters=1", f"dataset.limit={N}", "runner.workers=2", "cache=false")
+FIGURES = ("pass@1", "passed", "total", "pass@1_by_iter", "pass@1_by_bug_type", "errors", "prompt_tokens",
+           "completion_tokens")
+
+
+def _rows(client, run_id, dest):
+    path = client.download_artifacts(run_id, "results.jsonl", str(dest))
+    rows = [json.loads(l) for l in open(path)]
+    # Durations differ between runs; everything the agent did must not.
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+
+@needs_data
+def test_kill_9_mid_run_then_resume_matches_uninterrupted_run(evaluate, prefect_api):
+    full = evaluate(*ARGS)
+    assert full.rc == 0, full.stderr[-3000:]
+    expected = full.summary
+
+    # Same job in a store of its own, slowed down, killed with SIGKILL once a few tasks are on disk.
+    tmp = evaluate.tmp / "killed"
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    common = [sys.executable, "-m", "flows.evaluate", f"tracking.uri={uri}", f"tracking.artifacts={tmp}/artifacts",
+              f"hydra.run.dir={tmp}/outputs", *ARGS]
+    env = base_env(tmp)
+    env.update(PREFECT_API_URL=prefect_api, FIXLAB_TEST_TASK_DELAY_S="1.5")
+    proc = subprocess.Popen(common, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    state = tmp / "state"
+    while True:
+        done = list(state.glob("*/tasks/*.json")) if state.exists() else []
+        if len(done) >= 3:
+            break
+        assert proc.poll() is None, f"run ended before it could be killed: {proc.stderr.read()[-2000:]}"
+        assert time.monotonic() < deadline, "no task finished in time"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole run, sandboxes included, as a machine stop would
+    proc.wait()
+    saved = len(list(state.glob("*/tasks/*.json")))
+    assert 3 <= saved < N
+    run_id = next(state.iterdir()).name
+    client = MlflowClient(uri)
+    assert client.get_run(run_id).info.status == "RUNNING"  # kill -9: nobody could mark it
+
+    env.pop("FIXLAB_TEST_TASK_DELAY_S")
+    p = subprocess.run([*common, "resume=last"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    resumed = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("{")))
+    assert resumed["run_id"] == run_id
+    assert f"{N - saved} to run" in p.stderr
+    assert {k: resumed[k] for k in FIGURES} == {k: expected[k] for k in FIGURES}
+
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["fixlab.resumed"] == "1"
+    assert run.data.params["model.name"] == "canonical" and run.data.metrics["pass_at_1"] == expected["pass@1"]
+    assert len(client.search_runs([run.info.experiment_id])) == 1  # the same MLflow run, no second one
+    assert _rows(client, run_id, tmp / "a") == _rows(MlflowClient(full.tracking_uri), expected["run_id"], tmp / "b")
+    assert len(client.list_artifacts(run_id, "tasks")) == N
+    mlflow.set_tracking_uri(uri)
+    traces = mlflow.search_traces(locations=[run.info.experiment_id], run_id=run_id, return_type="list",
+                                  include_spans=False)
+    assert sorted(t.info.tags["task_id"] for t in traces) == sorted(f"Python/{i}" for i in range(N))
+
+
+
+def test_resume_with_other_settings_is_one_line_error(tmp_path):
+    """Resuming with another config would mix two configs' results in one run: refused, naming the key."""
+    from flows.config import ConfigError
+    from flows.tracking import RunTracker
+
+    import pytest
+
+    tracking = {"uri": f"sqlite:///{tmp_path}/mlflow.db", "artifacts": str(tmp_path / "artifacts")}
+    cfg = {"model": {"name": "canonical"}, "iters": 1, "resume": None, "runner": {"workers": 8}}
+    run_id = RunTracker(tracking).start("r", cfg, {})
+    # runner, tracking and resume may change (another machine, more workers) ...
+    assert RunTracker(tracking).start("r", {**cfg, "resume": run_id, "runner": {"workers": 2}}, {},
+                                      resume_run_id=run_id) == run_id
+    # ... the model may not.
+    with pytest.raises(ConfigError, match=r"config differs from that run's at model.name \('canonical' there, 'buggy' now\)"):
+        RunTracker(tracking).start("r", {**cfg, "model": {"name": "buggy"}}, {}, resume_run_id=run_id)
