@@ -17,8 +17,8 @@ equal transformers' one-at-a-time output.
 
 Flags: --arch (repeatable; default both), --layers N (0 = the real depth), --new-tokens, --prompt-len MIN MAX,
 --batches, --seq-prompts (prompts for the one-at-a-time baseline and batch 1), --threads, --hf-cb (also time
-transformers' own continuous batching `generate_batch`), --no-skinny (CPU: engine runs keep stock nn.Linear
-instead of the skinny-matmul path TransformersModel uses on CPU; the baseline is always stock transformers),
+transformers' own continuous batching `generate_batch`), --no-skinny (CPU: engine runs without the skinny_matmul and
+sdpa_gqa settings TransformersModel uses on CPU; the baseline is always stock transformers),
 --out (JSON path). Results are noisy when other
 processes share the CPU: note the load average printed in the table header.
 """
@@ -171,6 +171,7 @@ def run_pack(name: str, args, results) -> None:
     from agents.models.hf import TransformersModel
 
     t0 = time.perf_counter()
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "0"  # TransformersModel would set it; the baseline runs stock
     m = TransformersModel({"name": name, "backend": "transformers", "pack": name, "batching": False,
                            "device": args.device, "dtype": args.dtype, "skinny_matmul": False})
     print(f"# pack {name}: loaded in {time.perf_counter() - t0:.1f}s", flush=True)
@@ -179,7 +180,7 @@ def run_pack(name: str, args, results) -> None:
     base = baseline(m.model, prompts[: args.seq_prompts], args.new_tokens, m.device)
     rows = [("one at a time (transformers generate)", 1, base)]
     if m.device.type == "cpu" and not args.no_skinny:
-        use_skinny_matmul(m.model)
+        cpu_tuning(m.model)
     tok = m.tokenizer
     for b in args.batches:
         n = args.seq_prompts if b == 1 else b
@@ -194,6 +195,12 @@ def run_pack(name: str, args, results) -> None:
         results["runs"].append({"arch": f"pack:{name}", "mode": label, "batch": b, "layers": m.model.config.num_hidden_layers,
                                 "prompt_tokens": len(prompts[0]), **{k: v for k, v in r.items() if k != "ids0"}})
     m.close()
+
+
+def cpu_tuning(model) -> None:
+    """The two CPU settings TransformersModel applies (skinny_matmul, sdpa_gqa; see agents/models/README.md)."""
+    use_skinny_matmul(model)
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
 
 
 def _sync(device):
@@ -213,7 +220,7 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the cores we may use)")
     ap.add_argument("--hf-cb", action="store_true", help="also time transformers' generate_batch")
-    ap.add_argument("--no-skinny", action="store_true", help="CPU: keep stock nn.Linear in the engine runs")
+    ap.add_argument("--no-skinny", action="store_true", help="CPU: engine runs without skinny_matmul/sdpa_gqa")
     ap.add_argument("--pack", action="append", default=[], help="also (or, with --arch none, only) time a real "
                     "registry pack, e.g. smollm2-135m, qwen0.5b-coder-q4")
     ap.add_argument("--out", default=None)
@@ -224,13 +231,15 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads or default_threads())
     archs = [a for a in (args.arch or ["deepseek-coder-1.3b-instruct", "Qwen2.5-Coder-0.5B-Instruct"]) if a != "none"]
     rng = random.Random(0)
-    results = {"meta": {"device": str(device), "skinny_matmul": device.type == "cpu" and not args.no_skinny, "dtype": str(dtype).replace("torch.", ""), "layers": args.layers,
+    results = {"meta": {"device": str(device), "cpu_tuning": device.type == "cpu" and not args.no_skinny,
+                        "dtype": str(dtype).replace("torch.", ""), "layers": args.layers,
                         "new_tokens": args.new_tokens, "prompt_len": list(args.prompt_len),
                         "threads": torch.get_num_threads(), "torch": torch.__version__,
                         "cpu": platform.processor() or platform.machine(), "loadavg_start": os.getloadavg(),
                         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                         "time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "runs": []}
     for arch in archs:
+        os.environ.pop("TRANSFORMERS_SDPA_FORCE_GQA", None)  # the baseline runs stock transformers
         t0 = time.perf_counter()
         model, cfg = build(arch, args.layers, device, dtype)
         tok = id_tokenizer(cfg.vocab_size)
@@ -243,7 +252,7 @@ def main(argv=None) -> None:
         base = baseline(model, prompts[: args.seq_prompts], args.new_tokens, device)
         rows = [("one at a time (transformers generate)", 1, base)]
         if device.type == "cpu" and not args.no_skinny:
-            use_skinny_matmul(model)  # what TransformersModel does on CPU; the baseline above ran stock
+            cpu_tuning(model)  # what TransformersModel does on CPU; the baseline above ran stock
         for b in args.batches:
             n = args.seq_prompts if b == 1 else b
             rows.append((f"engine batch {b}", b, engine_run(model, tok, prompts[:n], args.new_tokens, b, ctx)))

@@ -118,6 +118,12 @@ class TransformersModel:
             from .engine import use_skinny_matmul
 
             use_skinny_matmul(self.model)
+        if self.device.type == "cpu" and cfg.get("sdpa_gqa", True):
+            # Batched rows carry a padding mask, and with a mask transformers expands grouped K/V heads
+            # (repeat_kv: a full copy of the KV cache per layer per step) instead of SDPA's enable_gqa. On CPU
+            # the GQA kernel takes masks and was 10x faster for Qwen2.5's 14:2 heads (same results). Process-wide
+            # switch, read at call time; not set for CUDA, where a mask + GQA falls back to the math kernel.
+            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
         self.load_seconds = time.perf_counter() - t0
         if not getattr(self.tokenizer, "chat_template", None):
             raise ModelUnavailable(f"model {self.name!r} has no chat template: use an instruct/chat checkpoint")
