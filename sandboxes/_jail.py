@@ -13,7 +13,9 @@ import typing  # noqa
 import numpy  # noqa
 
 import builtins
+import fcntl
 import json
+import mmap
 import resource
 import shutil
 import signal
@@ -29,6 +31,7 @@ except ImportError:  # the jail works without it: only the non-root fallback use
 _HDR = struct.Struct("!I")
 _SECRET_LEN = 32
 _STATUS_FD = 3
+_SECRET_FD = 4
 _PROGRAM = "program.py"
 # Module dicts whose entries a candidate must not rebind (tests call abs, len, math.isclose, np.allclose...).
 _GUARDED = (builtins, math, re, copy, datetime, itertools, collections, heapq, statistics, functools,
@@ -111,23 +114,57 @@ def main():
         _send(sock, {"wait_status": status})
 
 
+def _read_secret(fd, page):
+    """Straight from the pipe into the sealed page: no bytes object (and no freed copy) on the heap."""
+    got = 0
+    view = memoryview(page)
+    while got < _SECRET_LEN:
+        n = os.readv(fd, [view[got:_SECRET_LEN]])
+        if not n:
+            break
+        got += n
+    view.release()
+    os.close(fd)
+    return got
+
+
+def _seal(fill):
+    """The secret in a page of its own, made unreadable (PROT_NONE, 0) while the program runs: a raw memory
+    read (e.g. numpy's __array_interface__ with a pointer) of it crashes instead of leaking it.
+    Returns (page, length, unprotect or None when sealing is not possible here)."""
+    page = mmap.mmap(-1, mmap.PAGESIZE)
+    n = fill(page)
+    if ctypes is None:
+        return page, n, None
+    try:
+        buf = (ctypes.c_char * mmap.PAGESIZE).from_buffer(page)
+        mprotect = ctypes.CDLL(None, use_errno=True).mprotect
+        mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        addr = ctypes.addressof(buf)
+        if mprotect(addr, mmap.PAGESIZE, 0) != 0:
+            return page, n, None
+    except (OSError, AttributeError, ValueError):
+        return page, n, None
+
+    def unprotect(_buf=buf):
+        return mprotect(addr, mmap.PAGESIZE, 1) == 0  # PROT_READ
+    return page, n, unprotect
+
+
 def _child(msg, fds, scratch, cfg):
-    out_w, err_w, status_w, secret_r = fds
+    # Park the received fds high first, so that placing them on 0-4 cannot clobber one another.
+    out_w, err_w, status_w, secret_r = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU):
         signal.signal(sig, signal.SIG_DFL)
-    secret = b""
-    while len(secret) < _SECRET_LEN:
-        b = os.read(secret_r, _SECRET_LEN - len(secret))
-        if not b:
-            break
-        secret += b
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)  # input() gets EOF, never waits
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
     os.dup2(status_w, _STATUS_FD, inheritable=False)
-    os.closerange(_STATUS_FD + 1, 1 << 16)  # control socket, secret pipe, everything else
+    os.dup2(secret_r, _SECRET_FD, inheritable=False)  # read (and closed) by _run before the program starts
+    os.closerange(_SECRET_FD + 1, 1 << 16)  # control socket, the parked copies, everything else
+    fill = lambda page: _read_secret(_SECRET_FD, page)  # noqa: E731
     os.chdir(scratch)
     lim = cfg["limits"]
     for res, val in ((resource.RLIMIT_AS, lim["memory_bytes"]), (resource.RLIMIT_FSIZE, lim["file_bytes"]),
@@ -155,20 +192,25 @@ def _child(msg, fds, scratch, cfg):
     program = msg["program"]
     with open(_PROGRAM, "w") as f:  # for the source lines in tracebacks
         f.write(program)
-    _run(program, secret, lim["processes"] if cfg["allow_fork"] else 1, cfg["allow_fork"])
+    _run(program, fill, lim["processes"] if cfg["allow_fork"] else 1, cfg["allow_fork"])
 
 
 class TamperError(Exception):
     """The program rebound a builtin or an import-helper name the test code relies on."""
 
 
-def _run(program, secret, nproc, allow_fork):
+def _run(program, fill, nproc, allow_fork):
     # Everything used after the program ran is bound here: the program can rebind module globals.
     write, exit_, display, status_fd = os.write, os._exit, sys.__excepthook__, _STATUS_FD
     bi, tamper = builtins, TamperError
+    base_exc, list_, type_, str_ = BaseException, list, type, str
     out, err = sys.stdout, sys.stderr
     OK = object()
     state = [None]
+    mv, get_ident = memoryview, _thread.get_ident
+    secret, secret_len, unprotect = _seal(fill)
+    fill = None
+    allow_ctypes = [False]  # only this thread, only once the program is over (see the hook)
     go = _thread.allocate_lock()
     done = _thread.allocate_lock()
     go.acquire()
@@ -188,40 +230,53 @@ def _run(program, secret, nproc, allow_fork):
     # no frame of this thread reaches, and signal handlers (which get the main thread's frame) can only
     # be installed from the main thread.
     def target():
+        # Names resolved here are closure cells, never module globals the program could rebind.
+        ok = False
         go.acquire()
         try:
-            exec(code, g)
-        except BaseException as e:
-            state[0] = e
-        else:
-            problem = None
-            for name, live, saved in snapshot:
-                for k, v in saved.items():
-                    if live.get(k, tamper) is not v:
-                        problem = "%s.%s was replaced" % (name, k)
+            try:
+                exec(code, g)
+            except base_exc as e:
+                state[0] = e
+            else:
+                problem = None
+                for name, live, saved in snapshot:
+                    for k, v in saved.items():
+                        if live.get(k, tamper) is not v:
+                            problem = "%s.%s was replaced" % (name, k)
+                            break
+                    if problem is not None:
                         break
-                if problem:
-                    break
-            if problem is None and g.get("__builtins__") is not bi:
-                problem = "__builtins__ was replaced"
-            if problem is None:
-                for k, v in g.items():
-                    if k in builtin_names and v is not builtin_names[k] and k != "__name__" and k != "__doc__":
-                        problem = "builtin %r was shadowed by a global" % k
-                        break
-            state[0] = OK if problem is None else tamper(problem)
-        try:
-            out.flush()
-            err.flush()
-        except BaseException:
-            pass
-        done.release()
+                if problem is None and g.get("__builtins__") is not bi:
+                    problem = "__builtins__ was replaced"
+                if problem is None:
+                    for k, v in list_(g.items()):
+                        if type_(k) is str_ and k in builtin_names and v is not builtin_names[k] \
+                                and k != "__name__" and k != "__doc__":
+                            problem = "builtin %r was shadowed by a global" % k
+                            break
+                if problem is None:
+                    ok = True
+                else:
+                    state[0] = tamper(problem)
+            try:
+                out.flush()
+                err.flush()
+            except base_exc:
+                pass
+        except base_exc:  # the program's objects broke the checks: never a pass
+            ok = False
+            state[0] = tamper("the end-of-run checks failed")
+        finally:
+            if ok:
+                state[0] = OK
+            done.release()
 
     _thread.stack_size(64 * 1024 * 1024)
     _thread.start_new_thread(target, ())
     # Counted per uid: with 1, neither fork nor a new thread is possible from here on (kernel-enforced).
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-    _install_hook(allow_fork)
+    _install_hook(allow_fork, allow_ctypes, get_ident())
     go.release()
     try:
         done.acquire()
@@ -229,7 +284,9 @@ def _run(program, secret, nproc, allow_fork):
     except BaseException as e:
         result = e
     if result is OK:
-        write(status_fd, secret)
+        allow_ctypes[0] = True
+        if unprotect is None or unprotect():
+            write(status_fd, mv(secret)[:secret_len])
         exit_(0)
     secret = None  # before any candidate code (exception __str__...) runs in this thread
     rc = 1
@@ -256,7 +313,7 @@ class _RejectHook(RuntimeError):
     pass
 
 
-def _install_hook(allow_fork):
+def _install_hook(allow_fork, allow_ctypes, main_ident):
     """Audit hook (cannot be removed): closes the introspection routes to other frames and memory."""
     frame_attrs = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame"))
     blocked = frozenset(("sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile",
@@ -266,6 +323,7 @@ def _install_hook(allow_fork):
     spawn = frozenset(("os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.system",
                        "subprocess.Popen"))
     denied, reject, getcwd, isstr, decode = Denied, _RejectHook, os.getcwd, str, bytes.decode
+    get_ident = _thread.get_ident
 
     def hook(event, args):
         if event == "object.__getattr__":
@@ -276,7 +334,11 @@ def _install_hook(allow_fork):
             if args[1] == "__code__":
                 raise denied("sandbox: replacing __code__ is disabled")
             return
-        if event in blocked or event.startswith("ctypes."):
+        if event.startswith("ctypes."):
+            if allow_ctypes[0] and get_ident() == main_ident:  # the runner unsealing the secret
+                return
+            raise denied("sandbox: %s is disabled" % event)
+        if event in blocked:
             raise denied("sandbox: %s is disabled" % event)
         if event == "sys.addaudithook":
             raise reject("sandbox: no further audit hooks")
@@ -320,7 +382,8 @@ def once():
     program = req["program"]
     with open(_PROGRAM, "w") as f:
         f.write(program)
-    _run(program, req["proof"].encode(), 1, False)
+    box = [req.pop("proof").encode()]
+    _run(program, lambda page: page.write(box.pop()), 1, False)
 
 
 if __name__ == "__main__":
