@@ -220,3 +220,34 @@ def test_skinny_matmul_matches_linear():
             del m.forward  # back to stock for the next round
         assert got.shape == want.shape and got.is_contiguous()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_long_generation_grows_cache_in_place(tiny):
+    """150 new tokens: the in-place KV buffer regrows several times; rows of different lengths, one leaving
+    early, still match transformers' own greedy ids."""
+    from agents.models.engine import _GrowingLayer
+
+    batched, _ = tiny
+    prompts = [batched.prompt_ids(GenRequest(messages=msgs(k))) for k in (1, 3)]
+    want = [_greedy_ids(batched, p, n) for p, n in zip(prompts, (150, 60))]
+    eng = BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256, max_batch=2, gather_ms=200)
+    try:
+        futs = [eng.submit(GenRequest(messages=(), max_new_tokens=n), p) for p, n in zip(prompts, (150, 60))]
+        got = [f.result(120) for f in futs]
+    finally:
+        eng.close()
+    for g, w in zip(got, want):
+        assert g.completion_tokens == len(w)
+        assert g.text == batched.tokenizer.decode(w, skip_special_tokens=True)
+    assert eng.stats["max_rows"] == 2
+    with torch.inference_mode():  # the engine's caches are the in-place kind
+        cache = eng._prefill([_row(prompts[0])])[0]
+    assert {type(layer) for layer in cache.layers} == {type(_GrowingLayer())}
+
+
+def _row(ids):
+    from concurrent.futures import Future
+
+    from agents.models.engine import _Row
+
+    return _Row(GenRequest(messages=()), ids, 4, Future(), 0.0)

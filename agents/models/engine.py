@@ -183,6 +183,7 @@ class BatchEngine:
     def _prefill(self, rows: list[_Row]):
         """One forward over rows' prompts (+ tokens generated so far, when recovering). Returns cache state."""
         from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
 
         seqs = [r.prompt_ids + r.out_ids for r in rows]
         T = max(len(s) for s in seqs)
@@ -194,6 +195,8 @@ class BatchEngine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
         cache = DynamicCache(config=self.model.config)
+        # Full-attention layers get room to grow in place (see _GrowingLayer); others keep their own logic.
+        cache.layers = [_GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
         t0 = time.perf_counter()
         logits = self._forward(ids, mask, pos, cache)
         if self.device.type == "cuda":
@@ -251,9 +254,8 @@ class BatchEngine:
         Ta, Tb = self._mask.shape[1], mask.shape[1]
         T = max(Ta, Tb)
         for la, lb in zip(self._cache.layers, cache.layers):
-            for name in ("keys", "values"):
-                a, b = getattr(la, name), getattr(lb, name)
-                setattr(la, name, torch.cat([_left_pad(a, T - Ta, -2), _left_pad(b, T - Tb, -2)], dim=0))
+            _set_kv(la, *(torch.cat([_left_pad(a, T - Ta, -2), _left_pad(b, T - Tb, -2)], dim=0)
+                          for a, b in ((la.keys, lb.keys), (la.values, lb.values))))
         self._mask = torch.cat([_left_pad(self._mask, T - Ta, -1), _left_pad(mask, T - Tb, -1)], dim=0)
         self._pos = torch.cat([self._pos, pos])
         self._last = torch.cat([self._last, nxt])
@@ -338,8 +340,7 @@ class BatchEngine:
             cut = int(cols[0]) if len(cols) else 0
             if cut > 0:
                 for layer in self._cache.layers:
-                    layer.keys = layer.keys[..., cut:, :]
-                    layer.values = layer.values[..., cut:, :]
+                    _set_kv(layer, layer.keys[..., cut:, :], layer.values[..., cut:, :])
                 self._mask = self._mask[:, cut:]
 
     def _complete(self, r: _Row) -> None:
@@ -356,6 +357,76 @@ class BatchEngine:
             r.future.set_result(Generation(
                 text=text, prompt_tokens=len(r.prompt_ids), completion_tokens=len(r.out_ids),
                 seconds=time.perf_counter() - r.t_submit, finish_reason=r.finish or "length"))
+
+
+def _growing_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A DynamicLayer whose keys/values live in a buffer with spare room, so a decode step writes one column
+        in place. DynamicLayer's torch.cat copies the whole cache every step: measured 0.37 s per layer per
+        step for deepseek-1.3b's 16x128 KV heads at batch 16 x 900 tokens on these CPUs, more than the step's
+        matmuls. keys/values are views of the buffer (SDPA takes them as they are)."""
+
+        def lazy_initialization(self, key_states, value_states) -> None:
+            super().lazy_initialization(key_states, value_states)
+            self._n, self._kbuf, self._vbuf = 0, None, None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            self._append(key_states, value_states)
+            return self.keys, self.values
+
+        def _append(self, k, v) -> None:
+            need = self._n + k.shape[-2]
+            if self._kbuf is None or need > self._kbuf.shape[-2]:
+                cap = need + max(64, need // 4)  # amortised: a regrow copies n tokens every n/4 steps
+                kb = k.new_empty(*k.shape[:-2], cap, k.shape[-1])
+                vb = v.new_empty(*v.shape[:-2], cap, v.shape[-1])
+                if self._n:
+                    kb[..., : self._n, :] = self._kbuf[..., : self._n, :]
+                    vb[..., : self._n, :] = self._vbuf[..., : self._n, :]
+                self._kbuf, self._vbuf = kb, vb
+            self._kbuf[..., self._n: need, :] = k
+            self._vbuf[..., self._n: need, :] = v
+            self._n = need
+            self.keys, self.values = self._kbuf[..., :need, :], self._vbuf[..., :need, :]
+
+        def set(self, keys, values) -> None:
+            """Replace the contents (rows selected, merged or trimmed)."""
+            self._n, self._kbuf, self._vbuf = 0, None, None
+            self._append(keys, values)
+
+        def get_seq_length(self) -> int:
+            return self._n if self.is_initialized else 0
+
+        def batch_select_indices(self, indices) -> None:
+            if self.get_seq_length() > 0:
+                self.set(self.keys[indices], self.values[indices])
+
+        def reset(self) -> None:
+            super().reset()
+            self._n, self._kbuf, self._vbuf = 0, None, None
+
+    return GrowingLayer
+
+
+def _GrowingLayer():
+    global _GROWING
+    if _GROWING is None:
+        _GROWING = _growing_layer_class()
+    return _GROWING()
+
+
+_GROWING = None
+
+
+def _set_kv(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    if hasattr(layer, "set"):
+        layer.set(keys, values)
+    else:
+        layer.keys, layer.values = keys, values
 
 
 def _left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
