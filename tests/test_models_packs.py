@@ -168,3 +168,21 @@ def test_real_smollm2_pack_converts_once_and_batches_exactly(tmp_path, monkeypat
         assert m.engine.stats["max_rows"] >= 2
     finally:
         m.close()
+
+
+@pytest.mark.slow
+def test_real_qwen_pack_chat_template_has_tools():
+    """Qwen2.5-Coder's template survives the GGUF conversion, tools included (478 MB; converts once)."""
+    from transformers import AutoTokenizer
+
+    from agents.models.hf import parse_tool_calls
+
+    tok = AutoTokenizer.from_pretrained(packs.ensure_pack("qwen0.5b-coder-q4"))
+    tools = [{"type": "function", "function": {"name": "run_tests", "description": "Run the tests",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    text = tok.apply_chat_template([{"role": "user", "content": "fix it"}], tools=tools, tokenize=False,
+                                   add_generation_prompt=True)
+    assert "<tools>" in text and '"run_tests"' in text and text.endswith("<|im_start|>assistant\n")
+    assert tok.convert_tokens_to_ids("<|im_end|>") == 151645
+    assert parse_tool_calls('<tool_call>\n{"name": "run_tests", "arguments": {}}\n</tool_call>')[0]["function"][
+        "name"] == "run_tests"

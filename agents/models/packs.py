@@ -247,6 +247,12 @@ def convert(pack: Pack, gguf_dir: Path, out: Path) -> None:
         tok.chat_template = _chat_template_from_gguf(gguf_dir / pack.gguf_name)
     if not tok.chat_template:
         raise ModelUnavailable(f"pack {pack.name}: the GGUF carries no chat template")
+    # The template must render (with tools where it takes them, as Qwen2.5's does) before we cache anything.
+    probe = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    kw = {"tools": tools} if "tools" in tok.chat_template else {}
+    if "hi" not in tok.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **kw):
+        raise ModelUnavailable(f"pack {pack.name}: the chat template does not render a conversation")
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=pack.gguf_name, dtype=torch.float32)
     # transformers refuses to save a model that still claims to be quantized; the weights are plain floats now.
     model.hf_quantizer = None
