@@ -251,3 +251,14 @@ def _row(ids):
     from agents.models.engine import _Row
 
     return _Row(GenRequest(messages=()), ids, 4, Future(), 0.0)
+
+
+def test_bad_logits_fail_only_the_sampled_row(tiny):
+    batched, _ = tiny
+    greedy = GenRequest(messages=msgs(1), max_new_tokens=6)
+    want = batched.generate(greedy).text
+    # a temperature that overflows softmax into NaN: multinomial refuses, only that caller sees it
+    broken = GenRequest(messages=msgs(2), max_new_tokens=6, temperature=1e-45, seed=1)
+    out = run_concurrently(batched, [greedy, broken])
+    assert out[0].text == want
+    assert isinstance(out[1], RequestError) and "generation failed" in str(out[1])

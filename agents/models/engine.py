@@ -49,6 +49,7 @@ class _Row:
     out_ids: list[int] = field(default_factory=list)
     finish: str | None = None
     stop_window: int = 0  # how many trailing tokens can contain a stop string
+    error: BaseException | None = None
 
 
 def _first_line(e: BaseException) -> str:
@@ -303,9 +304,14 @@ class BatchEngine:
         nxt = logits.argmax(dim=-1)
         for i, r in enumerate(rows):
             if r.generator is not None:
-                probs = torch.softmax(logits[i] / float(r.req.temperature), dim=-1)
-                nxt[i] = torch.multinomial(probs, 1, generator=r.generator)[0]
+                try:
+                    probs = torch.softmax(logits[i] / float(r.req.temperature), dim=-1)
+                    nxt[i] = torch.multinomial(probs, 1, generator=r.generator)[0]
+                except RuntimeError as e:  # e.g. NaN/inf logits: this row fails, not the batch
+                    r.error, r.finish = e, "error"
         for r, t in zip(rows, nxt.tolist()):
+            if r.error is not None:
+                continue
             r.out_ids.append(t)
             if t in self.eos_ids:
                 r.finish = "stop"
@@ -325,7 +331,9 @@ class BatchEngine:
             return
         keep = [i for i, r in enumerate(self._rows) if not r.finish]
         for r in self._rows:
-            if r.finish:
+            if r.error is not None:
+                self._fail(r, r.error)
+            elif r.finish:
                 self._complete(r)
         if not keep:
             self._reset_batch()
