@@ -60,7 +60,7 @@ def measure(mode: str, jobs, timeout: float, workers: int, uid_base: int) -> dic
         res_loop, wall_loop = run_all(sbx, looping, timeout, workers)
     finally:
         sbx.close()
-    left = processes_of_uids(sandbox_uids(sbx))
+    left = processes_of_uids(sandbox_uids(sbx))  # close() returns once the jails' processes are gone
     verdicts = {f"{tid}/{kind}": r.status for (tid, kind, _), r in zip(ending + looping, res_end + res_loop)}
     counts = Counter((kind, r.status) for (_, kind, _), r in zip(ending + looping, res_end + res_loop))
     return {

@@ -27,7 +27,8 @@ import time
 import weakref
 from concurrent.futures import Future
 
-from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable, cap_output
+from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable
+from .testing import processes_of_uids
 
 log = logging.getLogger("sandboxes.local")
 
@@ -158,7 +159,7 @@ class _Worker:
     def __init__(self, sbx: "LocalSandbox", slot: int):
         self.sbx, self.slot = sbx, slot
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        uid = sbx.uid_base + slot if sbx.switch_uid else None
+        uid = self.uid = sbx.uid_base + slot if sbx.switch_uid else None
         cfg = {"uid": uid, "pidns": sbx.isolated, "allow_fork": sbx.allow_fork, "limits": sbx.limits,
                "scratch_root": "/tmp/fixlab" if sbx.isolated else tempfile.mkdtemp(prefix="fixlab-sbx-")}
         self.scratch_root = None if sbx.isolated else cfg["scratch_root"]
@@ -233,6 +234,10 @@ class _Worker:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        if self.uid is not None:  # the namespace dies asynchronously: return once its processes are gone
+            end = time.monotonic() + 2.0
+            while processes_of_uids(range(self.uid, self.uid + 1)) and time.monotonic() < end:
+                time.sleep(0.01)
         if self.proc.stderr:
             try:
                 os.set_blocking(self.proc.stderr.fileno(), False)
