@@ -359,6 +359,23 @@ def test_daemon_outliving_the_program(forking, tmp_path):
     assert no_leftovers(forking) == []
 
 
+def test_setsid_daemon_killed_at_timeout(forking):
+    code = """
+    import os, time
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            while True:
+                pass
+        os._exit(0)
+    while True:
+        time.sleep(1)
+    """
+    r = forking.run(attack(code), T)
+    assert r.status == "timeout"
+    assert no_leftovers(forking) == []
+
+
 def test_memory_bomb(sbx):
     r = sbx.run(attack("x = bytearray(8 * 1024 ** 3)\n"), 10)
     assert r.status == "failed" and r.error_type == "MemoryError"
