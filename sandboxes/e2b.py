@@ -41,15 +41,22 @@ def __fixlab_run(payload):
         f.write(p["runner"])
     os.mkdir(work)
     cmd = [sys.executable, "-I", "-B", runner, "--once"]
-    drop = (os.geteuid() != 0 and shutil.which("sudo") is not None
-            and subprocess.run(["sudo", "-n", "-u", "nobody", "true"], capture_output=True).returncode == 0)
-    if drop:  # the program then cannot read this kernel's memory, history or files
-        os.chmod(d, 0o755); os.chmod(runner, 0o644); os.chmod(work, 0o777)
+    demote, kill_all = None, None
+    if os.geteuid() == 0:
+        def demote():
+            os.setgroups([]); os.setgid(65534); os.setuid(65534)
+        kill_all = lambda: subprocess.run(["kill", "-9", "-1"], preexec_fn=demote, capture_output=True)
+    elif (shutil.which("sudo") is not None
+          and subprocess.run(["sudo", "-n", "-u", "nobody", "true"], capture_output=True).returncode == 0):
         cmd = ["sudo", "-n", "-u", "nobody", "--"] + cmd
+        kill_all = lambda: subprocess.run(["sudo", "-n", "-u", "nobody", "kill", "-9", "-1"], capture_output=True)
+    drop = kill_all is not None
+    if drop:  # as nobody the program cannot read this kernel's memory, history or files
+        os.chmod(d, 0o755); os.chmod(runner, 0o644); os.chmod(work, 0o777)
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": work, "TMPDIR": work, "OPENBLAS_NUM_THREADS": "1"}
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=work, env=env, start_new_session=True)
+                            cwd=work, env=env, start_new_session=True, preexec_fn=demote)
     proc.stdin.write(json.dumps({"program": p["program"], "proof": p["proof"], "limits": p["limits"]}).encode())
     proc.stdin.close()
     bufs, totals = {"out": bytearray(), "err": bytearray()}, {"out": 0, "err": 0}
@@ -74,8 +81,8 @@ def __fixlab_run(payload):
         if totals["out"] + totals["err"] > limit:
             flooded = True
             break
-    for kill in ((["sudo", "-n", "-u", "nobody", "kill", "-9", "-1"],) if drop else ()):
-        subprocess.run(kill, capture_output=True)  # also what the program left behind
+    if kill_all is not None:
+        kill_all()  # also what the program left behind
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
