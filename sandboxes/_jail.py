@@ -218,7 +218,7 @@ def _run(program, fill, nproc, allow_fork):
     try:
         code = compile(program, _PROGRAM, "exec")
     except BaseException as e:  # SyntaxError: the candidate's fault, reported like a traceback
-        secret = None
+        secret = unprotect = allow_ctypes = None
         display(type(e), e, e.__traceback__)
         out.flush()
         exit_(1)
@@ -226,9 +226,9 @@ def _run(program, fill, nproc, allow_fork):
     snapshot = [(m.__name__, m.__dict__, dict(m.__dict__)) for m in _GUARDED]
     builtin_names = snapshot[0][2]
 
-    # The program runs in this second thread; `secret` is a local of _run's frame (main thread), which
-    # no frame of this thread reaches, and signal handlers (which get the main thread's frame) can only
-    # be installed from the main thread.
+    # The program runs in this second thread. The sealed secret and its unsealer are locals of _run's frame
+    # (main thread), which no frame of this thread reaches; signal handlers (which get the main thread's
+    # frame) can only be installed from the main thread.
     def target():
         # Names resolved here are closure cells, never module globals the program could rebind.
         ok = False
@@ -288,7 +288,10 @@ def _run(program, fill, nproc, allow_fork):
         if unprotect is None or unprotect():
             write(status_fd, mv(secret)[:secret_len])
         exit_(0)
-    secret = None  # before any candidate code (exception __str__...) runs in this thread
+    # Before any candidate code runs in this thread (an exception's __str__ while the traceback is printed,
+    # which may set a signal handler and reach this frame): drop the secret page, the function that unseals
+    # it and the flag that lets this thread call ctypes. The hook keeps its own reference to the flag.
+    secret = unprotect = allow_ctypes = None
     rc = 1
     try:
         if isinstance(result, SystemExit):
