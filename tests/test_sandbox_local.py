@@ -208,3 +208,29 @@ def test_cli(tmp_path):
     r = subprocess.run(cmd + [str(good), "--backend", "e2b"], capture_output=True, text=True, cwd=REPO, env=env,
                        timeout=60)
     assert r.returncode == 2 and "E2B_API_KEY" in r.stderr and r.stderr.count("\n") == 1
+
+
+LEGIT = {
+    "namedtuple": "from collections import namedtuple\nP = namedtuple('P', 'x y')\nassert P(1, 2).x == 1",
+    "NamedTuple": "from typing import NamedTuple\nclass P(NamedTuple):\n    x: int\nassert P(1).x == 1",
+    "dataclass": "from dataclasses import dataclass\n@dataclass\nclass A:\n    x: int = 1\nassert A().x == 1",
+    "enum": "from enum import Enum\nclass C(Enum):\n    A = 1\nE = Enum('E', 'X Y')\nassert C.A.value == E.X.value == 1",
+    "deep recursion": "import sys\nsys.setrecursionlimit(20000)\ndef d(n):\n    return 0 if n == 0 else 1 + d(n - 1)\n"
+                      "assert d(15000) == 15000",
+    "new imports": "import fractions, decimal, random, bisect, json, textwrap\n"
+                   "assert fractions.Fraction(1, 2) * 2 == 1\nrandom.seed(1)\nrandom.random()",
+    "strptime": "import datetime\nassert datetime.datetime.strptime('2020-01-02', '%Y-%m-%d').day == 2",
+    "numpy": "import numpy as np\nassert np.allclose(np.linalg.inv(np.eye(3)), np.eye(3))",
+    "warnings": "import warnings\nwarnings.warn('x')",
+    "scratch files": "import tempfile\nwith tempfile.NamedTemporaryFile('w', delete=False) as f:\n    f.write('x')\n"
+                     "assert open(f.name).read() == 'x'",
+    "traceback text": "import traceback\ntry:\n    1 / 0\nexcept Exception as e:\n"
+                      "    assert 'ZeroDivision' in ''.join(traceback.format_exception_only(type(e), e))",
+}
+
+
+@jailed
+@pytest.mark.parametrize("name", list(LEGIT))
+def test_legitimate_idioms_pass_under_the_defences(sbx, name):
+    r = sbx.run(LEGIT[name], 20)
+    assert r.status == "passed", r.stderr
