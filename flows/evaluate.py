@@ -27,7 +27,7 @@ from sandboxes import SandboxUnavailable, make_sandbox
 
 from .cache import TrajectoryCache, default_cache_dir
 from .config import ConfigError, JobSettings, settings_from
-from .tracking import MLRUNS, RunTracker, safe_name
+from .tracking import FLOW_CALLBACKS, MLRUNS, RunTracker, safe_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 USER_ERRORS = (ConfigError, DatasetError, ModelUnavailable, SandboxUnavailable)
@@ -134,16 +134,28 @@ def _repair_with_test_delay(task: Task, sample: int, settings: JobSettings, task
     return _repair_one(task, sample, settings, tasks)
 
 
-def make_flow():
+def make_flow(portable: bool = False):
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
 
-    repair = task(_repair_with_test_delay, name="repair", cache_policy=NO_CACHE, persist_result=False)
+    fn = _repair_with_test_delay
+    if portable and fn.__module__ == "__main__":
+        # Dask pickles the task function by reference; under `python -m flows.evaluate` it lives in __main__,
+        # which worker processes cannot import (and pickling it by value drags in this module's locks).
+        import importlib
+
+        fn = importlib.import_module("flows.evaluate")._repair_with_test_delay
+    repair = task(fn, name="repair", cache_policy=NO_CACHE, persist_result=False)
 
     @flow(name="humanevalfix-evaluate", persist_result=False, log_prints=False)
-    def evaluate_flow(jobs: list[tuple[Task, int]], settings: JobSettings, tasks: list[Task], on_done=None):
+    def evaluate_flow(jobs: list[tuple[Task, int]], settings: JobSettings, tasks: list[Task], on_done: str | None = None):
         from prefect.futures import as_completed
 
+        # Prefect ships the flow's parameters and function to every task (dask: pickled), so on_done, which holds
+        # the MLflow client, TaskStore and locks, stays in the flow process and is passed by key.
+        from flows.tracking import FLOW_CALLBACKS
+
+        on_done = FLOW_CALLBACKS.get(on_done) if on_done else None
         futures = {repair.submit(t, s, settings, tasks): (t, s) for t, s in jobs}
         out = []
         for fut in as_completed(list(futures)):
@@ -168,7 +180,11 @@ def task_runner(runner: dict):
     if name == "threads":
         return ThreadPoolTaskRunner(max_workers=runner["workers"])
     if name == "dask":
+        import logging
+
         from prefect_dask import DaskTaskRunner
+
+        logging.getLogger("distributed").setLevel(logging.WARNING)  # per-worker INFO lines drown the progress
 
         if runner.get("address"):
             return DaskTaskRunner(address=runner["address"])
@@ -177,6 +193,22 @@ def task_runner(runner: dict):
             "n_workers": runner["workers"], "threads_per_worker": runner.get("threads_per_worker", 4),
             "processes": True, "dashboard_address": None})
     raise ConfigError(f"runner {name!r} is unknown: use runner=threads or runner=dask")
+
+
+def check_runner(runner: dict) -> None:
+    """An unreachable Dask scheduler is one line before the run starts, not a flow failure 30 s later."""
+    if runner.get("name") != "dask" or not runner.get("address"):
+        return
+    from urllib.parse import urlparse
+
+    addr = str(runner["address"])
+    u = urlparse(addr if "://" in addr else f"tcp://{addr}")
+    try:
+        with socket.create_connection((u.hostname, u.port or 8786), timeout=5):
+            pass
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"runner.address {addr}: no Dask scheduler answers there ({type(e).__name__}); "
+                          f"start one with `dask scheduler` (flows/README.md)") from None
 
 
 _api_server = None
@@ -293,6 +325,7 @@ def run_job(cfg: dict) -> dict:
     # (not for dask: the model lives in the worker processes, possibly on other machines).
     if settings.runner.get("name", "threads") != "dask":
         worker_context(settings.model, settings.sandbox, tasks)
+    check_runner(settings.runner)
     tags = {"model": settings.model["name"], "strategy": settings.agent.strategy,
             "protocol": settings.agent.protocol, "iters": str(settings.agent.iters)}
     try:
@@ -324,8 +357,13 @@ def run_job(cfg: dict) -> dict:
         if jobs:
             if settings.runner.get("name") == "dask":
                 share_prefect_api()
-            flow = make_flow().with_options(task_runner=task_runner(settings.runner))
-            flow(jobs, settings, tasks, on_done)
+            flow = make_flow(portable=settings.runner.get("name") == "dask").with_options(
+                task_runner=task_runner(settings.runner))
+            FLOW_CALLBACKS[run_id] = on_done
+            try:
+                flow(jobs, settings, tasks, run_id)
+            finally:
+                FLOW_CALLBACKS.pop(run_id, None)
         trajs = list(store.load().values()) + [t for t in _errored(store)]
         summary = summarize(trajs, tasks, settings)
         summary.update(run_id=run_id, wall_s=round(time.perf_counter() - t0, 2), model=settings.model["name"],

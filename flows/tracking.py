@@ -22,6 +22,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 MLRUNS = REPO_ROOT / "mlruns"
 # Set by the sweep callback (flows/sweep.py): every job of a Hydra multirun becomes a child of this run.
 PARENT_ENV = "FIXLAB_PARENT_RUN_ID"
+# on_done callbacks of running evaluate flows, by MLflow run id: they live in the flow process only (an
+# importable module, so a flow function pickled for Dask workers refers to it instead of carrying it).
+FLOW_CALLBACKS: dict = {}
 # Config keys that may differ between a run and its resumption without changing its results.
 RESUME_FREE_KEYS = ("resume", "runner.", "tracking.", "offline")
 
@@ -267,25 +270,31 @@ def log_trace(client, experiment_id: str, run_id: str, traj: dict, end_ns: int |
             client.end_span(tid, cs.span_id, end_time_ns=c_end, status="ERROR" if c.get("error") else "OK",
                             outputs={"choices": [{"index": 0, "finish_reason": "stop",
                                                   "message": {"role": "assistant", "content": c.get("output", "")}}],
+                                     **({"tool_calls": c["tool_calls"]} if c.get("tool_calls") else {}),
                                      **({"error": c["error"]} if c.get("error") else {})})
             t = c_end
         r = a.get("result")
-        if r:
-            r_end = min(t + _ns(r.get("duration_s")), a_end) if a_end > t else t
-            rs = client.start_span("sandbox run", trace_id=tid, parent_id=span.span_id, span_type=SpanType.TOOL,
+        # Under protocols other than `tests` the agent's feedback came from a separate run on the visible tests.
+        runs = [("sandbox run (visible tests)", a.get("visible_result"))] if a.get("visible_result") not in (None, r) else []
+        runs += [("sandbox run", r)] if r else []
+        for label, run in runs:
+            r_end = min(t + _ns(run.get("duration_s")), a_end) if a_end > t else t
+            rs = client.start_span(label, trace_id=tid, parent_id=span.span_id, span_type=SpanType.TOOL,
                                    inputs={"code": a.get("code")},
-                                   attributes={"backend": r.get("backend"), "duration_s": r.get("duration_s")},
+                                   attributes={"backend": run.get("backend"), "duration_s": run.get("duration_s")},
                                    start_time_ns=t)
             client.end_span(tid, rs.span_id, end_time_ns=r_end, outputs={
-                "status": r.get("status"), "exit_code": r.get("exit_code"), "failing_line": r.get("failing_line"),
-                "error_type": r.get("error_type"), "stdout": (r.get("stdout") or "")[-4000:],
-                "stderr": (r.get("stderr") or "")[-4000:]})
+                "status": run.get("status"), "exit_code": run.get("exit_code"), "failing_line": run.get("failing_line"),
+                "error_type": run.get("error_type"), "stdout": (run.get("stdout") or "")[-4000:],
+                "stderr": (run.get("stderr") or "")[-4000:]})
+            t = r_end
         client.end_span(tid, span.span_id, end_time_ns=a_end,
                         outputs={"decision": a["decision"], "verdict": (r or {}).get("status"),
                                  "feedback": a.get("feedback")})
         cursor = a_end
     client.end_trace(tid, end_time_ns=end_ns, status="ERROR" if traj.get("error") else "OK",
                      outputs={"verdict": v, "first_pass_round": traj.get("first_pass_round"),
+                              "stop_reason": traj.get("stop_reason"),
                               "error": traj.get("error"), "prompt_tokens": traj.get("prompt_tokens", 0),
                               "completion_tokens": traj.get("completion_tokens", 0)})
     return tid
