@@ -401,7 +401,7 @@ class LocalSandbox:
     def __init__(self, workers: int | None = None, mode: str = "fork", require_isolation: bool = False,
                  memory_mb: int = 2048, cpu_s: int = 60, max_processes: int = 32, max_file_mb: int = 64,
                  max_open_files: int = 256, max_output_mb: int = 16, scratch_mb: int = 256,
-                 allow_fork: bool = False, uid_base: int = 62000, bwrap: str = "bwrap",
+                 allow_fork: bool = False, uid_base: int | None = None, bwrap: str = "bwrap",
                  python: str | None = None, ready_timeout_s: float = 120.0,
                  output_cap_bytes: int = OUTPUT_CAP_BYTES, **unknown):
         if unknown:
@@ -419,6 +419,8 @@ class LocalSandbox:
                 raise SandboxUnavailable(f"sandbox option {k} must be a positive number, got {v!r}")
         self.mode, self.workers, self.allow_fork = mode, n, bool(allow_fork)
         self.python = python or sys.executable
+        if uid_base is None:  # per process, so that sandboxes of parallel processes do not share uids
+            uid_base = 100000 + (os.getpid() % 10000) * 64
         self.bwrap, self.scratch_mb, self.uid_base = bwrap, int(scratch_mb), int(uid_base)
         self.ready_timeout_s = float(ready_timeout_s)
         self.max_output_bytes = int(max_output_mb * 1024 * 1024)
