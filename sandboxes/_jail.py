@@ -347,6 +347,11 @@ def _install_hook(allow_fork, allow_ctypes, main_ident):
             raise reject("sandbox: no further audit hooks")
         if event in spawn and not allow_fork:
             raise denied("sandbox: starting processes is disabled")
+        if event == "import":  # CPython's test helpers expose raw memory and interpreter internals
+            name = args[0]
+            if name.__class__ is isstr and (name[:5] == "_test" or name[:3] == "_xx" or name == "_ctypes_test"):
+                raise denied("sandbox: importing %s is disabled" % name)
+            return
         if event == "open":
             p = args[0]
             if p.__class__ is bytes:

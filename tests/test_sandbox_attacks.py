@@ -194,6 +194,20 @@ def test_ctypes_memory_access(sbx):
     assert r.status == "failed" and "ctypes." in r.stderr and "disabled" in r.stderr
 
 
+def test_cpython_test_modules(sbx):
+    code = """
+    for name in ("_testcapi", "_testinternalcapi", "_xxsubinterpreters"):
+        try:
+            __import__(name)
+            print("imported", name)
+        except ImportError:  # Denied is a PermissionError, not an ImportError: it ends the program
+            print("missing", name)
+    """
+    r = sbx.run(attack(code), 10)
+    assert r.status == "failed" and "imported" not in r.stdout
+    assert "importing _testcapi is disabled" in r.stderr
+
+
 def test_signal_handler_frame_and_tracing(sbx):
     code = """
     import signal, sys
