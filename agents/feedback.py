@@ -1,76 +1,169 @@
 """Test feedback shaped for small models: what failed, with what input, expected versus actual.
 
-A raw traceback buys a small model nothing; the failing call, the value it should return and the value it
-did return (computed by re-running that call in the sandbox) are what it can act on.
+A raw traceback buys a small model nothing; the failing assertion (the whole statement, even when it spans
+several lines), the call, the value it should return and the value it did return (computed by re-running the
+test up to that assertion and evaluating the call in the failing frame), the exception with the line of the
+candidate that raised it, and timeouts named as such are what it can act on. Everything is cut to a budget.
 """
 from __future__ import annotations
 
 import ast
+import difflib
 import re
+import textwrap
+from dataclasses import dataclass
 
 from sandboxes import build_program
 from sandboxes.base import ExecResult, Sandbox
 
-_ACTUAL_TAG = "__FIXLAB_ACTUAL__"
+_ACTUAL_TAG = "__FIXLAB_VALUE__"
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\s*$')
+STYLES = ("shaped", "raw", "verdict")
 
 
-def split_assertion(line: str) -> tuple[str, str] | None:
-    """`assert f(x) == y` -> ("f(x)", "y"); None for other shapes."""
+@dataclass
+class Frame:
+    file: str
+    line: int
+    func: str
+    source: str | None
+
+
+def parse_frames(stderr: str) -> list[Frame]:
+    """Traceback frames, outermost first, with the source line the traceback printed (if any)."""
+    lines = stderr.splitlines()
+    frames = []
+    for i, line in enumerate(lines):
+        m = _FRAME.match(line)
+        if not m:
+            continue
+        src = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        if not src or _FRAME.match(lines[i + 1]) or set(src) <= set("^~ "):
+            src = None
+        frames.append(Frame(m.group("file"), int(m.group("line")), m.group("func"), src))
+    return frames
+
+
+def program_frames(frames: list[Frame], program: str) -> list[Frame]:
+    """The frames that point into `program` (not the runner, not libraries)."""
+    lines = program.splitlines()
+    out = []
+    for f in frames:
+        if f.file.startswith("<") and f.file != "<unknown>" or "site-packages" in f.file or "/lib/python" in f.file:
+            continue
+        if not 1 <= f.line <= len(lines):
+            continue
+        if f.source is not None and lines[f.line - 1].strip() != f.source:
+            continue
+        out.append(f)
+    return out
+
+
+def statement_at(source: str, lineno: int) -> str | None:
+    """The whole innermost statement that covers `lineno` (a compound statement: only its header)."""
     try:
-        node = ast.parse(line.strip()).body[0]
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and node.lineno <= lineno <= (node.end_lineno or node.lineno):
+            if best is None or (node.end_lineno - node.lineno) <= (best.end_lineno - best.lineno):
+                best = node
+    if best is None:
+        return None
+    lines = source.splitlines()
+    end = best.end_lineno
+    body = getattr(best, "body", None)
+    if isinstance(body, list) and body and body[0].lineno > best.lineno:
+        end = body[0].lineno - 1
+    text = "\n".join(lines[best.lineno - 1: end])
+    return textwrap.dedent(text).strip()
+
+
+def split_assertion(stmt: str) -> dict | None:
+    """What an assert checks: {"call": expr, "expected": expr | None, "kind": "eq" | "true" | "false" | "other"}."""
+    try:
+        node = ast.parse(stmt.strip()).body[0]
     except (SyntaxError, IndexError):
         return None
-    if not isinstance(node, ast.Assert) or not isinstance(node.test, ast.Compare):
+    if not isinstance(node, ast.Assert):
         return None
-    cmp = node.test
-    if len(cmp.ops) != 1 or not isinstance(cmp.ops[0], (ast.Eq, ast.Is)):
-        return None
-    return ast.unparse(cmp.left), ast.unparse(cmp.comparators[0])
-
-
-def actual_value(sandbox: Sandbox, candidate: str, expr: str, timeout_s: float) -> str | None:
-    """repr() of `expr` evaluated after the candidate's definitions, or None when it cannot be computed."""
-    probe = f"__v = repr({expr})\nprint({_ACTUAL_TAG!r} + __v[:400])\n"
-    res = sandbox.run(build_program(candidate, probe), timeout_s)
-    for line in res.stdout.splitlines():
-        if line.startswith(_ACTUAL_TAG):
-            return line[len(_ACTUAL_TAG):]
-    if res.status == "timeout":
-        return "<did not return: timed out>"
-    if res.error_type:
-        return f"<raised {res.error_type}>"
+    t = node.test
+    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.Is)):
+        left, right = t.left, t.comparators[0]
+        if _has_call(right) and not _has_call(left):  # `assert expected == f(x)`
+            left, right = right, left
+        return {"call": ast.unparse(left), "expected": ast.unparse(right), "kind": "eq"}
+    if isinstance(t, ast.Call):
+        return {"call": ast.unparse(t), "expected": None, "kind": "true"}
+    if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and isinstance(t.operand, ast.Call):
+        return {"call": ast.unparse(t.operand), "expected": None, "kind": "false"}
+    calls = [n for n in ast.walk(t) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id not in ("abs", "len", "round", "all", "any", "sorted", "set", "list", "tuple", "isinstance",
+                                   "float", "int", "str", "sum", "min", "max", "type")]
+    if calls:
+        return {"call": ast.unparse(calls[0]), "expected": None, "kind": "other"}
     return None
 
 
-def shape_feedback(result: ExecResult, candidate: str, sandbox: Sandbox | None = None,
-                   timeout_s: float = 10.0, max_chars: int = 1200, compute_actual: bool = True) -> str:
-    """Short feedback text for a failed run."""
-    if result.status == "timeout":
-        return (f"The tests did not finish within {timeout_s:g} seconds: the code loops forever or is far too "
-                f"slow on some input.")
-    if result.status == "error":
-        return "The sandbox could not run the code: " + (result.stderr.strip().splitlines() or ["unknown error"])[-1]
-    parts = []
-    line = result.failing_line
-    etype = result.error_type or "an error"
-    if etype == "AssertionError" and line and line.startswith("assert"):
-        parts.append(f"This test failed:\n    {line}")
-        pair = split_assertion(line)
-        if pair and sandbox is not None and compute_actual:
-            call, expected = pair
-            actual = actual_value(sandbox, candidate, call, timeout_s)
-            if actual is not None:
-                parts.append(f"`{call}` returned {actual}, but the expected value is {expected}.")
-    else:
-        last = _last_error_line(result.stderr)
-        parts.append(f"Running the tests raised {etype}" + (f": {last}" if last else "."))
-        frame = _candidate_frame(result.stderr)
-        if frame:
-            parts.append(f"It happened at this line of your code:\n    {frame}")
-        elif line:
-            parts.append(f"At this line:\n    {line}")
-    text = "\n".join(parts)
-    return text if len(text) <= max_chars else text[: max_chars - 20] + "\n[... cut ...]"
+def _has_call(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) for n in ast.walk(node))
+
+
+def probe_values(sandbox: Sandbox, candidate: str, test: str, test_line: int, exprs: list[str],
+                 timeout_s: float) -> list[str | None]:
+    """repr() of each expression, evaluated where the assertion at `test_line` (1-based, in `test`) fails,
+    with its locals (loop variables, check's parameter). None where nothing could be computed.
+
+    The sandbox forbids frame inspection, so the test itself is rewritten: just before the failing assert
+    the same condition is checked and, when it is false, the expressions are evaluated in place."""
+    probe_test = _instrument(test, test_line, exprs)
+    if probe_test is None:
+        return [None] * len(exprs)
+    res = sandbox.run(build_program(candidate, probe_test), timeout_s)
+    values: list[str | None] = [None] * len(exprs)
+    for line in res.stdout.splitlines():
+        if line.startswith(_ACTUAL_TAG):
+            i, _, v = line[len(_ACTUAL_TAG):].partition(":")
+            if i.isdigit() and int(i) < len(values) and values[int(i)] is None:
+                values[int(i)] = v
+    if res.status == "timeout":
+        values = [v if v is not None else f"<did not return within {timeout_s:g} s>" for v in values]
+    return values
+
+
+_REPORTER = """
+def __fixlab_report(*thunks):
+    import sys
+    for i, thunk in enumerate(thunks):
+        try:
+            v = repr(thunk())
+        except BaseException as e:
+            v = "<raised " + type(e).__name__ + (": " + str(e)[:150] if str(e) else "") + ">"
+        if len(v) > 300:
+            v = v[:300] + "...<cut>"
+        sys.stdout.write(%r + str(i) + ":" + v.replace("\\n", "\\\\n") + "\\n")
+    sys.stdout.flush()
+
+""" % _ACTUAL_TAG
+
+
+def _instrument(test: str, test_line: int, exprs: list[str]) -> str | None:
+    try:
+        tree = ast.parse(test)
+    except SyntaxError:
+        return None
+    node = next((n for n in ast.walk(tree) if isinstance(n, ast.Assert) and n.lineno <= test_line <= n.end_lineno),
+                None)
+    if node is None:
+        return None
+    lines = test.splitlines()
+    indent = " " * node.col_offset
+    thunks = ", ".join(f"lambda: ({e})" for e in exprs)
+    guard = [f"{indent}if not ({ast.unparse(node.test)}):", f"{indent}    __fixlab_report({thunks})"]
+    out = lines[: node.lineno - 1] + guard + lines[node.lineno - 1:]
+    return _REPORTER + "\n".join(out) + "\n"
 
 
 def _last_error_line(stderr: str) -> str:
@@ -78,14 +171,151 @@ def _last_error_line(stderr: str) -> str:
     if not lines:
         return ""
     last = lines[-1]
-    m = re.match(r"^[\w.]+(?:Error|Exception|Exit)?:\s*(.*)$", last)
+    m = re.match(r"^[\w.]+(?:Error|Exception|Exit|Interrupt|Iteration)?:\s*(.*)$", last)
     return (m.group(1) if m else last)[:300]
 
 
-def _candidate_frame(stderr: str) -> str | None:
-    """Source text of the deepest traceback frame that is not the test's check()."""
-    frames = re.findall(r'File "[^"]+", line \d+, in (\S+)\n\s+(.+)', stderr)
-    for func, src in reversed(frames):
-        if func not in ("<module>", "check"):
-            return src.strip()
+def edge_case(call: str) -> str | None:
+    """A short name for an edge-case input among the call's arguments (empty, zero, negative, one element)."""
+    try:
+        node = ast.parse(call, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(node, ast.Call):
+        return None
+    for arg in node.args:
+        try:
+            v = ast.literal_eval(arg)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+        if isinstance(v, (str, list, tuple, dict, set)) and len(v) == 0:
+            return f"an empty {type(v).__name__}"
+        if isinstance(v, bool) or v is None:
+            continue
+        if isinstance(v, (int, float)) and v == 0:
+            return "zero"
+        if isinstance(v, (int, float)) and v < 0:
+            return "a negative number"
+        if isinstance(v, (list, tuple, str)) and len(v) == 1:
+            return f"a {type(v).__name__} of length one"
     return None
+
+
+def diff_text(before: str, after: str, max_lines: int = 14) -> str | None:
+    """The candidate's changes to the original buggy code, as a short unified diff."""
+    lines = list(difflib.unified_diff(before.strip().splitlines(), after.strip().splitlines(), lineterm="", n=0))[2:]
+    lines = [l for l in lines if not l.startswith("@@")]
+    if not lines:
+        return None
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more changed lines)"]
+    return "\n".join(lines)
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: max(0, n - 12)] + " ...<cut>"
+
+
+def raw_feedback(result: ExecResult, timeout_s: float, max_chars: int) -> str:
+    """The baseline researchers compare shaped feedback with: the tail of the traceback, as is."""
+    if result.status == "timeout":
+        return f"Timed out after {timeout_s:g} seconds."
+    tail = result.stderr.strip() or f"The tests failed (exit code {result.exit_code})."
+    return tail[-max_chars:]
+
+
+def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandbox | None = None,
+                   timeout_s: float = 10.0, max_chars: int = 1200, compute_actual: bool = True,
+                   entry_point: str | None = None, edge_case_hint: bool = False, buggy_code: str | None = None) -> str:
+    """Short feedback text for a failed run of `candidate` against `test` (the program build_program makes)."""
+    if result.status == "timeout":
+        text = (f"The tests did not finish within {timeout_s:g} seconds (timeout): the code loops forever or is far "
+                f"too slow on some input.")
+        return _with_diff(text, candidate, buggy_code, max_chars)
+    if result.status == "error":
+        return "The sandbox could not run the code: " + (result.stderr.strip().splitlines() or ["unknown error"])[-1]
+    program = build_program(candidate, test)
+    cand_lo, cand_hi = _line_span(program, candidate)
+    test_lo, test_hi = _line_span(program, test, last=True)
+    frames = program_frames(parse_frames(result.stderr), program)
+    test_frame = next((f for f in reversed(frames) if test_lo <= f.line <= test_hi), None)
+    cand_frame = next((f for f in reversed(frames) if cand_lo <= f.line <= cand_hi), None)
+    stmt = statement_at(program, test_frame.line) if test_frame else None
+    stmt = stmt or result.failing_line
+    show = (lambda s: _rename_candidate(s, entry_point)) if entry_point else (lambda s: s)
+    etype = result.error_type or "an error"
+    message = _last_error_line(result.stderr)
+    parts = []
+    assertion_failed = (etype == "AssertionError" and stmt and stmt.startswith("assert")
+                        and (cand_frame is None or frames.index(cand_frame) < frames.index(test_frame)))
+    if assertion_failed:
+        parts.append("This test failed:\n" + textwrap.indent(_cut(show(stmt), 500), "    "))
+        shape = split_assertion(stmt)
+        if shape:
+            call = shape["call"]
+            exprs = [call] + ([shape["expected"]] if shape["kind"] == "eq" else [])
+            values = (probe_values(sandbox, candidate, test, test_frame.line - test_lo + 1, exprs, timeout_s)
+                      if sandbox is not None and compute_actual and test_frame else [None] * len(exprs))
+            actual = values[0]
+            expected = shape["expected"]
+            if expected is not None and not _is_literal(expected) and len(values) > 1 and values[1] is not None:
+                expected = values[1]  # a variable or expression: show its value
+            if actual is not None:
+                if shape["kind"] == "eq":
+                    parts.append(f"`{_cut(show(call), 300)}` returned {actual}, but the expected value is "
+                                 f"{_cut(expected, 300)}.")
+                elif shape["kind"] == "true":
+                    parts.append(f"`{_cut(show(call), 300)}` returned {actual}; the test expects a true value.")
+                elif shape["kind"] == "false":
+                    parts.append(f"`{_cut(show(call), 300)}` returned {actual}; the test expects a false value.")
+                else:
+                    parts.append(f"`{_cut(show(call), 300)}` returned {actual}.")
+            if edge_case_hint:
+                edge = edge_case(call)
+                if edge:
+                    parts.append(f"Note: this input is an edge case ({edge}).")
+        elif message:
+            parts.append(f"AssertionError: {message}")
+    else:
+        head = f"Running the tests raised {etype}" + (f": {_cut(message, 300)}" if message else "")
+        parts.append(head + ("\nin this test:\n" + textwrap.indent(_cut(show(stmt), 400), "    ")
+                             if stmt and test_frame else "."))
+        if cand_frame:
+            where = statement_at(program, cand_frame.line) or cand_frame.source or ""
+            if where:
+                fn = f" (in `{cand_frame.func}`)" if cand_frame.func != "<module>" else ""
+                parts.append(f"It happened at this line of your code{fn}:\n" + textwrap.indent(_cut(where, 300), "    "))
+        elif not test_frame and result.failing_line:
+            parts.append(f"At this line:\n    {_cut(result.failing_line, 300)}")
+    return _with_diff("\n".join(parts), candidate, buggy_code, max_chars)
+
+
+def _with_diff(text: str, candidate: str, buggy_code: str | None, max_chars: int) -> str:
+    if buggy_code is not None:
+        d = diff_text(buggy_code, candidate)
+        text += ("\nYour changes to the original code so far:\n" + d) if d else "\nYou have not changed the original code."
+    return _cut(text, max_chars)
+
+
+def _is_literal(expr: str) -> bool:
+    try:
+        ast.literal_eval(expr)
+        return True
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+
+
+def _rename_candidate(text: str, entry_point: str) -> str:
+    """Tests written as check(candidate) read better with the function's real name."""
+    return re.sub(r"\bcandidate\b", entry_point, text)
+
+
+def _line_span(program: str, part: str, last: bool = False) -> tuple[int, int]:
+    """1-based line range of `part` inside `program` (empty range when it is not there)."""
+    if not part.strip():
+        return (0, -1)
+    pos = program.rfind(part) if last else program.find(part)
+    if pos < 0:
+        return (0, -1)
+    first = program.count("\n", 0, pos) + 1
+    return first, first + part.count("\n")

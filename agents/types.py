@@ -66,6 +66,7 @@ class ModelCall:
     temperature: float = 0.0
     seed: int | None = None
     error: str | None = None
+    tool_calls: list[dict] = field(default_factory=list)  # parsed native tool calls (react)
 
 
 @dataclass
@@ -75,8 +76,12 @@ class Attempt:
     decision: "tested"       - the candidate ran in the sandbox (see result);
               "syntax_error" - not valid Python or wrong/missing signature; not run;
               "no_code"      - no code could be extracted from the answer;
-              "repeat"       - same as an earlier candidate; not run again;
-              "model_error"  - the model call failed.
+              "repeat"       - same as an earlier candidate (or the unchanged buggy code); not run again;
+              "model_error"  - the model call failed;
+              "submitted"    - react: the agent submitted this candidate (run unless it was tested before);
+              "out_of_turns" - react: the model-turn cap ran out before this round's test run.
+    result is the verdict on the full `test`; visible_result is the run on the tests the agent sees (the same
+    object under protocol=tests). notes["steps"] lists react's turns (action, decision, observation).
     """
 
     round: int
@@ -84,6 +89,7 @@ class Attempt:
     code: str | None = None
     result: ExecResult | None = None
     feedback: str | None = None
+    visible_result: ExecResult | None = None
     calls: list[ModelCall] = field(default_factory=list)
     seconds: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict)
@@ -106,6 +112,8 @@ class Trajectory:
     seconds: float = 0.0
     budget: int = 0  # iters: feedback rounds allowed after round 0
     sample: int = 0
+    stop_reason: str | None = None  # solved | submitted | out_of_turns | budget
+    agent_key: str = ""  # digest of the agent config minus iters: continuation refuses a mismatched prior
 
     @property
     def passed(self) -> bool:
@@ -136,6 +144,7 @@ class Trajectory:
             a = dict(a)
             a["calls"] = [ModelCall(**c) for c in a.get("calls", [])]
             a["result"] = ExecResult.from_dict(a["result"]) if a.get("result") else None
+            a["visible_result"] = ExecResult.from_dict(a["visible_result"]) if a.get("visible_result") else None
             attempts.append(Attempt(**a))
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names and k != "attempts"}

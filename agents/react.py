@@ -1,0 +1,216 @@
+"""ReAct: the model works in a loop of thought -> tool call -> observation.
+
+Tools: run_tests(code) runs the visible tests in the sandbox and returns the (shaped) feedback; submit(code)
+hands in a final answer and ends the task. With a chat template that knows tools (Qwen2.5) the request
+carries JSON-schema tools and the model answers with <tool_call>{...}</tool_call>; otherwise a plain-text
+format ("Action: run_tests" + a python block). A bare code block counts as run_tests: small models often
+skip the action line.
+
+Budgets: a round is one sandbox execution (a new candidate tested or submitted), so `iters` compares with
+the other strategies; thoughts, unusable calls and repeats cost model turns (`max_turns` per task), not rounds.
+A visible pass ends the task as in the other strategies (the agent's answer is the passing code).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from .loop import Context, State, Strategy, render
+from .types import Attempt, ModelCall
+
+_TOOL_CALL_TEXT = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)
+_ACTION = re.compile(r"^[\s*#>]*Action\s*\**\s*:\s*\**\s*`?(run_tests|submit)\b", re.I | re.M)
+_NAME = re.compile(r'"name"\s*:\s*"(\w+)"')
+_CODE_ARG = re.compile(r'"code"\s*:\s*"((?:[^"\\]|\\.)*)', re.S)
+TOOLS = ("run_tests", "submit")
+TEXT_STOP = ("\nObservation:",)  # the model must not write the observation itself
+
+
+@dataclass
+class Action:
+    name: str | None  # run_tests | submit | None (no action found)
+    code: str | None  # text the candidate is extracted from (None: submit the last tested code)
+    source: str  # native (a tool call) | text (an Action line) | implicit (a bare code block) | none
+
+
+def _tool_args(raw) -> dict | None:
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        try:
+            d = json.loads(raw, strict=False)  # strict=False: models put raw newlines inside the code string
+            return d if isinstance(d, dict) else None
+        except json.JSONDecodeError:
+            return None
+    return None
+
+
+def _from_tool_json(blob: str) -> tuple[str | None, str | None]:
+    """(name, code) from one <tool_call> body; tolerant of the JSON mistakes small models make."""
+    try:
+        d = json.loads(blob, strict=False)
+        if isinstance(d, dict) and d.get("name"):
+            args = _tool_args(d.get("arguments", d.get("parameters", {}))) or {}
+            code = args.get("code")
+            return str(d["name"]), code if isinstance(code, str) else None
+    except json.JSONDecodeError:
+        pass
+    m = _NAME.search(blob)
+    if not m:
+        return None, None
+    c = _CODE_ARG.search(blob)
+    code = None
+    if c:
+        try:
+            code = json.loads('"' + c.group(1) + '"', strict=False)
+        except json.JSONDecodeError:
+            code = c.group(1).encode().decode("unicode_escape", "replace")
+    return m.group(1), code
+
+
+def parse_action(call: ModelCall) -> Action:
+    for tc in call.tool_calls:  # parsed by the backend
+        fn = tc.get("function", tc)
+        name = fn.get("name")
+        if name in TOOLS:
+            args = _tool_args(fn.get("arguments")) or {}
+            code = args.get("code")
+            if code is None and isinstance(fn.get("arguments"), str):  # arguments that are not valid JSON
+                code = _from_tool_json('{"name": "%s", "arguments": %s}' % (name, fn["arguments"]))[1]
+            return Action(name, code if isinstance(code, str) else None, "native")
+    for m in _TOOL_CALL_TEXT.finditer(call.output):  # the backend did not parse it (or could not)
+        name, code = _from_tool_json(m.group(1))
+        if name in TOOLS:
+            return Action(name, code, "native")
+    text = call.output
+    m = _ACTION.search(text)
+    if m:
+        nxt = _ACTION.search(text, m.end())
+        segment = text[m.end(): nxt.start() if nxt else len(text)]
+        has_code = "```" in segment or re.search(r"^(def |from |import )", segment, re.M)
+        return Action(m.group(1).lower(), segment if has_code else None, "text")
+    if "```" in text or re.search(r"^def ", text, re.M):
+        return Action("run_tests", text, "implicit")
+    return Action(None, None, "none")
+
+
+def supports_tools(model) -> bool:
+    """Whether the model's chat template has a tool-calling format (Qwen2.5's does, SmolLM2's not)."""
+    flag = getattr(model, "supports_tools", None)
+    if flag is not None:
+        return bool(flag)
+    template = getattr(getattr(model, "tokenizer", None), "chat_template", None)
+    return isinstance(template, str) and "tools" in template
+
+
+class ReactStrategy(Strategy):
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        fmt = ctx.cfg.tool_format
+        self.native = supports_tools(ctx.model) if fmt == "auto" else fmt == "native"
+        self.tools = tuple(json.loads(render("react_tools.json.j2", task=ctx.task,
+                                             visible_only=ctx.cfg.protocol != "tests"))) if self.native else None
+
+    def first_messages(self) -> list[dict]:
+        ctx = self.ctx
+        return [{"role": "system", "content": render("react_system.txt", native=self.native,
+                                                     max_turns=ctx.cfg.max_turns)},
+                {"role": "user", "content": render("react_task.txt", task=ctx.task, code=ctx.view.code.strip("\n"),
+                                                   tests=ctx.view.tests)}]
+
+    # -- one round: model turns until one sandbox execution (or the turns run out) --------------------------
+    def produce(self, state: State, rnd: int) -> Attempt:
+        ctx, cfg = self.ctx, self.ctx.cfg
+        attempt = Attempt(round=rnd, decision="out_of_turns")
+        steps: list[dict] = []
+        turn_msgs: list[dict] = []
+        while state.turns + len(attempt.calls) < cfg.max_turns:
+            turn = state.turns + len(attempt.calls)
+            call = ctx.call(state.messages + turn_msgs, rnd, turn, tools=self.tools,
+                            stop=() if self.native else TEXT_STOP)
+            attempt.calls.append(call)
+            if call.error:
+                attempt.decision = "model_error"
+                steps.append({"turn": turn, "action": None, "decision": "model_error"})
+                break
+            action = parse_action(call)
+            step = {"turn": turn, "action": action.name, "format": action.source}
+            steps.append(step)
+            if action.name is None:
+                step.update(decision="no_action", observation=render("react_observation.txt", kind="no_action",
+                                                                     task=ctx.task))
+            elif action.code is None and action.name == "submit":
+                if state.last_tested is None:
+                    step.update(decision="submit_untested",
+                                observation=render("react_observation.txt", kind="submit_untested", task=ctx.task))
+                else:  # hands in the latest tested candidate, which failed (a pass ends the task at once)
+                    code, same = state.last_tested
+                    attempt.decision, attempt.code = "submitted", code
+                    attempt.notes["same_as_round"] = same
+                    step.update(decision="submitted")
+                    break
+            else:
+                trial = Attempt(round=rnd, decision="tested")
+                verdict = ctx.judge(trial, action.code or "", state, run=False)
+                step["code"] = trial.code
+                if verdict in ("no_code", "syntax_error"):
+                    step.update(decision=verdict, observation=render("react_observation.txt", kind="invalid",
+                                                                     problem=trial.notes.get("problem", ""), task=ctx.task))
+                elif verdict == "repeat" and action.name == "run_tests":
+                    same = trial.notes["same_as_round"]
+                    step.update(decision="repeat", same_as_round=same,
+                                observation=render("react_observation.txt", kind="repeat",
+                                                   unchanged=bool(trial.notes.get("unchanged")), task=ctx.task))
+                elif verdict == "repeat":  # submitting code already known to fail: no new run, the task ends
+                    attempt.decision, attempt.code = "submitted", trial.code
+                    attempt.notes["same_as_round"] = trial.notes["same_as_round"]
+                    step.update(decision="submitted")
+                    break
+                else:
+                    attempt.code = trial.code
+                    attempt.notes.update({k: v for k, v in trial.notes.items() if k in ("problem", "unchanged")})
+                    attempt.decision = "tested" if action.name == "run_tests" else "submitted"
+                    ctx.execute(attempt)
+                    step.update(decision=attempt.decision)
+                    break
+            turn_msgs += self.turn_messages(call, step, attempt)
+        attempt.notes["steps"] = steps
+        return attempt
+
+    def turn_messages(self, call: ModelCall, step: dict, attempt: Attempt) -> list[dict]:
+        """The conversation messages one turn adds: the model's answer and what it observed."""
+        if step.get("decision") == "model_error":
+            return []  # the next turn asks again from the same conversation
+        content = call.output
+        if call.tool_calls and "<tool_call>" not in content:  # show the template the call it parsed away
+            for tc in call.tool_calls:
+                fn = tc.get("function", tc)
+                args = _tool_args(fn.get("arguments")) or {}
+                content += "\n<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}) + "\n</tool_call>"
+        msgs = [{"role": "assistant", "content": content}]
+        obs = step.get("observation")
+        if obs is None and step.get("decision") == "tested":
+            visible = attempt.visible_result or attempt.result
+            passed = visible is not None and visible.passed
+            obs = render("react_observation.txt", kind="passed" if passed else "failed",
+                         feedback=attempt.feedback or "", task=self.ctx.task)
+        if obs is None:
+            return msgs
+        if step.get("format") == "native" and self.native:
+            msgs.append({"role": "tool", "name": step.get("action") or "", "content": obs})
+        else:
+            msgs.append({"role": "user", "content": "Observation:\n" + obs})
+        return msgs
+
+    def absorb(self, state: State, attempt: Attempt) -> None:
+        for call, step in zip(attempt.calls, attempt.notes.get("steps", [])):
+            state.messages += self.turn_messages(call, step, attempt)
+        state.turns += len(attempt.calls)
+        super().absorb(state, attempt)  # seen candidates; a visible pass ends the task
+        if attempt.decision == "tested" and attempt.code is not None:
+            state.last_tested = (attempt.code, attempt.round)
+        if attempt.decision == "submitted":
+            state.done = "submitted"
+        elif attempt.decision == "out_of_turns" or (state.turns >= self.ctx.cfg.max_turns and not state.done):
+            state.done = state.done or "out_of_turns"

@@ -1,0 +1,212 @@
+"""single_shot and reflection driven by a ScriptedModel through every branch, the protocols, the
+temperature/seed schedule, and the budget invariant (truncate / continue == a fresh run)."""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+
+from agents.loop import (PROTOCOLS, STRATEGIES, AgentConfig, round_seed, round_temperature, run_agent,
+                         truncate)
+from agents.models.doubles import ScriptedModel
+from agents_fixtures import fenced, sandbox, task
+from conftest import needs_data
+
+pytestmark = needs_data
+
+SIG = "def truncate_number(number: float) -> float:\n"
+FIX = SIG + "    return number % 1.0\n"
+WRONG_A = SIG + "    return number % 1.0 - 1.0\n"
+WRONG_B = SIG + "    return number - int(number) + 0.5\n"
+WRONG_C = SIG + "    return 0.5\n"  # passes the example test only
+BUGGY = SIG + "    return number % 1.0 + 1.0\n"
+
+
+def run(outputs, **kw):
+    model = ScriptedModel(list(outputs))
+    traj = run_agent(task(2), model, sandbox(), AgentConfig(**kw))
+    assert traj.error is None, traj.error
+    return traj, model
+
+
+def last_user(req) -> str:
+    return req.messages[-1]["content"]
+
+
+def test_public_names():
+    assert STRATEGIES == ("single_shot", "reflection", "react") and PROTOCOLS == ("tests", "docs", "hidden")
+
+
+def test_reflection_every_branch_then_a_fix():
+    outputs = ["I would look at the modulo.",  # prose, no code
+               fenced(SIG + "    return number %% 1.0 +\n"),  # syntax error
+               fenced("def truncate(number):\n    return number % 1.0\n"),  # wrong name
+               fenced(BUGGY),  # the bug handed back unchanged: run, and told so
+               fenced("def truncate_number(number: float) -> float:\n    # same code\n    return number % 1.0 + 1.0\n"),
+               fenced(FIX)]
+    traj, model = run(outputs, strategy="reflection", iters=5)
+    assert [a.decision for a in traj.attempts] == ["no_code", "syntax_error", "syntax_error", "tested", "repeat", "tested"]
+    assert [a.result is not None for a in traj.attempts] == [False, False, False, True, False, True]
+    assert traj.first_pass_round == 5 and traj.stop_reason == "solved"
+    reqs = model.requests
+    assert "no Python code" in last_user(reqs[1])
+    assert "SyntaxError" in last_user(reqs[2])
+    assert "no function named `truncate_number`" in last_user(reqs[3])
+    assert "original buggy code, unchanged" in last_user(reqs[4])
+    assert "`truncate_number(3.5)` returned 1.5, but the expected value is 0.5." in last_user(reqs[4])
+    assert "same code as your attempt in round 3" not in last_user(reqs[5])  # it is the unchanged bug ...
+    assert "original buggy code, unchanged" in last_user(reqs[5])  # ... and the model is told so
+    # history_rounds=1: the prompt holds the opening turns plus only the last (answer, feedback) pair
+    assert len(reqs[5].messages) == 2 + 2
+
+
+def test_repeat_of_an_earlier_candidate_is_not_run_and_is_named():
+    traj, model = run([fenced(WRONG_A), fenced("# again\n" + WRONG_A), fenced(FIX)], strategy="reflection", iters=2)
+    assert [a.decision for a in traj.attempts] == ["tested", "repeat", "tested"]
+    assert traj.attempts[1].notes["same_as_round"] == 0
+    assert "same code as your attempt in round 0" in last_user(model.requests[2])
+    assert traj.first_pass_round == 2
+
+
+def test_fix_on_round_two_stops_there():
+    traj, model = run([fenced(WRONG_A), fenced(WRONG_B), fenced(FIX), fenced(WRONG_A)], strategy="reflection", iters=3)
+    assert traj.first_pass_round == 2 and len(model.requests) == 3 and traj.stop_reason == "solved"
+    assert [traj.passed_by_round(r) for r in range(4)] == [False, False, True, True]
+    assert "Your fix did not work" in last_user(model.requests[1])
+
+
+def test_single_shot_rounds_are_independent():
+    traj, model = run([fenced(WRONG_A), fenced(WRONG_A), fenced(WRONG_B), fenced(FIX)], strategy="single_shot", iters=3)
+    assert [a.decision for a in traj.attempts] == ["tested", "repeat", "tested", "tested"]
+    first = model.requests[0].messages
+    assert all(r.messages == first for r in model.requests)  # fresh prompt, no feedback
+    assert [r.temperature for r in model.requests] == [0.0, 0.8, 0.8, 0.8]
+    assert len({r.seed for r in model.requests}) == 4
+    assert traj.first_pass_round == 3
+
+
+def test_model_error_costs_the_round_only():
+    traj, _ = run([fenced(WRONG_A)], strategy="reflection", iters=1)  # the script runs out on round 1
+    assert [a.decision for a in traj.attempts] == ["tested", "model_error"]
+    assert "ran out" in traj.attempts[1].calls[0].error and traj.error is None
+
+
+def test_syntax_path_off_runs_the_code_and_shows_the_error():
+    traj, model = run([fenced(SIG + "    return number %% 1.0 +\n"), fenced(FIX)], strategy="reflection", iters=1,
+                      syntax_path=False)
+    assert traj.attempts[0].decision == "tested" and traj.attempts[0].result.status == "failed"
+    assert "SyntaxError" in last_user(model.requests[1])
+
+
+def test_temperature_schedules_and_seeds():
+    rising = AgentConfig(temperature_schedule="rising", temperature=0.0, temperature_step=0.3, temperature_max=0.8)
+    assert [round_temperature(rising, r) for r in range(5)] == [0.0, 0.3, 0.6, 0.8, 0.8]
+    falling = AgentConfig(temperature_schedule="falling")
+    assert [round_temperature(falling, r) for r in range(5)] == [0.7, 0.5, 0.3, 0.3, 0.3]
+    assert [round_temperature(AgentConfig(temperature=0.4), r) for r in range(3)] == [0.4, 0.4, 0.4]
+    assert round_temperature(AgentConfig(strategy="single_shot"), 1) == 0.8
+    cfg = AgentConfig()
+    assert round_seed(cfg, "Python/2", 1) == round_seed(AgentConfig(), "Python/2", 1)  # reproducible
+    seeds = {round_seed(dataclasses.replace(cfg, sample=s), t, r) for s in range(3) for t in ("a", "b") for r in range(4)}
+    assert len(seeds) == 24  # every (sample, task, round) has its own seed
+    _, model = run([fenced(WRONG_A), fenced(WRONG_B), fenced(FIX)], strategy="reflection", iters=2,
+                   temperature_schedule="falling")
+    assert [r.temperature for r in model.requests] == [0.7, 0.5, 0.3]
+
+
+def test_samples_with_greedy_round_zero_warn():
+    with pytest.warns(UserWarning, match="temperature > 0"):
+        run([fenced(FIX)], strategy="reflection", sample=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run([fenced(FIX)], strategy="reflection", sample=1, temperature=0.7)
+
+
+def test_protocols_show_and_score_what_they_should():
+    t = task(2)
+    _, m = run([fenced(FIX)], protocol="tests")
+    assert "abs(truncate_number(1.33) - 0.33)" in last_user(m.requests[0])
+    _, m = run([fenced(FIX)], protocol="docs")
+    prompt = last_user(m.requests[0])
+    assert "def check" not in prompt and t.docstring.strip().splitlines()[0].strip() in prompt
+    # hidden: example shown and used for feedback; the full test decides. `return 0.5` overfits the example.
+    traj, m = run([fenced(WRONG_C), fenced(FIX)], protocol="hidden", iters=1)
+    prompt = last_user(m.requests[0])
+    assert "truncate_number(3.5) == 0.5" in prompt and "1.33" not in prompt
+    a = traj.attempts[0]
+    assert a.visible_result.passed and not a.result.passed  # both verdicts recorded: the overfitting gap
+    assert a.notes["visible"] == "passed" and a.notes["verdict"] == "failed"
+    assert traj.stop_reason == "solved" and traj.first_pass_round is None and len(traj.attempts) == 1
+
+
+def test_few_shot_examples_come_before_the_task():
+    _, m = run([fenced(FIX)], few_shot=2)
+    roles = [x["role"] for x in m.requests[0].messages]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert "range(n)" in m.requests[0].messages[2]["content"]
+
+
+# ---------------------------------------------------------------- the budget invariant
+def view(traj):
+    """Everything a round is made of, minus timings."""
+    return [(a.round, a.decision, a.code, a.feedback, a.result.status if a.result else None,
+             [(c.messages, c.output, c.seed, c.temperature) for c in a.calls], a.notes.get("steps"))
+            for a in traj.attempts]
+
+
+def requests(model):
+    return [(list(r.messages), r.seed, r.temperature, r.tools) for r in model.requests]
+
+
+SCRIPT = [fenced(WRONG_A), fenced(WRONG_B), fenced(SIG + "    return number % 2.0\n"), fenced(FIX)]
+
+
+@pytest.mark.parametrize("strategy", ["single_shot", "reflection"])
+def test_budget_does_not_change_rounds_and_continuation_equals_fresh(strategy):
+    kw = dict(strategy=strategy, temperature_schedule="rising", temperature=0.1)
+    long, m3 = run(SCRIPT, iters=3, **kw)
+    short, m1 = run(SCRIPT, iters=1, **kw)
+    assert long.first_pass_round == 3 and short.first_pass_round is None
+    assert requests(m1) == requests(m3)[:2]  # same prompts, seeds, temperatures
+    assert view(short) == view(long)[:2]
+    assert view(truncate(long, 1)) == view(short) and truncate(long, 1).budget == 1
+    assert truncate(long, 1).first_pass_round is None and truncate(long, 1).stop_reason == "budget"
+    # continue the short one: only the missing rounds are asked for, and the result equals the fresh long run
+    more = ScriptedModel(SCRIPT[2:])
+    cont = run_agent(task(2), more, sandbox(), AgentConfig(iters=3, **kw), prior=short)
+    assert requests(more) == requests(m3)[2:]
+    assert view(cont) == view(long) and cont.first_pass_round == 3 and cont.budget == 3
+    # a prior made before the last round's feedback was kept: it is computed when continuing
+    old = truncate(short, 1)
+    old.attempts[-1].feedback = None
+    more = ScriptedModel(SCRIPT[2:])
+    assert view(run_agent(task(2), more, sandbox(), AgentConfig(iters=3, **kw), prior=old)) == view(long)
+
+
+def test_continuing_a_finished_or_longer_prior_runs_nothing():
+    solved, _ = run([fenced(FIX)], strategy="reflection", iters=1)
+    none = ScriptedModel([])
+    again = run_agent(task(2), none, sandbox(), AgentConfig(strategy="reflection", iters=3), prior=solved)
+    assert none.requests == [] and again.first_pass_round == 0 and again.budget == 3
+    long, _ = run(SCRIPT, strategy="reflection", iters=3)
+    cut = run_agent(task(2), none, sandbox(), AgentConfig(strategy="reflection", iters=2), prior=long)
+    assert none.requests == [] and view(cut) == view(long)[:3]
+
+
+def test_prior_from_another_config_is_refused():
+    short, _ = run(SCRIPT, strategy="reflection", iters=1)
+    traj = run_agent(task(2), ScriptedModel(SCRIPT), sandbox(), AgentConfig(strategy="reflection", iters=1))
+    assert traj.agent_key == short.agent_key
+    with pytest.raises(ValueError, match="another agent config"):
+        run_agent(task(2), ScriptedModel(SCRIPT), sandbox(), AgentConfig(strategy="reflection", iters=3, seed=1),
+                  prior=short)
+
+
+def test_trajectory_round_trips_through_json():
+    from agents.types import Trajectory
+
+    traj, _ = run([fenced(WRONG_C), fenced(FIX)], protocol="hidden", iters=1)
+    back = Trajectory.from_dict(traj.to_dict())
+    assert view(back) == view(traj) and back.attempts[0].visible_result.passed
+    assert back.stop_reason == traj.stop_reason and back.agent_key == traj.agent_key

@@ -1,0 +1,90 @@
+"""Shaped feedback: the whole failing statement, expected vs actual, exceptions with the candidate's line,
+timeouts named, a budget."""
+from __future__ import annotations
+
+from agents.feedback import edge_case, raw_feedback, shape_feedback, split_assertion, statement_at
+from agents_fixtures import sandbox, task
+from conftest import needs_data
+from sandboxes import build_program
+
+
+def _fail(code: str, test: str, timeout: float = 10.0):
+    sb = sandbox()
+    res = sb.run(build_program(code, test), timeout)
+    assert not res.passed
+    return res, sb
+
+
+def test_statement_at_returns_the_whole_multiline_statement():
+    src = "def check(f):\n    x = 1\n    assert f(1,\n             2) == [\n        3]\n"
+    assert statement_at(src, 3) == "assert f(1,\n         2) == [\n    3]"
+    assert statement_at(src, 4) == statement_at(src, 3)
+    assert statement_at("for i in range(3):\n    pass\n", 1) == "for i in range(3):"
+
+
+def test_split_assertion_shapes():
+    assert split_assertion("assert f(1) == [2]") == {"call": "f(1)", "expected": "[2]", "kind": "eq"}
+    assert split_assertion("assert 3 == f(1)")["call"] == "f(1)"
+    assert split_assertion("assert f(2)")["kind"] == "true"
+    assert split_assertion("assert not f(2)")["kind"] == "false"
+    assert split_assertion("assert abs(f(2) - 1.5) < 1e-6") == {"call": "f(2)", "expected": None, "kind": "other"}
+    assert split_assertion("x = 1") is None
+
+
+def test_multiline_assertion_is_shown_whole_with_expected_and_actual():
+    code = "def f(a, b):\n    return [a - b]\n"
+    test = "def check(f):\n    assert f(1, 2) == [-1]\n    assert f(2,\n             3) == [\n        5]\n\ncheck(f)\n"
+    res, sb = _fail(code, test)
+    assert res.failing_line.startswith("assert f(2,")  # the sandbox only knows the first line
+    text = shape_feedback(res, code, test, sb, entry_point="f")
+    assert "This test failed:\n    assert f(2,\n             3) == [\n        5]\n" in text
+    assert "`f(2, 3)` returned [-1], but the expected value is [5]." in text
+
+
+@needs_data
+def test_actual_value_uses_the_failing_frame_locals():
+    t = task(38)  # the failing assert uses the loop's local variables
+    res, sb = _fail(t.buggy_code, t.test)
+    text = shape_feedback(res, t.buggy_code, t.test, sb, entry_point=t.entry_point)
+    assert "assert decode_cyclic(encoded_str) == str" in text
+    assert "`decode_cyclic(encoded_str)` returned '" in text and "but the expected value is '" in text
+
+
+def test_exception_names_type_test_and_candidate_line():
+    code = "def f(xs):\n    total = 0\n    return xs[len(xs)]\n"
+    test = "def check(f):\n    assert f([1, 2]) == 2\n\ncheck(f)\n"
+    res, sb = _fail(code, test)
+    text = shape_feedback(res, code, test, sb)
+    assert "IndexError" in text and "assert f([1, 2]) == 2" in text
+    assert "It happened at this line of your code (in `f`):\n    return xs[len(xs)]" in text
+
+
+def test_timeout_is_named_and_raw_style_is_the_traceback():
+    code = "def f(x):\n    while True:\n        pass\n"
+    test = "def check(f):\n    assert f(1) == 1\n\ncheck(f)\n"
+    res, sb = _fail(code, test, timeout=1.0)
+    assert res.status == "timeout"
+    assert "timeout" in shape_feedback(res, code, test, sb, timeout_s=1.0)
+    res2, _ = _fail("def f(x):\n    return 1 / 0\n", test)
+    raw = raw_feedback(res2, 10.0, 2000)
+    assert "Traceback" in raw and "ZeroDivisionError" in raw
+
+
+def test_budget_edge_case_and_diff():
+    code = "def f(xs):\n    return len(xs) - 1\n"
+    test = "def check(f):\n    assert f([]) == 0\n\ncheck(f)\n"
+    res, sb = _fail(code, test)
+    text = shape_feedback(res, code, test, sb, edge_case_hint=True, buggy_code="def f(xs):\n    return len(xs) + 1\n")
+    assert "edge case (an empty list)" in text
+    assert "-    return len(xs) + 1\n+    return len(xs) - 1" in text
+    short = shape_feedback(res, code, test, sb, max_chars=60)
+    assert len(short) <= 60 and short.endswith("<cut>")
+    assert edge_case("f(5)") is None and edge_case("f(-3)") == "a negative number" and edge_case("f([7])")
+
+
+def test_compute_actual_off_runs_no_probe():
+    code = "def f(x):\n    return x\n"
+    test = "def check(f):\n    assert f(1) == 2\n\ncheck(f)\n"
+    res, sb = _fail(code, test)
+    text = shape_feedback(res, code, test, sb, compute_actual=False)
+    assert "assert f(1) == 2" in text and "returned" not in text
