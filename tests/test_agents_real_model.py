@@ -1,0 +1,52 @@
+"""Every strategy with a real model (the smollm2-135m registry pack) on 2 tasks, through run_agent.
+
+The 135M model rarely fixes anything; this checks that real chat templates, real outputs (prose, half code,
+no action lines) and the batching backend go through every strategy without a harness error."""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import yaml
+
+from agents.loop import AgentConfig, run_agent
+from agents_fixtures import REPO, sandbox, task
+from conftest import needs_data
+
+DECISIONS = {"tested", "syntax_error", "no_code", "repeat", "submitted", "out_of_turns"}
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from agents.models import ModelUnavailable, build_model
+
+    cfg = yaml.safe_load(open(REPO / "conf" / "model" / "smollm2-135m.yaml"))
+    try:
+        model = build_model(cfg)
+    except ModelUnavailable as e:
+        pytest.skip(f"smollm2-135m pack unavailable here: {e}")
+    yield model
+    model.close()
+
+
+@needs_data
+@pytest.mark.slow
+def test_every_strategy_with_smollm2_on_two_tasks(smollm2):
+    jobs = [(s, n) for s in ("single_shot", "reflection", "react") for n in (0, 2)]
+    cfg = dict(iters=1, max_new_tokens=96, max_turns=3, protocol="tests")
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(jobs)) as pool:  # concurrent tasks: the backend batches their requests
+        trajs = list(pool.map(lambda j: run_agent(task(j[1]), smollm2, sandbox(), AgentConfig(strategy=j[0], **cfg)), jobs))
+    print(f"6 trajectories in {time.perf_counter() - t0:.1f} s")
+    for (strategy, n), traj in zip(jobs, trajs):
+        assert traj.error is None, (strategy, n, traj.error)
+        assert traj.strategy == strategy and 1 <= len(traj.attempts) <= 2
+        for a in traj.attempts:
+            assert a.decision in DECISIONS, a.decision
+            assert a.calls and all(c.error is None and c.completion_tokens > 0 for c in a.calls)
+            if strategy == "react":
+                assert len(a.notes["steps"]) == len(a.calls)
+        assert traj.first_pass_round in (None, 0, 1)
+    react = [t for (s, _), t in zip(jobs, trajs) if s == "react"]
+    assert all(sum(len(a.calls) for a in t.attempts) <= 3 for t in react)  # the turn cap holds
