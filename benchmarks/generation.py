@@ -10,7 +10,7 @@ Columns: `decode tok/s` = new tokens / time in decode steps (the part batching s
 with short answers and long prompts it caps the end-to-end gain). `exact` = greedy tokens of the first prompt
 equal transformers' one-at-a-time output.
 
-    python benchmarks/generation.py                                # CPU default: 4 layers, 32 new tokens
+    python benchmarks/generation.py                                # CPU default: 2 layers, 32 new tokens
     python benchmarks/generation.py --layers 0 --new-tokens 64     # full depth (slow on CPU)
     python benchmarks/generation.py --device cuda --dtype bfloat16 --layers 0 --new-tokens 128
     python benchmarks/generation.py --arch Qwen2.5-Coder-0.5B-Instruct --batches 1 16 --hf-cb   # + transformers CB
@@ -177,16 +177,9 @@ def run_pack(name: str, args, results) -> None:
     print(f"# pack {name}: loaded in {time.perf_counter() - t0:.1f}s", flush=True)
     nmax = max(args.batches + [args.seq_prompts])
     prompts = pack_prompts(m.tokenizer, nmax)
-    base = baseline(m.model, prompts[: args.seq_prompts], args.new_tokens, m.device)
-    rows = [("one at a time (transformers generate)", 1, base)]
-    if m.device.type == "cpu" and not args.no_skinny:
-        cpu_tuning(m.model)
     tok = m.tokenizer
-    for b in args.batches:
-        n = args.seq_prompts if b == 1 else b
-        r = engine_run(m.model, tok, prompts[:n], args.new_tokens, b, m.max_context, decode_ids=False)
-        rows.append((f"engine batch {b}", b, r))
-        print(f"  done batch {b}", flush=True)
+    rows = measure(m.model, tok, prompts, args, m.device, m.max_context, decode_ids=False)
+    base = rows[0][2]
     base_text = tok.decode(base["ids0"], skip_special_tokens=True)
     for label, b, r in rows:
         r["exact"] = r is base or r["ids0"] == base_text
@@ -197,10 +190,39 @@ def run_pack(name: str, args, results) -> None:
     m.close()
 
 
-def cpu_tuning(model) -> None:
-    """The two CPU settings TransformersModel applies (skinny_matmul, sdpa_gqa; see agents/models/README.md)."""
-    use_skinny_matmul(model)
-    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+def set_tuning(model, on: bool) -> None:
+    """On: the two CPU settings TransformersModel applies (skinny_matmul, sdpa_gqa; agents/models/README.md).
+    Off: stock transformers."""
+    if on:
+        use_skinny_matmul(model)
+    else:
+        for mod in model.modules():
+            mod.__dict__.pop("forward", None)
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1" if on else "0"
+
+
+def measure(model, tok, prompts, args, device, ctx, decode_ids=True):
+    """Rows of (label, batch, result). The one-at-a-time baseline and the engine at batch 1 run interleaved,
+    prompt by prompt, so load drift on a shared machine hits both alike."""
+    tune = device.type == "cpu" and not args.no_skinny
+    base_parts, one_parts = [], []
+    for p in prompts[: args.seq_prompts]:
+        set_tuning(model, False)
+        base_parts.append(baseline(model, [p], args.new_tokens, device))
+        set_tuning(model, tune)
+        one_parts.append(engine_run(model, tok, [p], args.new_tokens, 1, ctx, decode_ids))
+    rows = [("one at a time (transformers generate)", 1, _merge(base_parts)), ("engine batch 1", 1, _merge(one_parts))]
+    print("  done one at a time", flush=True)
+    for b in [b for b in args.batches if b > 1]:
+        rows.append((f"engine batch {b}", b, engine_run(model, tok, prompts[:b], args.new_tokens, b, ctx, decode_ids)))
+        print(f"  done batch {b}", flush=True)
+    return rows
+
+
+def _merge(parts):
+    out = {k: sum(p[k] for p in parts) for k in ("tokens", "wall_s", "prefill_s", "decode_s")}
+    out["ids0"] = parts[0]["ids0"]
+    return out
 
 
 def _sync(device):
@@ -211,10 +233,10 @@ def _sync(device):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", action="append", choices=sorted(p.stem for p in CONFIGS.glob("*.json")) + ["none"])
-    ap.add_argument("--layers", type=int, default=4, help="decoder layers (0 = the real depth); default 4 on CPU")
+    ap.add_argument("--layers", type=int, default=2, help="decoder layers (0 = the real depth)")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, nargs=2, default=(400, 900), metavar=("MIN", "MAX"))
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64], help="1 is always run")
     ap.add_argument("--seq-prompts", type=int, default=3, help="prompts for the one-at-a-time runs")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
@@ -249,14 +271,8 @@ def main(argv=None) -> None:
         prompts = [[rng.randrange(100, cfg.vocab_size) for _ in range(rng.randint(*args.prompt_len))]
                    for _ in range(nmax)]
         ctx = cfg.max_position_embeddings
-        base = baseline(model, prompts[: args.seq_prompts], args.new_tokens, device)
-        rows = [("one at a time (transformers generate)", 1, base)]
-        if device.type == "cpu" and not args.no_skinny:
-            cpu_tuning(model)  # what TransformersModel does on CPU; the baseline above ran stock
-        for b in args.batches:
-            n = args.seq_prompts if b == 1 else b
-            rows.append((f"engine batch {b}", b, engine_run(model, tok, prompts[:n], args.new_tokens, b, ctx)))
-            print(f"  done batch {b}", flush=True)
+        rows = measure(model, tok, prompts, args, device, ctx)
+        base = rows[0][2]
         if args.hf_cb:
             for b in [b for b in args.batches if b > 1]:
                 try:
@@ -290,19 +306,23 @@ def _table(results) -> None:
     m = results["meta"]
     print(f"\ndevice={m['device']} dtype={m['dtype']} threads={m['threads']} new_tokens={m['new_tokens']} "
           f"prompt_len={m['prompt_len']} load avg at start {m['loadavg_start'][0]:.1f}")
-    print(f"| arch | layers | mode | requests | decode tok/s | vs one-at-a-time | e2e tok/s | vs one-at-a-time | exact |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    base = {}
+    print("| arch | layers | mode | requests | decode tok/s | vs one-at-a-time | vs engine b1 | e2e tok/s "
+          "| vs one-at-a-time | exact |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    base, one = {}, {}
     for r in results["runs"]:
         if "error" in r:
-            print(f"| {r['arch']} | | {r['mode']} | | error: {r['error'][:80]} | | | | |")
+            print(f"| {r['arch']} | | {r['mode']} | | error: {r['error'][:80]} | | | | | |")
             continue
         if r["mode"].startswith("one at a time"):
             base[r["arch"]] = r
-        b = base[r["arch"]]
-        dec = f"{r['decode_tps']:.1f}" if r.get("decode_tps") else "-"
-        rel_dec = f"{r['decode_tps'] / b['decode_tps']:.2f}x" if r.get("decode_tps") else "-"
-        print(f"| {r['arch']} | {r['layers']} | {r['mode']} | {r['tokens'] // m['new_tokens']} | {dec} | {rel_dec} | "
+        if r["mode"] == "engine batch 1":
+            one[r["arch"]] = r
+        b, o = base[r["arch"]], one.get(r["arch"])
+        dec = r.get("decode_tps")
+        cells = [f"{dec:.1f}" if dec else "-", f"{dec / b['decode_tps']:.2f}x" if dec else "-",
+                 f"{dec / o['decode_tps']:.2f}x" if dec and o else "-"]
+        print(f"| {r['arch']} | {r['layers']} | {r['mode']} | {r['tokens'] // m['new_tokens']} | {' | '.join(cells)} | "
               f"{r['e2e_tps']:.1f} | {r['e2e_tps'] / b['e2e_tps']:.2f}x | {'yes' if r['exact'] else 'NO'} |")
 
 
