@@ -27,7 +27,7 @@ from sandboxes import SandboxUnavailable, make_sandbox
 
 from .cache import TrajectoryCache, default_cache_dir
 from .config import ConfigError, JobSettings, settings_from
-from .tracking import FLOW_CALLBACKS, MLRUNS, RunTracker, safe_name
+from .tracking import FLOW_INPUTS, MLRUNS, RunTracker, safe_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 USER_ERRORS = (ConfigError, DatasetError, ModelUnavailable, SandboxUnavailable)
@@ -148,14 +148,15 @@ def make_flow(portable: bool = False):
     repair = task(fn, name="repair", cache_policy=NO_CACHE, persist_result=False)
 
     @flow(name="humanevalfix-evaluate", persist_result=False, log_prints=False)
-    def evaluate_flow(jobs: list[tuple[Task, int]], settings: JobSettings, tasks: list[Task], on_done: str | None = None):
+    def evaluate_flow(mlflow_run_id: str):
         from prefect.futures import as_completed
 
-        # Prefect ships the flow's parameters and function to every task (dask: pickled), so on_done, which holds
-        # the MLflow client, TaskStore and locks, stays in the flow process and is passed by key.
-        from flows.tracking import FLOW_CALLBACKS
+        # The inputs stay in the flow process, found by key: Prefect stores the flow's parameters on the server
+        # (512 KB limit; 164 tasks are more) and ships them to every task (dask: pickled), and on_done holds
+        # the MLflow client, TaskStore and locks.
+        from flows.tracking import FLOW_INPUTS
 
-        on_done = FLOW_CALLBACKS.get(on_done) if on_done else None
+        jobs, settings, tasks, on_done = FLOW_INPUTS[mlflow_run_id]
         futures = {repair.submit(t, s, settings, tasks): (t, s) for t, s in jobs}
         out = []
         for fut in as_completed(list(futures)):
@@ -359,11 +360,11 @@ def run_job(cfg: dict) -> dict:
                 share_prefect_api()
             flow = make_flow(portable=settings.runner.get("name") == "dask").with_options(
                 task_runner=task_runner(settings.runner))
-            FLOW_CALLBACKS[run_id] = on_done
+            FLOW_INPUTS[run_id] = (jobs, settings, tasks, on_done)
             try:
-                flow(jobs, settings, tasks, run_id)
+                flow(run_id)
             finally:
-                FLOW_CALLBACKS.pop(run_id, None)
+                FLOW_INPUTS.pop(run_id, None)
         trajs = list(store.load().values()) + [t for t in _errored(store)]
         summary = summarize(trajs, tasks, settings)
         summary.update(run_id=run_id, wall_s=round(time.perf_counter() - t0, 2), model=settings.model["name"],

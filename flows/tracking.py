@@ -22,11 +22,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 MLRUNS = REPO_ROOT / "mlruns"
 # Set by the sweep callback (flows/sweep.py): every job of a Hydra multirun becomes a child of this run.
 PARENT_ENV = "FIXLAB_PARENT_RUN_ID"
-# on_done callbacks of running evaluate flows, by MLflow run id: they live in the flow process only (an
-# importable module, so a flow function pickled for Dask workers refers to it instead of carrying it).
-FLOW_CALLBACKS: dict = {}
+# Inputs (jobs, settings, tasks, on_done) of running evaluate flows, by MLflow run id: they live in the flow
+# process only (an importable module, so a flow function pickled for Dask workers refers to it, not carries it).
+FLOW_INPUTS: dict = {}
 # Config keys that may differ between a run and its resumption without changing its results.
-RESUME_FREE_KEYS = ("resume", "runner.", "tracking.", "offline")
+RESUME_FREE_KEYS = ("resume", "runner.", "tracking.", "offline", "cache_dir")
 
 
 def tracking_uri(tracking: dict) -> str:
