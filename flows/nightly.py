@@ -72,8 +72,9 @@ def _results(client, run_id: str) -> dict[str, dict]:
         rows = [json.loads(l) for l in open(path)]
     out: dict[str, dict] = {}
     for r in rows:  # with samples > 1 a task counts as passed when any sample passed
-        o = out.setdefault(r["task_id"], {"passed": False, "tokens": 0, "seconds": 0.0})
+        o = out.setdefault(r["task_id"], {"passed": False, "tokens": 0, "seconds": 0.0, "error": None})
         o["passed"] = o["passed"] or bool(r["passed"])
+        o["error"] = o["error"] or r.get("error")
         o["tokens"] += r.get("prompt_tokens", 0) + r.get("completion_tokens", 0)
         o["seconds"] += r.get("seconds") or 0.0
     return out
@@ -96,6 +97,8 @@ def compare(client, current, baseline, tolerance: float, must_pass: list[str]) -
         "run_id": current.info.run_id, "run_name": current.info.run_name,
         "pass@1": m.get("pass_at_1"), "tolerance": tolerance, "must_pass": must_pass,
         "must_pass_failed": [t for t in must_pass if not cur.get(t, {}).get("passed")],
+        # A crash of the harness (not a wrong answer) on a task: counted as failed, listed so nobody blames the model.
+        "harness_errors": {t: cur[t]["error"] for t in sorted(cur, key=_task_key) if cur[t]["error"]},
         "baseline": None,
     }
     reasons = []
@@ -154,6 +157,9 @@ def markdown(r: dict) -> str:
         if r["config_changes"]:
             lines += ["## Config changes since the baseline", "| key | baseline | current |", "|---|---|---|",
                       *[f"| {k} | {a} | {c} |" for k, (a, c) in r["config_changes"].items()], ""]
+    if r["harness_errors"]:
+        lines += [f"## Harness errors ({len(r['harness_errors'])}): tasks that crashed, counted as failed",
+                  *[f"- {t}: {e}" for t, e in r["harness_errors"].items()], ""]
     lines += [f"Must-pass tasks: {', '.join(r['must_pass']) or 'none configured'}; failed: "
               f"{', '.join(r['must_pass_failed']) or 'none'}", ""]
     return "\n".join(lines)

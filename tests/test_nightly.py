@@ -98,6 +98,7 @@ def test_nightly_deployment_flags_regression_against_last_good_run(tmp_path, pre
                                                        str(tmp_path))).read_text())
     assert report["pass_to_fail"] == ["Python/0", "Python/1", "Python/2", "Python/3"]
     assert report["fail_to_pass"] == [] and report["must_pass_failed"] == ["Python/1"]
+    assert report["harness_errors"] == {}
     assert report["baseline"]["run_id"] == first.info.run_id
     assert set(report["tokens"]) == {"current", "baseline", "delta"} and "delta" in report["wall_s"]
     assert report["config_changes"]["model.name"] == ["canonical", "buggy"]
