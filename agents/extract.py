@@ -15,6 +15,7 @@ import textwrap
 from dataclasses import dataclass
 
 from .types import Task
+from . import pyast
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _CODE_START = re.compile(r"^(from |import |def |async def |@|class )", re.M)
@@ -71,7 +72,7 @@ def extract_candidate(text: str, task: Task, keep_context: bool = True, check_si
         else:
             chosen = body  # the answer gave only the function body: put it under the task's signature
     try:
-        tree = ast.parse(chosen)
+        tree = pyast.parse(chosen)
         compile(chosen, "<candidate>", "exec")  # catches what the parser lets through ('return' outside function...)
     except SyntaxError as e:
         return Extraction(chosen, "syntax", f"SyntaxError: {e.msg} (line {e.lineno})")
@@ -93,7 +94,7 @@ def extract_candidate(text: str, task: Task, keep_context: bool = True, check_si
 
 def _parses(src: str) -> bool:
     try:
-        ast.parse(src)
+        pyast.parse(src)
         return True
     except (SyntaxError, ValueError):
         return False
@@ -103,7 +104,7 @@ def _as_body(block: str, task: Task) -> str | None:
     """A block that is only an indented or bare function body (it has a `return`) becomes a whole function."""
     body = textwrap.dedent(block).strip("\n")
     try:
-        tree = ast.parse(body)
+        tree = pyast.parse(body)
     except SyntaxError:
         return None
     if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for n in tree.body):
@@ -122,7 +123,7 @@ def _find_function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
 
 def task_params(task: Task) -> list[str] | None:
     try:
-        tree = ast.parse(task.declaration + "    pass\n")
+        tree = pyast.parse(task.declaration + "    pass\n")
     except SyntaxError:
         return None
     fn = _find_function(tree, task.entry_point)
@@ -184,7 +185,7 @@ def _defined_names(tree: ast.Module) -> set[str]:
 
 def _with_helpers_from_other_blocks(code: str, blocks: list[str], chosen: str, task: Task) -> str:
     """A model sometimes puts a helper (or an import) in another code block: bring in what the code calls."""
-    tree = ast.parse(code)
+    tree = pyast.parse(code)
     have = _defined_names(tree) | _HARNESS_NAMES | set(dir(builtins)) | _task_context_names(task)
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     missing = used - have
@@ -194,7 +195,7 @@ def _with_helpers_from_other_blocks(code: str, blocks: list[str], chosen: str, t
     for b in blocks:
         if b is chosen or not _parses(b):
             continue
-        btree = ast.parse(b)
+        btree = pyast.parse(b)
         blines = b.splitlines()
         for n in btree.body:
             names = _defined_names(ast.Module(body=[n], type_ignores=[]))
@@ -207,7 +208,7 @@ def _with_helpers_from_other_blocks(code: str, blocks: list[str], chosen: str, t
 
 def _task_context_names(task: Task) -> set[str]:
     try:
-        return _defined_names(ast.parse(task.declaration + "    pass\n")) - {task.entry_point}
+        return _defined_names(pyast.parse(task.declaration + "    pass\n")) - {task.entry_point}
     except SyntaxError:
         return set()
 
@@ -215,8 +216,8 @@ def _task_context_names(task: Task) -> set[str]:
 def _with_task_context(code: str, task: Task) -> str:
     """Prepend the declaration's imports and helper functions that the candidate does not define."""
     try:
-        decl = ast.parse(task.declaration + "    pass\n")
-        cand = ast.parse(code)
+        decl = pyast.parse(task.declaration + "    pass\n")
+        cand = pyast.parse(code)
     except SyntaxError:
         return code
     defined = {n.name for n in cand.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
@@ -239,7 +240,7 @@ def _with_task_context(code: str, task: Task) -> str:
 def normalise(code: str) -> str:
     """Code without comments, docstrings and layout differences: the key for repeat detection."""
     try:
-        tree = ast.parse(code)
+        tree = pyast.parse(code)
     except SyntaxError:
         return " ".join(code.split())
     for node in ast.walk(tree):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sandboxes import build_program
 from sandboxes.base import ExecResult, Sandbox
+from . import pyast
 
 _ACTUAL_TAG = "__FIXLAB_VALUE__"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\s*$')
@@ -62,7 +63,7 @@ def program_frames(frames: list[Frame], program: str) -> list[Frame]:
 def statement_at(source: str, lineno: int) -> str | None:
     """The whole innermost statement that covers `lineno` (a compound statement: only its header)."""
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except SyntaxError:
         return None
     best = None
@@ -84,7 +85,7 @@ def statement_at(source: str, lineno: int) -> str | None:
 def split_assertion(stmt: str) -> dict | None:
     """What an assert checks: {"call": expr, "expected": expr | None, "kind": "eq" | "true" | "false" | "other"}."""
     try:
-        node = ast.parse(stmt.strip()).body[0]
+        node = pyast.parse(stmt.strip()).body[0]
     except (SyntaxError, IndexError):
         return None
     if not isinstance(node, ast.Assert):
@@ -151,7 +152,7 @@ def __fixlab_report(*thunks):
 
 def _instrument(test: str, test_line: int, exprs: list[str]) -> str | None:
     try:
-        tree = ast.parse(test)
+        tree = pyast.parse(test)
     except SyntaxError:
         return None
     node = next((n for n in ast.walk(tree) if isinstance(n, ast.Assert) and n.lineno <= test_line <= n.end_lineno),
@@ -178,14 +179,14 @@ def _last_error_line(stderr: str) -> str:
 def edge_case(call: str) -> str | None:
     """A short name for an edge-case input among the call's arguments (empty, zero, negative, one element)."""
     try:
-        node = ast.parse(call, mode="eval").body
+        node = pyast.parse(call, mode="eval").body
     except SyntaxError:
         return None
     if not isinstance(node, ast.Call):
         return None
     for arg in node.args:
         try:
-            v = ast.literal_eval(arg)
+            v = pyast.literal_eval(arg)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
         if isinstance(v, (str, list, tuple, dict, set)) and len(v) == 0:
@@ -299,7 +300,7 @@ def _with_diff(text: str, candidate: str, buggy_code: str | None, max_chars: int
 
 def _is_literal(expr: str) -> bool:
     try:
-        ast.literal_eval(expr)
+        pyast.literal_eval(expr)
         return True
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return False

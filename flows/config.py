@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agents.loop import PROTOCOLS, STRATEGIES, AgentConfig
+from agents.loop import PROTOCOLS, STRATEGIES, AgentConfig, check_config
 
 
 class ConfigError(ValueError):
@@ -82,6 +82,10 @@ def settings_from(cfg: dict) -> JobSettings:
         timeout_s=_num(sandbox, "timeout_s", 0.001, "sandbox.timeout_s"),
         **{k: v for k, v in strategy.items() if k in known and k not in ("strategy",)},
     )
+    try:
+        check_config(agent)  # schedules, feedback styles, tool formats: one line here, not one error per task
+    except ValueError as e:
+        raise ConfigError(f"strategy: {e}") from None
     if agent.strategy == "single_shot":
         _num(strategy, "resample_temperature", 0.0, "strategy.resample_temperature", 5.0)
     return JobSettings(
