@@ -41,6 +41,19 @@ class EvalRun:
         return s[0]
 
 
+def stop_group(proc: subprocess.Popen, wait_s: float = 15) -> None:
+    """SIGTERM a server's whole process group, SIGKILL it if it lingers."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def free_port() -> int:
     import socket
 
@@ -76,14 +89,7 @@ def prefect_api(tmp_path_factory):
                 pytest.fail(f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
             time.sleep(0.5)
     yield url
-    import os as _os
-    import signal
-
-    try:
-        _os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(15)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        _os.killpg(proc.pid, signal.SIGKILL)
+    stop_group(proc)
     log.close()
 
 

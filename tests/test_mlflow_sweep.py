@@ -21,7 +21,7 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, base_env, free_port, needs_data
+from conftest import REPO, base_env, free_port, needs_data, stop_group
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -155,11 +155,7 @@ def ui(sweep):
                 pytest.fail(f"mlflow server did not start: {(sweep['tmp'] / 'ui.log').read_text()[-2000:]}")
             time.sleep(0.5)
     yield {"url": url, "startup_s": time.monotonic() - t0}
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    stop_group(proc)
     log.close()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,12 +20,7 @@ from transformers import Qwen2Config  # noqa: E402
 
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
 from agents.models.openai_backend import OpenAIError, OpenAIModel  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from conftest import REPO, base_env, needs_data
+from conftest import REPO, base_env, needs_data, stop_group
 
 
 def _deployment(api: str):
@@ -76,11 +75,7 @@ def test_nightly_deployment_flags_regression_against_last_good_run(tmp_path, pre
             time.sleep(2)
         assert starts and all(re.search(r"T02:00:00(\.0+)?(Z|\+00:00)$", t) for t in starts), starts
     finally:
-        os.killpg(serve.pid, signal.SIGTERM)
-        try:
-            serve.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(serve.pid, signal.SIGKILL)
+        stop_group(serve, 20)
         log.close()
 
     client = MlflowClient(uri)
