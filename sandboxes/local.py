@@ -466,6 +466,9 @@ class LocalSandbox:
         args = []
         for h in hidden:
             args += ["--tmpfs", h]
+        # /tmp and /dev/shm are fresh tmpfs mounts (made before these): a checkout or venv under them
+        # (CI clones often live in /tmp) must be bound back in, or the worker cannot even start.
+        hidden += ["/tmp", "/dev/shm"]
         for path in sorted(needed):
             under = [h for h in hidden if path.startswith(h + "/")]
             if under:
@@ -477,9 +480,8 @@ class LocalSandbox:
 
     def jail_prefix(self) -> list[str]:
         cmd = [self.bwrap, *_NS_FLAGS, "--die-with-parent", "--new-session", "--ro-bind", "/", "/",
-               *self._visible_mounts(),
                "--tmpfs", "/proc", "--dev", "/dev", "--size", str(self.scratch_mb * 1024 * 1024),
-               "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--clearenv",
+               "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", *self._visible_mounts(), "--clearenv",
                "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
                "--setenv", "OPENBLAS_NUM_THREADS", "1", "--setenv", "OMP_NUM_THREADS", "1", "--chdir", "/tmp"]
         if self.switch_uid:
