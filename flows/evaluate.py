@@ -94,16 +94,18 @@ class TaskStore:
         tmp.write_text(json.dumps(traj.to_dict(), default=str))
         os.replace(tmp, p)
 
-    def load(self) -> dict[tuple[str, int], Trajectory]:
-        done = {}
+    def load_all(self) -> list[Trajectory]:
+        out = []
         for p in self.dir.glob("*.json"):
             try:
-                t = Trajectory.from_dict(json.loads(p.read_text()))
+                out.append(Trajectory.from_dict(json.loads(p.read_text())))
             except (ValueError, TypeError, KeyError):
                 continue  # a torn or foreign file: that task simply runs again
-            if t.error is None:
-                done[(t.task_id, t.sample)] = t
-        return done
+        return out
+
+    def load(self) -> dict[tuple[str, int], Trajectory]:
+        """Finished trajectories; ones whose task crashed run again on resume."""
+        return {(t.task_id, t.sample): t for t in self.load_all() if t.error is None}
 
 
 # ---------------------------------------------------------------- Prefect flow
@@ -365,7 +367,7 @@ def run_job(cfg: dict) -> dict:
                 flow(run_id)
             finally:
                 FLOW_INPUTS.pop(run_id, None)
-        trajs = list(store.load().values()) + [t for t in _errored(store)]
+        trajs = store.load_all()
         summary = summarize(trajs, tasks, settings)
         summary.update(run_id=run_id, wall_s=round(time.perf_counter() - t0, 2), model=settings.model["name"],
                        strategy=settings.agent.strategy, protocol=settings.agent.protocol, iters=settings.agent.iters,
@@ -389,18 +391,6 @@ def run_job(cfg: dict) -> dict:
                 tracker.client.set_terminated(run_id, status=status)
             except Exception:
                 pass
-
-
-def _errored(store: TaskStore) -> list[Trajectory]:
-    out = []
-    for p in store.dir.glob("*.json"):
-        try:
-            t = Trajectory.from_dict(json.loads(p.read_text()))
-        except (ValueError, TypeError, KeyError):
-            continue
-        if t.error is not None:
-            out.append(t)
-    return out
 
 
 def _result_rows(trajs: list[Trajectory]):
