@@ -508,24 +508,24 @@ def test_signal_handler_installed_while_the_traceback_is_printed(sbx):
 
 def test_rebinding_the_runner_module_globals(sbx):
     # Rebind the runner's module globals, then make the end-of-run check itself raise (a key whose
-    # __eq__ raises, probed before 'abs'): the checks must still refuse the pass.
+    # __eq__ raises once armed, probed before 'abs'): the checks must still refuse the pass.
     code = """
     import __main__, builtins
     for name in ("BaseException", "Exception", "list", "type", "str", "exec", "OK", "TamperError"):
         setattr(__main__, name, KeyError)
-    calls = [0]
+    armed = [False]
     class Evil(str):
         def __hash__(self):
             return hash("abs")
         def __eq__(self, other):
-            calls[0] += 1
-            if calls[0] > 1:
+            if armed[0]:
                 raise KeyError("boom")
             return False
     f = builtins.abs
     del builtins.__dict__["abs"]
     builtins.__dict__[Evil("x")] = 1
     builtins.abs = f
+    armed[0] = True  # only now: under load the dict lookups above compared with Evil more than once
     """
     right = "def add(a, b):\n    return a + b\n"
     r = sbx.run(attack(code, candidate=right), 10)
