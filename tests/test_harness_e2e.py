@@ -5,6 +5,8 @@ canonical must score 164/164 and buggy 0/164: any harness bug (program layout, i
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -41,6 +43,23 @@ def test_canonical_all_pass_and_buggy_all_fail_through_whole_path(evaluate):
     rows = [json.loads(l) for l in open(evaluate.tmp / "buggy" / "results.jsonl")]
     statuses = {row["task_id"]: row["attempts"][0]["status"] for row in rows}
     assert statuses["Python/10"] == "timeout"
+
+    # flows.compare puts the sweep's jobs side by side on their common tasks, labelled by what differs.
+    parent = client.get_run(by_model["canonical"]["run_id"]).data.tags["mlflow.parentRunId"]
+    out = evaluate.tmp / "compare.json"
+    p = subprocess.run([sys.executable, "-m", "flows.compare", "--sweep", parent, "--tracking-uri", run.tracking_uri,
+                        "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    cmp = json.loads(out.read_text())
+    assert cmp["tasks"] == 164 and cmp["varying"] == ["model.name"]
+    by_label = {r["label"]: r for r in cmp["runs"]}
+    assert by_label["model.name=canonical"]["pass@1_by_iter"] == [1.0]
+    assert by_label["model.name=buggy"]["pass@1_by_iter"] == [0.0]
+    assert by_label["model.name=buggy"]["decisions"] == {"tested": 164}
+    assert "| Python/163 | 0 | - |" in p.stdout  # per-task table: canonical fixed it in round 0, buggy never
+    p = subprocess.run([sys.executable, "-m", "flows.compare", "no-such-run", "--tracking-uri", run.tracking_uri],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1
 
 
 @needs_data

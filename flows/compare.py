@@ -1,0 +1,135 @@
+"""Compare finished runs side by side on the tasks they share: pass@1 after each round, what the agent did
+with each round, tokens and time, and which tasks each run fixed.
+
+    python -m flows.compare RUN_ID RUN_ID ...          # job runs
+    python -m flows.compare --sweep PARENT_RUN_ID        # every job of a -m sweep
+    python -m flows.compare --sweep PARENT --json out.json
+
+Runs are labelled by the config keys that differ between them (e.g. `strategy.name=react`). Everything is
+read back from MLflow (params, `results.jsonl`), so it works on any tracking store the runs were logged to.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+from .tracking import RESUME_FREE_KEYS, tracking_uri
+
+# Keys that do not change results are not what tells runs apart.
+IGNORED_PARAMS = (*RESUME_FREE_KEYS, "cache")
+
+
+def _label(params: dict, keys: list[str]) -> str:
+    return " ".join(f"{k}={params.get(k)}" for k in keys) or params.get("strategy.name", "?")
+
+
+def load_runs(client, run_ids: list[str]) -> list[dict]:
+    import mlflow
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    runs = []
+    for rid in run_ids:
+        run = client.get_run(rid)
+        path = mlflow.artifacts.download_artifacts(run_id=rid, artifact_path="results.jsonl",
+                                                   tracking_uri=client._tracking_client.tracking_uri)
+        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        runs.append({"run_id": rid, "params": run.data.params, "metrics": run.data.metrics, "rows": rows})
+    return runs
+
+
+def compare(runs: list[dict]) -> dict:
+    """Per run, on the (task, sample) pairs every run has: pass@1 after each round and decision counts."""
+    varying = sorted(k for k in set().union(*(r["params"] for r in runs))
+                     if not k.startswith(IGNORED_PARAMS)
+                     and len({r["params"].get(k) for r in runs}) > 1)
+    # A config group whose name differs (model.name, strategy.name) speaks for the rest of its keys.
+    named = {k[: -len("name")] for k in varying if k.endswith(".name")}
+    varying = [k for k in varying if k.endswith(".name") or not k.startswith(tuple(named))]
+    common = set.intersection(*({(row["task_id"], row["sample"]) for row in r["rows"]} for r in runs))
+    out = {"varying": varying, "tasks": len({t for t, _ in common}), "runs": []}
+    for r in runs:
+        rows = [row for row in r["rows"] if (row["task_id"], row["sample"]) in common]
+        iters = int(r["params"].get("iters", 0))
+        n = len(rows) or 1
+        firsts = [row["first_pass_round"] if row["passed"] else None for row in rows]
+        decisions = Counter(a["decision"] for row in rows for a in row["attempts"])
+        out["runs"].append({
+            "label": _label(r["params"], varying), "run_id": r["run_id"], "iters": iters,
+            "pass@1_by_iter": [round(sum(f is not None and f <= k for f in firsts) / n, 4) for k in range(iters + 1)],
+            "passed": sum(f is not None for f in firsts),
+            "errors": sum(bool(row.get("error")) for row in rows),
+            "decisions": dict(decisions),
+            "prompt_tokens": sum(row.get("prompt_tokens", 0) for row in rows),
+            "completion_tokens": sum(row.get("completion_tokens", 0) for row in rows),
+            "wall_s": r["metrics"].get("wall_s"),
+            "first_pass_round": {f"{row['task_id']}#{row['sample']}": f for row, f in zip(rows, firsts)},
+        })
+    return out
+
+
+def table(result: dict) -> str:
+    runs = result["runs"]
+    rounds = max(r["iters"] for r in runs) + 1
+    head = ["run", *(f"r{k}" for k in range(rounds)), "passed", "tokens in/out", "wall s", "decisions"]
+    lines = [f"{result['tasks']} common tasks", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in runs:
+        curve = [f"{p:.3f}" for p in r["pass@1_by_iter"]] + [""] * (rounds - len(r["pass@1_by_iter"]))
+        dec = ", ".join(f"{k} {v}" for k, v in sorted(r["decisions"].items()))
+        wall = f"{r['wall_s']:.0f}" if r["wall_s"] is not None else "-"
+        lines.append("| " + " | ".join([r["label"], *curve, str(r["passed"]),
+                                         f"{r['prompt_tokens']}/{r['completion_tokens']}", wall, dec]) + " |")
+    keys = sorted(runs[0]["first_pass_round"])
+    fixed_by_some = [k for k in keys if any(r["first_pass_round"][k] is not None for r in runs)]
+    lines += ["", "first passing round per task (- = never), tasks some run fixed:",
+              "| task | " + " | ".join(r["label"] for r in runs) + " |", "|" + "---|" * (len(runs) + 1)]
+    for k in sorted(fixed_by_some, key=lambda k: (k.split("#")[0].split("/")[0], int(k.split("/")[1].split("#")[0]))):
+        cells = ["-" if r["first_pass_round"][k] is None else str(r["first_pass_round"][k]) for r in runs]
+        lines.append(f"| {k.split('#')[0]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m flows.compare", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_ids", nargs="*", help="MLflow job run ids")
+    ap.add_argument("--sweep", help="a sweep's parent run id: compare all its jobs")
+    ap.add_argument("--tracking-uri", default=tracking_uri({}))
+    ap.add_argument("--json", type=Path, help="also write the comparison here")
+    args = ap.parse_args(argv)
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.MlflowClient(args.tracking_uri)
+    run_ids = list(args.run_ids)
+    try:
+        if args.sweep:
+            parent = client.get_run(args.sweep)
+            children = client.search_runs([parent.info.experiment_id],
+                                          filter_string=f"tags.mlflow.parentRunId = '{args.sweep}'",
+                                          order_by=["attributes.start_time ASC"])
+            run_ids += [c.info.run_id for c in children]
+        if not run_ids:
+            print("error: no runs to compare: give job run ids or --sweep PARENT_RUN_ID", file=sys.stderr)
+            return 2
+        runs = load_runs(client, run_ids)
+    except (MlflowException, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: cannot read the runs from {args.tracking_uri}: {first} (check the run ids and --tracking-uri)",
+              file=sys.stderr)
+        return 2
+    result = compare(runs)
+    if not result["tasks"]:
+        print("error: the runs share no task; compare runs over the same dataset", file=sys.stderr)
+        return 2
+    print(table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
