@@ -72,6 +72,8 @@ class AgentConfig:
     few_shot: int = 0  # worked bug-fix examples (agents/prompts/few_shot/) before the task; not for react
     # reflection
     history_rounds: int = 1  # earlier (answer, feedback) pairs kept in the prompt (at least the last one)
+    diagnose: bool = False  # ask for a one- or two-sentence diagnosis of the failing input before the code
+    rewrite_when_stuck: bool = False  # after the unchanged bug or a repeat: a fresh prompt to write it from scratch
     # react
     max_turns: int = 12  # model turns per task (thoughts, invalid calls and repeats cost turns, not rounds)
     tool_format: str = "auto"  # auto (native when the chat template has tools) | native | text
@@ -253,6 +255,7 @@ class State:
     messages: list[dict]  # the conversation so far (reflection: prompt + history; react: whole episode)
     prefix: int = 0  # how many of `messages` are the fixed opening prompt
     seen: dict = field(default_factory=dict)  # normalised candidate -> round it was tested in
+    feedback: dict = field(default_factory=dict)  # round -> the feedback its test run gave
     turns: int = 0  # react: model turns used
     last_tested: tuple | None = None  # react: (code, round) of the latest run; `submit` without code hands it in
     done: str | None = None  # stop reason once the episode is over
@@ -366,6 +369,7 @@ class Strategy:
     def absorb(self, state: State, attempt: Attempt) -> None:
         if attempt.decision == "tested" and attempt.code is not None:
             state.seen[normalise(attempt.code)] = attempt.round
+            state.feedback[attempt.round] = attempt.feedback
             visible = attempt.visible_result or attempt.result
             if visible is not None and visible.passed:
                 state.done = "solved"  # the agent believes it is done; under "hidden" the verdict may differ
@@ -386,14 +390,36 @@ class Reflection(Strategy):
         super().absorb(state, attempt)
         if state.done or attempt.decision == "model_error":
             return
-        task = self.ctx.task
+        task, diagnose = self.ctx.task, self.ctx.cfg.diagnose
+        stuck = attempt.decision == "repeat" or (attempt.decision == "tested" and attempt.notes.get("unchanged"))
+        if stuck and self.ctx.cfg.rewrite_when_stuck:
+            # A small model that hands the bug back keeps copying what it is shown: start a new conversation
+            # without the buggy body, from the signature, the visible tests and how the old code failed.
+            seen_fb = attempt.feedback if attempt.decision == "tested" else state.feedback.get(attempt.notes.get("same_as_round"))
+            view = self.ctx.view
+            header = view.code[: len(view.code) - len(task.buggy_solution)] if view.code.endswith(task.buggy_solution) \
+                else task.declaration
+            state.messages = [{"role": "system", "content": render("system.txt")},
+                              {"role": "user", "content": render("rewrite.txt", task=task, header=header.strip("\n"),
+                                                                 tests=view.tests,
+                                                                 feedback=_without_unchanged_note(seen_fb))}]
+            state.prefix = len(state.messages)
+            return
         if attempt.decision in ("no_code", "syntax_error"):
             reply = render("invalid.txt", task=task, problem=attempt.notes.get("problem", "no usable code"))
         elif attempt.decision == "repeat":
-            reply = render("repeat.txt", task=task, unchanged=bool(attempt.notes.get("unchanged")),
-                           same_round=attempt.notes.get("same_as_round"))
+            # The same code fails the same way: restate what its run showed (the answer alone taught nothing).
+            same = attempt.notes.get("same_as_round")
+            reply = render("repeat.txt", task=task, unchanged=bool(attempt.notes.get("unchanged")), same_round=same,
+                           feedback=_without_unchanged_note(state.feedback.get(same)), diagnose=diagnose)
         else:
             reply = render("revise.txt", task=task, code=(attempt.code or "").strip("\n"),
-                           feedback=attempt.feedback or "The tests failed.")
+                           feedback=attempt.feedback or "The tests failed.", diagnose=diagnose)
         state.messages += [{"role": "assistant", "content": attempt.calls[-1].output},
                            {"role": "user", "content": reply}]
+
+
+def _without_unchanged_note(feedback: str | None) -> str | None:
+    """The repeat prompt says 'unchanged' itself; keep only what the tests showed."""
+    note = render("unchanged.txt").strip()
+    return feedback[len(note):].strip() if feedback and feedback.startswith(note) else feedback

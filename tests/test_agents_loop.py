@@ -162,9 +162,10 @@ def requests(model):
 SCRIPT = [fenced(WRONG_A), fenced(WRONG_B), fenced(SIG + "    return number % 2.0\n"), fenced(FIX)]
 
 
-@pytest.mark.parametrize("strategy", ["single_shot", "reflection"])
-def test_budget_does_not_change_rounds_and_continuation_equals_fresh(strategy):
-    kw = dict(strategy=strategy, temperature_schedule="rising", temperature=0.1)
+@pytest.mark.parametrize("strategy, knobs", [("single_shot", {}), ("reflection", {}),
+                                             ("reflection", {"rewrite_when_stuck": True, "diagnose": True})])
+def test_budget_does_not_change_rounds_and_continuation_equals_fresh(strategy, knobs):
+    kw = dict(strategy=strategy, temperature_schedule="rising", temperature=0.1, **knobs)
     long, m3 = run(SCRIPT, iters=3, **kw)
     short, m1 = run(SCRIPT, iters=1, **kw)
     assert long.first_pass_round == 3 and short.first_pass_round is None
@@ -210,3 +211,47 @@ def test_trajectory_round_trips_through_json():
     back = Trajectory.from_dict(traj.to_dict())
     assert view(back) == view(traj) and back.attempts[0].visible_result.passed
     assert back.stop_reason == traj.stop_reason and back.agent_key == traj.agent_key
+
+
+def test_a_repeat_is_told_again_what_the_tests_showed():
+    # The unchanged bug twice: the second answer is not run, and its prompt restates the first run's
+    # failing call (a small model given only "unchanged, fix it" hands the same code back again).
+    traj, model = run([fenced(BUGGY), fenced(BUGGY), fenced(FIX)], strategy="reflection", iters=2)
+    assert [a.decision for a in traj.attempts] == ["tested", "repeat", "tested"] and traj.first_pass_round == 2
+    repeat_prompt = last_user(model.requests[2])
+    assert "original buggy code, unchanged" in repeat_prompt
+    assert "`truncate_number(3.5)` returned 1.5, but the expected value is 0.5." in repeat_prompt
+    assert repeat_prompt.count("unchanged") == 1  # the restated feedback does not say it twice
+    # A repeat of a changed answer restates that answer's own failing run.
+    traj, model = run([fenced(WRONG_A), fenced(WRONG_A), fenced(FIX)], strategy="reflection", iters=2)
+    assert "same code as your attempt in round 0" in last_user(model.requests[2])
+    assert "returned -0.5, but the expected value is 0.5" in last_user(model.requests[2])
+
+
+def test_diagnose_asks_for_the_faulty_line_before_the_code():
+    answer = ("The line `return number % 1.0 + 1.0` adds 1.0 to the decimal part; it should return it as is.\n\n"
+              + fenced(FIX, prose="Corrected:"))
+    traj, model = run([fenced(BUGGY), answer], strategy="reflection", iters=1, diagnose=True)
+    assert traj.first_pass_round == 1  # the code is extracted after the prose diagnosis
+    assert "First, in one or two sentences, say which line of `truncate_number`" in last_user(model.requests[1])
+    _, plain = run([fenced(BUGGY), answer], strategy="reflection", iters=1)
+    assert "which line" not in last_user(plain.requests[1])
+
+
+def test_rewrite_when_stuck_starts_over_without_the_buggy_body():
+    # Round 0 hands the bug back unchanged: round 1 is a new conversation asking for the function from scratch,
+    # with the header, the tests and how the old code failed, but not the buggy body to copy.
+    traj, model = run([fenced(BUGGY), fenced(WRONG_A), fenced(WRONG_A), fenced(FIX)], strategy="reflection",
+                      iters=3, rewrite_when_stuck=True)
+    assert [a.decision for a in traj.attempts] == ["tested", "tested", "repeat", "tested"]
+    assert traj.first_pass_round == 3
+    fresh = model.requests[1].messages
+    assert [m["role"] for m in fresh] == ["system", "user"]
+    assert "from scratch" in fresh[1]["content"] and SIG.strip() in fresh[1]["content"]
+    assert "number % 1.0 + 1.0" not in fresh[1]["content"]  # the buggy body is not shown again
+    assert "assert truncate_number(3.5) == 0.5" in fresh[1]["content"]  # the tests are
+    assert "`truncate_number(3.5)` returned 1.5, but the expected value is 0.5." in fresh[1]["content"]
+    # round 1's new code is revised as usual; its repeat in round 2 starts over again
+    assert "Your fix did not work" in last_user(model.requests[2])
+    assert [m["role"] for m in model.requests[3].messages] == ["system", "user"]
+    assert "returned -0.5, but the expected value is 0.5" in model.requests[3].messages[1]["content"]
