@@ -1,4 +1,4 @@
-"""Compare finished runs side by side on the tasks they share: pass@1 after each round, what the agent did
+"""Compare runs side by side on the tasks they share: pass@1 after each round, what the agent did
 with each round, tokens and time, and which tasks each run fixed.
 
     python -m flows.compare RUN_ID RUN_ID ...          # job runs
@@ -6,7 +6,9 @@ with each round, tokens and time, and which tasks each run fixed.
     python -m flows.compare --sweep PARENT --json out.json
 
 Runs are labelled by the config keys that differ between them (e.g. `strategy.name=react`). Everything is
-read back from MLflow (params, `results.jsonl`), so it works on any tracking store the runs were logged to.
+read back from MLflow (params, `results.jsonl`), so it works on any tracking store the runs were logged to. A run
+still going, or stopped, has no `results.jsonl` yet: its `tasks/*.json` trajectories (logged as each task ends)
+stand in, and it is labelled "(unfinished)".
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ IGNORED_PARAMS = (*RESUME_FREE_KEYS, "cache")
 
 
 def _label(params: dict, keys: list[str]) -> str:
-    return " ".join(f"{k}={params.get(k)}" for k in keys) or params.get("strategy.name", "?")
+    return " ".join(f"{k}={params[k]}" for k in keys if k in params) or params.get("strategy.name", "?")
 
 
 def load_runs(client, run_ids: list[str]) -> list[dict]:
@@ -34,10 +36,18 @@ def load_runs(client, run_ids: list[str]) -> list[dict]:
     runs = []
     for rid in run_ids:
         run = client.get_run(rid)
-        path = mlflow.artifacts.download_artifacts(run_id=rid, artifact_path="results.jsonl",
-                                                   tracking_uri=client._tracking_client.tracking_uri)
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-        runs.append({"run_id": rid, "params": run.data.params, "metrics": run.data.metrics, "rows": rows})
+        names = {a.path for a in client.list_artifacts(rid)}
+        if "results.jsonl" in names:
+            path = mlflow.artifacts.download_artifacts(run_id=rid, artifact_path="results.jsonl",
+                                                       tracking_uri=client._tracking_client.tracking_uri)
+            rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        else:  # a run still going (or stopped): the trajectories logged as each task finished
+            path = mlflow.artifacts.download_artifacts(run_id=rid, artifact_path="tasks",
+                                                       tracking_uri=client._tracking_client.tracking_uri) \
+                if "tasks" in names else None
+            rows = [json.loads(p.read_text()) for p in sorted(Path(path).glob("*.json"))] if path else []
+        runs.append({"run_id": rid, "params": run.data.params, "metrics": run.data.metrics, "rows": rows,
+                     "finished": run.info.status == "FINISHED"})
     return runs
 
 
@@ -46,9 +56,15 @@ def compare(runs: list[dict]) -> dict:
     varying = sorted(k for k in set().union(*(r["params"] for r in runs))
                      if not k.startswith(IGNORED_PARAMS)
                      and len({r["params"].get(k) for r in runs}) > 1)
-    # A config group whose name differs (model.name, strategy.name) speaks for the rest of its keys.
-    named = {k[: -len("name")] for k in varying if k.endswith(".name")}
-    varying = [k for k in varying if k.endswith(".name") or not k.startswith(tuple(named))]
+    # A config group whose name differs (model.name, strategy.name) speaks for the rest of its keys, unless
+    # a key also differs between runs of the same name (two reflection runs, one with a knob changed).
+    def within_same_name(k: str) -> bool:
+        name = k.rsplit(".", 1)[0] + ".name"
+        values: dict = {}
+        return any(values.setdefault(r["params"].get(name), r["params"].get(k)) != r["params"].get(k) for r in runs)
+
+    named = tuple(k[: -len("name")] for k in varying if k.endswith(".name"))
+    varying = [k for k in varying if k.endswith(".name") or not k.startswith(named) or within_same_name(k)]
     common = set.intersection(*({(row["task_id"], row["sample"]) for row in r["rows"]} for r in runs))
     out = {"varying": varying, "tasks": len({t for t, _ in common}), "runs": []}
     for r in runs:
@@ -58,14 +74,15 @@ def compare(runs: list[dict]) -> dict:
         firsts = [row["first_pass_round"] if row["passed"] else None for row in rows]
         decisions = Counter(a["decision"] for row in rows for a in row["attempts"])
         out["runs"].append({
-            "label": _label(r["params"], varying), "run_id": r["run_id"], "iters": iters,
+            "label": _label(r["params"], varying) + ("" if r["finished"] else " (unfinished)"),
+            "run_id": r["run_id"], "iters": iters,
             "pass@1_by_iter": [round(sum(f is not None and f <= k for f in firsts) / n, 4) for k in range(iters + 1)],
             "passed": sum(f is not None for f in firsts),
             "errors": sum(bool(row.get("error")) for row in rows),
             "decisions": dict(decisions),
             "prompt_tokens": sum(row.get("prompt_tokens", 0) for row in rows),
             "completion_tokens": sum(row.get("completion_tokens", 0) for row in rows),
-            "wall_s": r["metrics"].get("wall_s"),
+            "wall_s": r["metrics"].get("wall_s") if r["finished"] else None,
             "first_pass_round": {f"{row['task_id']}#{row['sample']}": f for row, f in zip(rows, firsts)},
         })
     return out

@@ -1,0 +1,56 @@
+"""flows.compare on a real MLflow store: a finished run (results.jsonl) beside one stopped half-way (only the
+per-task trajectories it logged as each task ended)."""
+from __future__ import annotations
+
+import json
+
+import mlflow
+
+from flows.compare import compare, load_runs, table
+
+
+def row(task: str, first: int | None, decisions: list[str]) -> dict:
+    return {"task_id": task, "sample": 0, "passed": first is not None, "first_pass_round": first, "error": None,
+            "prompt_tokens": 100, "completion_tokens": 10,
+            "attempts": [{"round": r, "decision": d} for r, d in enumerate(decisions)]}
+
+
+def test_compare_a_finished_run_with_a_stopped_one(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("cmp", artifact_location=(tmp_path / "artifacts").as_uri())
+    done = client.create_run(exp)
+    for k, v in {"strategy.name": "reflection", "iters": "2", "strategy.history_rounds": "1", "runner.workers": "8"}.items():
+        client.log_param(done.info.run_id, k, v)
+    rows = [row("Python/0", 0, ["tested"]), row("Python/1", 2, ["tested", "repeat", "tested"]),
+            row("Python/2", None, ["tested", "tested", "tested"])]
+    client.log_text(done.info.run_id, "\n".join(json.dumps(r) for r in rows) + "\n", "results.jsonl")
+    client.log_metric(done.info.run_id, "wall_s", 12.5)
+    client.set_terminated(done.info.run_id, "FINISHED")
+    stopped = client.create_run(exp)
+    for k, v in {"strategy.name": "react", "iters": "2", "strategy.max_turns": "12", "runner.workers": "24"}.items():
+        client.log_param(stopped.info.run_id, k, v)
+    for r in (row("Python/0", 1, ["tested", "tested"]), row("Python/2", None, ["tested", "tested", "tested"])):
+        client.log_dict(stopped.info.run_id, r, f"tasks/{r['task_id'].replace('/', '_')}.json")
+    client.set_terminated(stopped.info.run_id, "KILLED")
+
+    result = compare(load_runs(client, [done.info.run_id, stopped.info.run_id]))
+    assert result["tasks"] == 2 and result["varying"] == ["strategy.name"]  # runner.* and other knobs do not label
+    finished, unfinished = result["runs"]
+    assert finished["label"] == "strategy.name=reflection" and unfinished["label"] == "strategy.name=react (unfinished)"
+    assert finished["pass@1_by_iter"] == [0.5, 0.5, 0.5]  # Python/1 is not shared, so it does not count
+    assert unfinished["pass@1_by_iter"] == [0.0, 0.5, 0.5] and unfinished["wall_s"] is None
+    assert finished["decisions"] == {"tested": 4} and finished["wall_s"] == 12.5
+    text = table(result)
+    assert "| Python/0 | 0 | 1 |" in text and "Python/2 |" not in text  # only tasks some run fixed
+
+    # A knob that differs between two runs of the same strategy labels them apart.
+    again = client.create_run(exp)
+    for k, v in {"strategy.name": "reflection", "iters": "2", "strategy.history_rounds": "2"}.items():
+        client.log_param(again.info.run_id, k, v)
+    client.log_text(again.info.run_id, json.dumps(row("Python/0", 0, ["tested"])) + "\n", "results.jsonl")
+    client.set_terminated(again.info.run_id, "FINISHED")
+    labels = [r["label"] for r in compare(load_runs(client, [done.info.run_id, again.info.run_id,
+                                                              stopped.info.run_id]))["runs"]]
+    assert labels == ["strategy.history_rounds=1 strategy.name=reflection",
+                      "strategy.history_rounds=2 strategy.name=reflection", "strategy.name=react (unfinished)"]
