@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -30,22 +31,19 @@ def _label(params: dict, keys: list[str]) -> str:
 
 
 def load_runs(client, run_ids: list[str]) -> list[dict]:
-    import mlflow
-
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     runs = []
     for rid in run_ids:
         run = client.get_run(rid)
         names = {a.path for a in client.list_artifacts(rid)}
-        if "results.jsonl" in names:
-            path = mlflow.artifacts.download_artifacts(run_id=rid, artifact_path="results.jsonl",
-                                                       tracking_uri=client._tracking_client.tracking_uri)
-            rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-        else:  # a run still going (or stopped): the trajectories logged as each task finished
-            path = mlflow.artifacts.download_artifacts(run_id=rid, artifact_path="tasks",
-                                                       tracking_uri=client._tracking_client.tracking_uri) \
-                if "tasks" in names else None
-            rows = [json.loads(p.read_text()) for p in sorted(Path(path).glob("*.json"))] if path else []
+        with tempfile.TemporaryDirectory(prefix="fixlab-compare-") as tmp:
+            if "results.jsonl" in names:
+                text = Path(client.download_artifacts(rid, "results.jsonl", tmp)).read_text()
+                rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            elif "tasks" in names:  # a run still going (or stopped): the trajectories logged as each task ended
+                rows = [json.loads(p.read_text()) for p in sorted(Path(client.download_artifacts(rid, "tasks", tmp)).glob("*.json"))]
+            else:
+                rows = []
         runs.append({"run_id": rid, "params": run.data.params, "metrics": run.data.metrics, "rows": rows,
                      "finished": run.info.status == "FINISHED"})
     return runs
