@@ -5,7 +5,7 @@ with each round, tokens and time, and which tasks each run fixed.
     python -m flows.compare --sweep PARENT_RUN_ID        # every job of a -m sweep
     python -m flows.compare --sweep PARENT --json out.json
 
-Runs are labelled by the config keys that differ between them (e.g. `strategy.name=react`). Everything is
+Runs are labelled by what differs between them, as a sweep's plot labels its jobs (e.g. `strategy=react`). Everything is
 read back from MLflow (params, `results.jsonl`), so it works on any tracking store the runs were logged to. A run
 still going, or stopped, has no `results.jsonl` yet: its `tasks/*.json` trajectories (logged as each task ends)
 stand in, and it is labelled "(unfinished)".
@@ -20,15 +20,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from .tracking import RESUME_FREE_KEYS, tracking_uri
-
-# Keys that do not change results are not what tells runs apart.
-IGNORED_PARAMS = (*RESUME_FREE_KEYS, "cache")
-
-
-def _label(params: dict, keys: list[str]) -> str:
-    return " ".join(f"{k}={params[k]}" for k in keys if k in params) or params.get("strategy.name", "?")
-
+from .sweep import job_labels
+from .tracking import tracking_uri
 
 def load_runs(client, run_ids: list[str]) -> list[dict]:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -44,27 +37,16 @@ def load_runs(client, run_ids: list[str]) -> list[dict]:
                 rows = [json.loads(p.read_text()) for p in sorted(Path(client.download_artifacts(rid, "tasks", tmp)).glob("*.json"))]
             else:
                 rows = []
-        runs.append({"run_id": rid, "params": run.data.params, "metrics": run.data.metrics, "rows": rows,
-                     "finished": run.info.status == "FINISHED"})
+        runs.append({"run": run, "run_id": rid, "params": run.data.params, "metrics": run.data.metrics,
+                     "rows": rows, "finished": run.info.status == "FINISHED"})
     return runs
 
 
 def compare(runs: list[dict]) -> dict:
     """Per run, on the (task, sample) pairs every run has: pass@1 after each round and decision counts."""
-    varying = sorted(k for k in set().union(*(r["params"] for r in runs))
-                     if not k.startswith(IGNORED_PARAMS)
-                     and len({r["params"].get(k) for r in runs}) > 1)
-    # A config group whose name differs (model.name, strategy.name) speaks for the rest of its keys, unless
-    # a key also differs between runs of the same name (two reflection runs, one with a knob changed).
-    def within_same_name(k: str) -> bool:
-        name = k.rsplit(".", 1)[0] + ".name"
-        values: dict = {}
-        return any(values.setdefault(r["params"].get(name), r["params"].get(k)) != r["params"].get(k) for r in runs)
-
-    named = tuple(k[: -len("name")] for k in varying if k.endswith(".name"))
-    varying = [k for k in varying if k.endswith(".name") or not k.startswith(named) or within_same_name(k)]
+    labels = job_labels([r["run"] for r in runs])  # what sets each run apart, as the sweep plot says it
     common = set.intersection(*({(row["task_id"], row["sample"]) for row in r["rows"]} for r in runs))
-    out = {"varying": varying, "tasks": len({t for t, _ in common}), "runs": []}
+    out = {"tasks": len({t for t, _ in common}), "runs": []}
     for r in runs:
         rows = [row for row in r["rows"] if (row["task_id"], row["sample"]) in common]
         iters = int(r["params"].get("iters", 0))
@@ -72,7 +54,7 @@ def compare(runs: list[dict]) -> dict:
         firsts = [row["first_pass_round"] if row["passed"] else None for row in rows]
         decisions = Counter(a["decision"] for row in rows for a in row["attempts"])
         out["runs"].append({
-            "label": _label(r["params"], varying) + ("" if r["finished"] else " (unfinished)"),
+            "label": labels[r["run_id"]] + ("" if r["finished"] else " (unfinished)"),
             "run_id": r["run_id"], "iters": iters,
             "pass@1_by_iter": [round(sum(f is not None and f <= k for f in firsts) / n, 4) for k in range(iters + 1)],
             "passed": sum(f is not None for f in firsts),

@@ -71,15 +71,21 @@ def job_labels(children) -> dict[str, str]:
     groups: dict[str, list[str]] = {}
     for k in varying:
         groups.setdefault(k.split(".")[0] if "." in k else k, []).append(k)
+    def differs_within_name(g: str, k: str) -> bool:  # e.g. two reflection runs, one with a knob changed
+        seen: dict = {}
+        return any(seen.setdefault(r.data.params.get(f"{g}.name"), r.data.params.get(k)) != r.data.params.get(k)
+                   for r in children)
+
     labels = {}
     for r in children:
         parts = []
         for g, ks in groups.items():
-            # A config group (model, strategy...) is named by its `name`; its other keys follow from it.
+            # A config group (model, strategy...) is named by its `name`; its other keys follow from it,
+            # unless they also differ between runs of the same name.
             if f"{g}.name" in ks:
                 parts.append(f"{g}={r.data.params.get(f'{g}.name')}")
-            else:
-                parts += [f"{k}={r.data.params.get(k)}" for k in ks]
+                ks = [k for k in ks if k != f"{g}.name" and differs_within_name(g, k)]
+            parts += [f"{k}={r.data.params[k]}" for k in ks if k in r.data.params]
         labels[r.info.run_id] = " ".join(parts) or r.info.run_name
     return labels
 

@@ -28,16 +28,17 @@ def test_compare_a_finished_run_with_a_stopped_one(tmp_path):
     client.log_metric(done.info.run_id, "wall_s", 12.5)
     client.set_terminated(done.info.run_id, "FINISHED")
     stopped = client.create_run(exp)
-    for k, v in {"strategy.name": "react", "iters": "2", "strategy.max_turns": "12", "runner.workers": "24"}.items():
+    for k, v in {"strategy.name": "react", "iters": "2", "strategy.max_turns": "12", "runner.workers": "8"}.items():
         client.log_param(stopped.info.run_id, k, v)
     for r in (row("Python/0", 1, ["tested", "tested"]), row("Python/2", None, ["tested", "tested", "tested"])):
         client.log_dict(stopped.info.run_id, r, f"tasks/{r['task_id'].replace('/', '_')}.json")
     client.set_terminated(stopped.info.run_id, "KILLED")
 
     result = compare(load_runs(client, [done.info.run_id, stopped.info.run_id]))
-    assert result["tasks"] == 2 and result["varying"] == ["strategy.name"]  # runner.* and other knobs do not label
+    assert result["tasks"] == 2
     finished, unfinished = result["runs"]
-    assert finished["label"] == "strategy.name=reflection" and unfinished["label"] == "strategy.name=react (unfinished)"
+    # labelled as the sweep plot labels jobs: the strategy's name speaks for its other knobs
+    assert finished["label"] == "strategy=reflection" and unfinished["label"] == "strategy=react (unfinished)"
     assert finished["pass@1_by_iter"] == [0.5, 0.5, 0.5]  # Python/1 is not shared, so it does not count
     assert unfinished["pass@1_by_iter"] == [0.0, 0.5, 0.5] and unfinished["wall_s"] is None
     assert finished["decisions"] == {"tested": 4} and finished["wall_s"] == 12.5
@@ -46,11 +47,11 @@ def test_compare_a_finished_run_with_a_stopped_one(tmp_path):
 
     # A knob that differs between two runs of the same strategy labels them apart.
     again = client.create_run(exp)
-    for k, v in {"strategy.name": "reflection", "iters": "2", "strategy.history_rounds": "2"}.items():
+    for k, v in {"strategy.name": "reflection", "iters": "2", "strategy.history_rounds": "2", "runner.workers": "8"}.items():
         client.log_param(again.info.run_id, k, v)
     client.log_text(again.info.run_id, json.dumps(row("Python/0", 0, ["tested"])) + "\n", "results.jsonl")
     client.set_terminated(again.info.run_id, "FINISHED")
     labels = [r["label"] for r in compare(load_runs(client, [done.info.run_id, again.info.run_id,
                                                               stopped.info.run_id]))["runs"]]
-    assert labels == ["strategy.history_rounds=1 strategy.name=reflection",
-                      "strategy.history_rounds=2 strategy.name=reflection", "strategy.name=react (unfinished)"]
+    assert labels == ["strategy=reflection strategy.history_rounds=1",
+                      "strategy=reflection strategy.history_rounds=2", "strategy=react (unfinished)"]
