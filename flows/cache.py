@@ -23,7 +23,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENTS = REPO_ROOT / "agents"
 UNCACHED_BACKENDS = ("oracle", "scripted")
 # Model knobs that change speed, not output (greedy output is the same batched as alone).
-THROUGHPUT_KEYS = ("max_batch", "batch_window_ms", "gather_ms", "engine", "concurrency", "api_keys")
+THROUGHPUT_KEYS = ("max_batch", "batch_window_ms", "gather_ms", "engine", "concurrency", "api_keys", "threads",
+                   "batching", "skinny_matmul", "slots", "cache_ram_mib", "timeout_s")
 
 
 def default_cache_dir() -> Path:

@@ -5,7 +5,7 @@ from typing import Iterable
 
 from .base import Generation, GenRequest, Model, ModelUnavailable
 
-BACKENDS = ("transformers", "openai", "oracle", "scripted")
+BACKENDS = ("transformers", "llamacpp", "openai", "oracle", "scripted")
 
 
 def build_model(cfg: dict, tasks: Iterable = ()) -> Model:
@@ -22,6 +22,10 @@ def build_model(cfg: dict, tasks: Iterable = ()) -> Model:
         from .hf import TransformersModel
 
         return TransformersModel(cfg)
+    if backend == "llamacpp":
+        from .llamacpp import LlamaCppModel
+
+        return LlamaCppModel(cfg)
     if backend == "openai":
         from .openai_backend import OpenAIModel
 

@@ -28,6 +28,9 @@ class Generation:
     seconds: float = 0.0
     finish_reason: str = "stop"  # "stop" | "length"
     tool_calls: list[dict] = field(default_factory=list)
+    prefill_tokens: int | None = None  # prompt tokens actually computed (the rest came from a prefix cache)
+    draft_tokens: int = 0  # speculative decoding: tokens drafted ...
+    draft_accepted: int = 0  # ... and how many of them the model accepted
 
 
 class Model(Protocol):

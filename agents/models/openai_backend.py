@@ -116,9 +116,16 @@ class OpenAIModel:
                 text, finish = text[: text.find(s)], "stop"
         usage = d.get("usage") or {}
         calls = [c for c in (msg.get("tool_calls") or []) if isinstance(c, dict)]
-        return Generation(text=text, prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        timings = d.get("timings") or {}  # llama.cpp: prompt_n = tokens it prefilled, draft_n = drafted tokens
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        prefill = (int(timings["prompt_n"]) if "prompt_n" in timings
+                   else prompt_tokens - int(cached) if cached is not None else None)
+        return Generation(text=text, prompt_tokens=prompt_tokens,
                           completion_tokens=int(usage.get("completion_tokens") or 0), seconds=seconds,
-                          finish_reason="length" if finish == "length" else "stop", tool_calls=calls)
+                          finish_reason="length" if finish == "length" else "stop", tool_calls=calls,
+                          prefill_tokens=prefill, draft_tokens=int(timings.get("draft_n") or 0),
+                          draft_accepted=int(timings.get("draft_n_accepted") or 0))
 
     def close(self) -> None:
         self._client.close()

