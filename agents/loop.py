@@ -28,6 +28,7 @@ from pathlib import Path
 import jinja2
 
 from sandboxes import build_program
+from sandboxes.audit import audit_program, suspicion
 from sandboxes.base import Sandbox
 
 from .extract import extract_candidate, normalise
@@ -37,6 +38,9 @@ from .models.base import GenRequest, Model
 from .types import Attempt, ModelCall, Task, Trajectory
 
 PROMPTS = Path(__file__).parent / "prompts"
+# A closing fence followed by a newline. An opening fence carries a language tag (```python) in practice, so it
+# does not match; a bare opening fence after prose would end the answer early (it then counts as no_code).
+CODE_STOP = ("\n```\n",)
 STRATEGIES = ("single_shot", "reflection", "react")
 PROTOCOLS = ("tests", "docs", "hidden")
 SCHEDULES = ("auto", "constant", "resample", "rising", "falling")
@@ -58,6 +62,8 @@ class AgentConfig:
     seed: int = 0
     sample: int = 0  # index of an independent trajectory for the same task (pass@k)
     timeout_s: float = 10.0
+    audit_passes: bool = True  # re-run a pass with its return values checked (sandboxes/audit.py); flags only
+    strict: bool = False  # a pass the audit flags counts as a failure
     # techniques
     keep_task_context: bool = True  # add back the task's imports/helpers the answer leaves out
     check_signature: bool = True  # a renamed/reshaped entry point takes the syntax path
@@ -70,6 +76,7 @@ class AgentConfig:
     edge_case_hint: bool = False  # say when the failing input is an edge case (empty, zero, negative...)
     show_diff: bool = False  # show the candidate's diff against the buggy code in the feedback
     few_shot: int = 0  # worked bug-fix examples (agents/prompts/few_shot/) before the task; not for react
+    stop_after_code: bool = True  # end generation at the answer's closing ``` (the prose after it is thrown away)
     # reflection
     history_rounds: int = 1  # earlier (answer, feedback) pairs kept in the prompt (at least the last one)
     diagnose: bool = False  # ask for a one- or two-sentence diagnosis of the failing input before the code
@@ -182,10 +189,15 @@ class Context:
         except Exception as e:  # one failed request fails this round, not the run
             return ModelCall(messages=req.messages, output="", seconds=round(time.perf_counter() - t0, 3),
                              temperature=temperature, seed=seed, error=f"{type(e).__name__}: {e}")
-        return ModelCall(messages=req.messages, output=gen.text, prompt_tokens=gen.prompt_tokens,
+        text = gen.text
+        if CODE_STOP[0] in stop and gen.finish_reason == "stop" and text.count("```") % 2 == 1:
+            text += "\n```"  # put back the closing fence the stop string cut, so the answer reads whole
+        return ModelCall(messages=req.messages, output=text, prompt_tokens=gen.prompt_tokens,
                          completion_tokens=gen.completion_tokens,
                          seconds=round(gen.seconds or time.perf_counter() - t0, 3), temperature=temperature,
-                         seed=seed, tool_calls=list(getattr(gen, "tool_calls", None) or []))
+                         seed=seed, tool_calls=list(getattr(gen, "tool_calls", None) or []),
+                         prefill_tokens=gen.prefill_tokens, finish_reason=gen.finish_reason,
+                         draft_tokens=gen.draft_tokens, draft_accepted=gen.draft_accepted)
 
     def execute(self, attempt: Attempt) -> None:
         """Run the visible tests (what the agent learns) and, when they differ, the full test (the verdict)."""
@@ -196,9 +208,24 @@ class Context:
             attempt.result = visible
         else:
             attempt.result = self.sandbox.run(build_program(attempt.code, task.test), cfg.timeout_s)
-        attempt.notes["visible"] = visible.status
+        if attempt.result.passed and cfg.audit_passes:
+            self.audit(attempt)
+        attempt.notes["visible"] = attempt.visible_result.status
         attempt.notes["verdict"] = attempt.result.status
         self.ensure_feedback(attempt)
+
+    def audit(self, attempt: Attempt) -> None:
+        """A pass whose returned values are not plain builtins (a lying __eq__) is flagged; strict fails it."""
+        task, cfg = self.task, self.cfg
+        audit = self.sandbox.run(audit_program(attempt.code, task.test, task.entry_point), cfg.timeout_s)
+        attempt.suspicious = suspicion(audit)
+        if attempt.suspicious and cfg.strict:
+            failed = dataclasses.replace(attempt.result, status="failed", error_type="SuspiciousReturn",
+                                         failing_line=None, stderr=f"strict: {attempt.suspicious}",
+                                         details={**attempt.result.details, "suspicious": attempt.suspicious})
+            if attempt.visible_result is attempt.result:
+                attempt.visible_result = failed
+            attempt.result = failed
 
     def ensure_feedback(self, attempt: Attempt) -> None:
         """Feedback on a failed visible run; computed on every round (also the last: a continuation reads it)."""
@@ -355,7 +382,7 @@ class Strategy:
         return State(messages=first, prefix=len(first))
 
     def produce(self, state: State, rnd: int) -> Attempt:
-        call = self.ctx.call(self.messages(state), rnd)
+        call = self.ctx.call(self.messages(state), rnd, stop=CODE_STOP if self.ctx.cfg.stop_after_code else ())
         attempt = Attempt(round=rnd, decision="tested", calls=[call])
         if call.error:
             attempt.decision = "model_error"

@@ -16,7 +16,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from .loop import Context, State, Strategy, render
+from .loop import CODE_STOP, Context, State, Strategy, render
 from .types import Attempt, ModelCall
 
 _TOOL_CALL_TEXT = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)
@@ -128,7 +128,7 @@ class ReactStrategy(Strategy):
         while state.turns + len(attempt.calls) < cfg.max_turns:
             turn = state.turns + len(attempt.calls)
             call = ctx.call(state.messages + turn_msgs, rnd, turn, tools=self.tools,
-                            stop=() if self.native else TEXT_STOP)
+                            stop=(() if self.native else TEXT_STOP) + (CODE_STOP if cfg.stop_after_code else ()))
             attempt.calls.append(call)
             if call.error:
                 attempt.decision = "model_error"

@@ -67,6 +67,10 @@ class ModelCall:
     seed: int | None = None
     error: str | None = None
     tool_calls: list[dict] = field(default_factory=list)  # parsed native tool calls (react)
+    prefill_tokens: int | None = None  # prompt tokens the backend computed (None: it does not say; = prompt_tokens)
+    finish_reason: str = "stop"  # "length": the answer hit max_new_tokens
+    draft_tokens: int = 0
+    draft_accepted: int = 0
 
 
 @dataclass
@@ -93,6 +97,7 @@ class Attempt:
     calls: list[ModelCall] = field(default_factory=list)
     seconds: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict)
+    suspicious: str | None = None  # why the pass looks gamed (sandboxes/audit.py); None = clean or not a pass
 
     @property
     def passed(self) -> bool:
@@ -130,11 +135,35 @@ class Trajectory:
     def completion_tokens(self) -> int:
         return sum(c.completion_tokens for a in self.attempts for c in a.calls)
 
+    @property
+    def suspicious(self) -> str | None:
+        """Why the passing attempt looks gamed (a returned value whose == cannot be trusted), else None."""
+        for a in self.attempts:
+            if a.passed:
+                return a.suspicious
+        return None
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(c.prompt_tokens if c.prefill_tokens is None else c.prefill_tokens
+                   for a in self.attempts for c in a.calls)
+
+    @property
+    def model_calls(self) -> int:
+        return sum(len(a.calls) for a in self.attempts)
+
+    @property
+    def length_stops(self) -> int:
+        """Answers cut at max_new_tokens (rambling)."""
+        return sum(c.finish_reason == "length" for a in self.attempts for c in a.calls)
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["passed"] = self.passed
         d["prompt_tokens"] = self.prompt_tokens
         d["completion_tokens"] = self.completion_tokens
+        d["prefill_tokens"] = self.prefill_tokens
+        d["suspicious"] = self.suspicious
         return d
 
     @classmethod

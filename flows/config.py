@@ -80,6 +80,8 @@ def settings_from(cfg: dict) -> JobSettings:
         max_new_tokens=_int(cfg, "max_new_tokens", 1),
         seed=_int(cfg, "seed", 0),
         timeout_s=_num(sandbox, "timeout_s", 0.001, "sandbox.timeout_s"),
+        audit_passes=_bool({"sandbox.audit": sandbox.get("audit", True)}, "sandbox.audit"),
+        strict=_bool({"sandbox.strict": sandbox.get("strict", False)}, "sandbox.strict"),
         **{k: v for k, v in strategy.items() if k in known and k not in ("strategy",)},
     )
     try:

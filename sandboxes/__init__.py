@@ -8,7 +8,7 @@ from .program import IMPORT_HELPER, build_program
 def make_sandbox(cfg: dict) -> Sandbox:
     """Build the backend named by cfg["backend"] (conf/sandbox/*.yaml)."""
     backend = cfg.get("backend", "local")
-    opts = {k: v for k, v in cfg.items() if k not in ("backend", "timeout_s")}
+    opts = {k: v for k, v in cfg.items() if k not in ("backend", "timeout_s", "audit", "strict")}  # caller's keys
     if backend == "local":
         from .local import LocalSandbox
 

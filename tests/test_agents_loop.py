@@ -34,6 +34,15 @@ def last_user(req) -> str:
     return req.messages[-1]["content"]
 
 
+def test_answers_end_at_the_closing_fence_which_is_put_back():
+    # what a backend returns when the stop string cut the answer: the code without its closing fence
+    traj, model = run(["```python\n" + FIX.rstrip("\n")], strategy="single_shot", iters=0)
+    assert model.requests[0].stop == ("\n```\n",)
+    assert traj.attempts[0].calls[0].output.endswith(FIX.rstrip("\n") + "\n```") and traj.passed
+    _, model = run([fenced(FIX)], strategy="single_shot", iters=0, stop_after_code=False)
+    assert model.requests[0].stop == ()
+
+
 def test_public_names():
     assert STRATEGIES == ("single_shot", "reflection", "react") and PROTOCOLS == ("tests", "docs", "hidden")
 

@@ -45,7 +45,8 @@ def test_text_actions_test_then_submit():
     obs = model.requests[1].messages[-1]
     assert obs["role"] == "user" and obs["content"].startswith("Observation:\nThe tests failed.")
     assert "returned 0.5 - 1.0" not in obs["content"] and "`truncate_number(3.5)` returned -0.5" in obs["content"]
-    assert model.requests[0].stop == ("\nObservation:",) and model.requests[0].tools is None
+    # the model never writes the observation itself, and its answer ends at the closing fence
+    assert model.requests[0].stop == ("\nObservation:", "\n```\n") and model.requests[0].tools is None
     assert "Action: run_tests" in model.requests[0].messages[0]["content"]
 
 
