@@ -20,8 +20,10 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from .stats import paired, wilson
 from .sweep import job_labels
 from .tracking import tracking_uri
+
 
 def load_runs(client, run_ids: list[str]) -> list[dict]:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -57,6 +59,7 @@ def compare(runs: list[dict]) -> dict:
             "label": labels[r["run_id"]] + ("" if r["finished"] else " (unfinished)"),
             "run_id": r["run_id"], "iters": iters,
             "pass@1_by_iter": [round(sum(f is not None and f <= k for f in firsts) / n, 4) for k in range(iters + 1)],
+            "pass@1_ci95": [round(x, 4) for x in wilson(sum(f is not None for f in firsts), len(rows))],
             "passed": sum(f is not None for f in firsts),
             "errors": sum(bool(row.get("error")) for row in rows),
             "decisions": dict(decisions),
@@ -65,20 +68,54 @@ def compare(runs: list[dict]) -> dict:
             "wall_s": r["metrics"].get("wall_s") if r["finished"] else None,
             "first_pass_round": {f"{row['task_id']}#{row['sample']}": f for row, f in zip(rows, firsts)},
         })
+    out["paired"] = paired_verdicts(out["runs"])
+    return out
+
+
+def paired_verdicts(runs: list[dict]) -> list[dict]:
+    """Each run against the first, on the shared tasks: after the last round and after each round both have."""
+    if len(runs) < 2:
+        return []
+    base = runs[0]
+    keys = sorted(base["first_pass_round"])
+    out = []
+    for other in runs[1:]:
+        rounds = min(base["iters"], other["iters"]) + 1
+        per_round = []
+        for k in range(rounds):
+            a = [other["first_pass_round"][t] is not None and other["first_pass_round"][t] <= k for t in keys]
+            b = [base["first_pass_round"][t] is not None and base["first_pass_round"][t] <= k for t in keys]
+            per_round.append(paired(a, b))
+        a_all = [other["first_pass_round"][t] is not None for t in keys]
+        b_all = [base["first_pass_round"][t] is not None for t in keys]
+        final = paired(a_all, b_all)
+        out.append({"a": other["label"], "b": base["label"], "diff": round(final.diff, 4),
+                    "ci95": [round(final.low, 4), round(final.high, 4)], "only_a": final.only_a,
+                    "only_b": final.only_b, "p_value": round(final.p_value, 6),
+                    "verdict": final.verdict(other["label"], base["label"]),
+                    "by_round": [{"round": k, "diff": round(p.diff, 4), "ci95": [round(p.low, 4), round(p.high, 4)],
+                                  "only_a": p.only_a, "only_b": p.only_b, "p_value": round(p.p_value, 6)}
+                                 for k, p in enumerate(per_round)]})
     return out
 
 
 def table(result: dict) -> str:
     runs = result["runs"]
     rounds = max(r["iters"] for r in runs) + 1
-    head = ["run", *(f"r{k}" for k in range(rounds)), "passed", "tokens in/out", "wall s", "decisions"]
+    head = ["run", *(f"r{k}" for k in range(rounds)), "passed", "95% CI", "tokens in/out", "wall s", "decisions"]
     lines = [f"{result['tasks']} common tasks", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         curve = [f"{p:.3f}" for p in r["pass@1_by_iter"]] + [""] * (rounds - len(r["pass@1_by_iter"]))
         dec = ", ".join(f"{k} {v}" for k, v in sorted(r["decisions"].items()))
         wall = f"{r['wall_s']:.0f}" if r["wall_s"] is not None else "-"
-        lines.append("| " + " | ".join([r["label"], *curve, str(r["passed"]),
+        ci = f"{r['pass@1_ci95'][0]:.3f}-{r['pass@1_ci95'][1]:.3f}"
+        lines.append("| " + " | ".join([r["label"], *curve, str(r["passed"]), ci,
                                          f"{r['prompt_tokens']}/{r['completion_tokens']}", wall, dec]) + " |")
+    if result.get("paired"):
+        lines += ["", f"paired on the {result['tasks']} common tasks (95% CI of the difference: Newcombe; p: exact McNemar):"]
+        for p in result["paired"]:
+            rounds_txt = ", ".join(f"r{x['round']} {x['diff'] * 100:+.1f} (p={x['p_value']:.3g})" for x in p["by_round"])
+            lines += [f"- {p['verdict']}", f"  per round: {rounds_txt}"]
     keys = sorted(runs[0]["first_pass_round"])
     fixed_by_some = [k for k in keys if any(r["first_pass_round"][k] is not None for r in runs)]
     lines += ["", "first passing round per task (- = never), tasks some run fixed:",

@@ -27,6 +27,7 @@ from sandboxes import SandboxUnavailable, make_sandbox
 
 from .cache import TrajectoryCache, default_cache_dir
 from .config import ConfigError, JobSettings, settings_from
+from .stats import interval
 from .tracking import FLOW_INPUTS, MLRUNS, RunTracker, safe_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -260,8 +261,23 @@ def summarize(trajs: list[Trajectory], tasks: list[Task], settings: JobSettings)
         "pass@1_by_iter": curve,
         "errors": sum(1 for t in trajs if t.error),
         "prompt_tokens": sum(t.prompt_tokens for t in trajs),
+        "prefill_tokens": sum(t.prefill_tokens for t in trajs),
         "completion_tokens": sum(t.completion_tokens for t in trajs),
+        "model_calls": sum(t.model_calls for t in trajs),
+        "sandbox_runs": sum(a.decision in ("tested", "submitted") and a.result is not None for t in trajs
+                            for a in t.attempts),
+        "length_stops": sum(t.length_stops for t in trajs),
+        "suspicious": sum(1 for t in trajs if t.passed and t.suspicious),
+        "draft_tokens": sum(c.draft_tokens for t in trajs for a in t.attempts for c in a.calls),
+        "draft_accepted": sum(c.draft_accepted for t in trajs for a in t.attempts for c in a.calls),
     }
+    per_task = [sum(t.passed for t in by_task.get(task.task_id, [])) / n for task in tasks]
+    (low, high), method = interval(per_task)
+    summary["pass@1_ci95"] = [round(low, 4), round(high, 4)]
+    summary["ci_method"] = method
+    summary["pass@1_ci95_by_iter"] = [
+        [round(x, 4) for x in interval([sum(t.passed_by_round(r) for t in by_task.get(task.task_id, [])) / n
+                                        for task in tasks])[0]] for r in range(iters + 1)]
     if n > 1:
         summary["pass@k"] = {k: round(sum(pass_at_k(n, sum(t.passed for t in by_task.get(task.task_id, [])), k)
                                           for task in tasks) / total, 6) for k in (1, 2, 5, 10, 100) if k <= n}

@@ -185,8 +185,15 @@ class RunTracker:
         metrics = [Metric("pass_at_1", summary["pass@1"], now, 0)]
         for r, v in enumerate(summary["pass@1_by_iter"]):
             metrics.append(Metric("pass_at_1_by_iter", v, now, r))
-        for key in ("passed", "total", "errors", "prompt_tokens", "completion_tokens", "wall_s"):
-            metrics.append(Metric(key, float(summary[key]), now, 0))
+        for key in ("passed", "total", "errors", "prompt_tokens", "prefill_tokens", "completion_tokens", "model_calls",
+                    "sandbox_runs", "length_stops", "draft_tokens", "draft_accepted", "suspicious", "wall_s"):
+            if key in summary:
+                metrics.append(Metric(key, float(summary[key]), now, 0))
+        if "pass@1_ci95" in summary:
+            metrics += [Metric("pass_at_1_ci_low", summary["pass@1_ci95"][0], now, 0),
+                        Metric("pass_at_1_ci_high", summary["pass@1_ci95"][1], now, 0)]
+        for r, (lo, hi) in enumerate(summary.get("pass@1_ci95_by_iter", [])):
+            metrics += [Metric("pass_at_1_by_iter_ci_low", lo, now, r), Metric("pass_at_1_by_iter_ci_high", hi, now, r)]
         for k, v in summary.get("pass@k", {}).items():
             metrics.append(Metric(f"pass_at_{k}", v, now, 0))
         for bug_type, v in summary.get("pass@1_by_bug_type", {}).items():

@@ -1,0 +1,102 @@
+"""End-to-end speed of the default job: the real 1.5B pack, the default strategy, 30 fixed tasks outside the
+tuning sample (Python/0-23), one configuration per row, run one after another on a quiet machine.
+
+Each row is a real `python -m flows.evaluate` with an empty trajectory cache and its own MLflow store, so rows
+never share work. For each row: tasks/min, wall time, prompt tokens sent and actually prefilled, completion
+tokens and completion tokens/s of wall time, answers cut at max_new_tokens, drafts accepted, and pass@1.
+
+    .venv/bin/python benchmarks/endtoend.py                      # every row on all 30 tasks
+    .venv/bin/python benchmarks/endtoend.py --rows llamacpp,llamacpp-stock --tasks 10
+    .venv/bin/python benchmarks/endtoend.py --strategy react --rows llamacpp
+
+Writes benchmarks/results/endtoend-<strategy>-<UTC time>.json and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Every 5th task from Python/25, plus the last two: 30 tasks, none from the tuning sample Python/0-23.
+TASKS = [f"Python/{i}" for i in range(25, 164, 5)] + ["Python/162", "Python/163"]
+ROWS = {
+    # fixlab's transformers engine as it was before this work: float32 weights, no prefix reuse, no drafts
+    "engine-today": ["model=qwen1.5b-coder-q4", "strategy.stop_after_code=false"],
+    "engine+stop": ["model=qwen1.5b-coder-q4"],
+    # llama.cpp as a user would start it (no stop at the closing fence), then with fixlab's settings
+    "llamacpp-stock": ["model=qwen1.5b-coder-q4-llamacpp", "strategy.stop_after_code=false"],
+    "llamacpp": ["model=qwen1.5b-coder-q4-llamacpp"],
+    "llamacpp+ngram": ["model=qwen1.5b-coder-q4-llamacpp", "model.speculative=ngram"],
+}
+
+
+def run_row(name: str, overrides: list[str], tasks: list[str], strategy: str, work: Path) -> dict:
+    ids = "[" + ",".join(f"'{t}'" for t in tasks) + "]"
+    cmd = [sys.executable, "-m", "flows.evaluate", f"tracking.uri=sqlite:///{work}/mlflow.db",
+           f"tracking.artifacts={work}/artifacts", f"cache_dir={work}/cache", f"hydra.run.dir={work}/out",
+           f"strategy={strategy}", f"dataset.task_ids={ids}", "cache=false", *overrides]
+    env = dict(os.environ, PREFECT_HOME=str(work / "prefect"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    lines = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return {"row": name, "error": (p.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+    s = lines[-1]
+    return {
+        "row": name, "overrides": overrides, "tasks": s["total"], "wall_s": round(wall, 1),
+        "tasks_per_min": round(s["total"] / wall * 60, 3), "pass@1": s["pass@1"], "passed": s["passed"],
+        "pass@1_ci95": s.get("pass@1_ci95"), "pass@1_by_iter": s["pass@1_by_iter"],
+        "prompt_tokens": s["prompt_tokens"], "prefill_tokens": s.get("prefill_tokens"),
+        "completion_tokens": s["completion_tokens"],
+        "completion_tok_per_s": round(s["completion_tokens"] / wall, 2), "length_stops": s.get("length_stops"),
+        "model_calls": s.get("model_calls"), "draft_tokens": s.get("draft_tokens"),
+        "draft_accepted": s.get("draft_accepted"), "errors": s["errors"],
+    }
+
+
+def table(rows: list[dict]) -> str:
+    head = "| row | tasks | wall s | tasks/min | prompt sent / prefilled | completion (tok/s) | cut at max | pass@1 |"
+    out = [head, "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['row']} | failed: {r['error']} |||||||")
+            continue
+        out.append(f"| {r['row']} | {r['tasks']} | {r['wall_s']:.0f} | {r['tasks_per_min']:.2f} | "
+                   f"{r['prompt_tokens']} / {r['prefill_tokens']} | {r['completion_tokens']} "
+                   f"({r['completion_tok_per_s']:.1f}) | {r['length_stops']} | {r['pass@1']:.3f} ({r['passed']}) |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from: {', '.join(ROWS)}")
+    ap.add_argument("--tasks", type=int, default=len(TASKS), help="the first N of the 30 fixed tasks")
+    ap.add_argument("--strategy", default="reflection")
+    args = ap.parse_args()
+    names = [r for r in args.rows.split(",") if r]
+    unknown = [r for r in names if r not in ROWS]
+    if unknown:
+        sys.exit(f"error: unknown row(s) {', '.join(unknown)}: use {', '.join(ROWS)}")
+    tasks = TASKS[: max(1, min(args.tasks, len(TASKS)))]
+    rows = []
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix="fixlab-e2e-") as work:
+            rows.append(run_row(name, ROWS[name], tasks, args.strategy, Path(work)))
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    out = REPO / "benchmarks" / "results" / f"endtoend-{args.strategy}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    out.write_text(json.dumps({"strategy": args.strategy, "task_ids": tasks, "rows": rows,
+                               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}, indent=1))
+    print(table(rows))
+    print(f"wrote {out.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
