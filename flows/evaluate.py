@@ -27,6 +27,7 @@ from sandboxes import SandboxUnavailable, make_sandbox
 
 from .cache import TrajectoryCache, default_cache_dir
 from .config import ConfigError, JobSettings, settings_from
+from .prefect_api import ensure_prefect_api, stop_prefect_api
 from .stats import interval
 from .tracking import FLOW_INPUTS, MLRUNS, RunTracker, safe_name
 
@@ -215,24 +216,6 @@ def check_runner(runner: dict) -> None:
                           f"start one with `dask scheduler` (flows/README.md)") from None
 
 
-_api_server = None
-
-
-def share_prefect_api() -> None:
-    """Dask worker processes report their task runs to the Prefect API; without PREFECT_API_URL each would
-    start its own temporary server (12-25 s each). Start this process's temporary server now and hand its
-    address to the workers through the environment they inherit."""
-    global _api_server
-    if os.environ.get("PREFECT_API_URL"):
-        return
-    from prefect.server.api.server import SubprocessASGIServer
-
-    if _api_server is None:
-        _api_server = SubprocessASGIServer()  # the same instance the flow's own temporary client uses
-        _api_server.start(timeout=int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")))
-    os.environ["PREFECT_API_URL"] = _api_server.api_url
-
-
 # ---------------------------------------------------------------- metrics
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k estimator (Chen et al. 2021) for n samples of which c passed."""
@@ -374,8 +357,7 @@ def run_job(cfg: dict) -> dict:
     status = "FAILED"
     try:
         if jobs:
-            if settings.runner.get("name") == "dask":
-                share_prefect_api()
+            ensure_prefect_api()  # a temporary server that dies with the job, unless PREFECT_API_URL is set
             flow = make_flow(portable=settings.runner.get("name") == "dask").with_options(
                 task_runner=task_runner(settings.runner))
             FLOW_INPUTS[run_id] = (jobs, settings, tasks, on_done)
@@ -468,12 +450,37 @@ def check_overrides(argv: list[str]) -> str | None:
     return None
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM stops a job as Ctrl-C does: the run is marked KILLED and `resume=last` continues it."""
+    import signal
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop is enough
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def stop_now(code: int) -> None:
+    """Leave at once: worker threads still inside a task would hold a normal exit until their task ends (minutes
+    for a model call). Every finished task is already on disk and the run is already marked, so nothing is lost."""
+    stop_prefect_api()
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
     problem = check_overrides(sys.argv[1:]) if not any(a in ("-h", "--help", "--cfg", "-c", "--info") for a in sys.argv) else None
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
+    stop_on_sigterm()
     try:
         main()
+    except KeyboardInterrupt:
+        print("fixlab: stopped; the run is marked KILLED and `resume=last` continues it", file=sys.stderr)
+        stop_now(130)
     finally:
         close_contexts()
+        stop_prefect_api()

@@ -13,6 +13,7 @@ import sys
 import time
 
 import mlflow
+import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import REPO, base_env, needs_data
@@ -99,3 +100,59 @@ def test_resume_with_other_settings_is_one_line_error(tmp_path):
     # ... the model may not.
     with pytest.raises(ConfigError, match=r"config differs from that run's at model.name \('canonical' there, 'buggy' now\)"):
         RunTracker(tracking).start("r", {**cfg, "model": {"name": "buggy"}}, {}, resume_run_id=run_id)
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out |= {int(c) for c in open(f"/proc/{pid}/task/{task}/children").read().split()}
+        except OSError:
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return not open(f"/proc/{pid}/status").read().split("State:")[1].strip().startswith("Z")
+    except (OSError, IndexError):
+        return False
+
+
+@needs_data
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_job_leaves_nothing_behind_and_resumes(tmp_path, sig):
+    """SIGTERM: out within 5 s, the run marked KILLED. SIGKILL: nobody can mark it, but the job's own temporary
+    Prefect server dies with it all the same. Either way `resume=last` finishes the run."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = [sys.executable, "-m", "flows.evaluate", f"tracking.uri={uri}", f"tracking.artifacts={tmp_path}/artifacts",
+           f"hydra.run.dir={tmp_path}/outputs", *ARGS]
+    env = base_env(tmp_path)  # no PREFECT_API_URL: the job starts its own temporary server
+    env["FIXLAB_TEST_TASK_DELAY_S"] = "1.5"
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    state = tmp_path / "state"
+    deadline = time.monotonic() + 240
+    while not (state.exists() and len(list(state.glob("*/tasks/*.json"))) >= 2):
+        assert proc.poll() is None, f"run ended before it could be stopped: {proc.stderr.read()[-2000:]}"
+        assert time.monotonic() < deadline, "no task finished in time"
+        time.sleep(0.2)
+    children = _children(proc.pid)
+    assert children, "the job should have started its temporary Prefect server"
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    rc = proc.wait(60)
+    took = time.monotonic() - t0
+    time.sleep(1.0)
+    assert [c for c in children if _alive(c)] == []  # the temporary server and the sandbox jails are gone
+    run_id = next(state.iterdir()).name
+    status = MlflowClient(uri).get_run(run_id).info.status
+    if sig == signal.SIGTERM:
+        assert rc == 130 and took < 5.0, (rc, took, proc.stderr.read()[-2000:])
+        assert status == "KILLED"
+    else:
+        assert status == "RUNNING"
+    env.pop("FIXLAB_TEST_TASK_DELAY_S")
+    p = subprocess.run([*cmd, "resume=last"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    resumed = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("{")))
+    assert resumed["run_id"] == run_id and resumed["passed"] == N
