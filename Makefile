@@ -6,7 +6,7 @@ STAMP := $(VENV)/.fixlab-installed
 ARGS ?=
 UI_PORT ?= 5000
 
-.PHONY: setup eval test test-fast ui nightly nightly-now bench clean-runs
+.PHONY: setup eval test ui nightly nightly-now clean-runs
 
 setup: $(STAMP)
 
