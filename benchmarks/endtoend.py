@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,12 +25,20 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 # Every 5th task from Python/25, plus the last two: 30 tasks, none from the tuning sample Python/0-23.
 TASKS = [f"Python/{i}" for i in range(25, 164, 5)] + ["Python/162", "Python/163"]
 ROWS = {
-    # fixlab's transformers engine as it was before this work: float32 weights, no prefix reuse, no drafts
-    "engine-today": ["model=qwen1.5b-coder-q4", "strategy.stop_after_code=false"],
-    "engine+stop": ["model=qwen1.5b-coder-q4"],
+    # fixlab's transformers engine as it was before the speed work: float32 weights, no prefix reuse, no fence stop
+    "engine-today": ["model=qwen1.5b-coder-q4", "model.dtype=float32", "model.prefix_cache_mib=0",
+                     "strategy.stop_after_code=false"],
+    # one technique at a time on top of engine-today
+    "engine+stop": ["model=qwen1.5b-coder-q4", "model.dtype=float32", "model.prefix_cache_mib=0"],
+    "engine+reuse": ["model=qwen1.5b-coder-q4", "model.dtype=float32", "strategy.stop_after_code=false"],
+    "engine+bf16": ["model=qwen1.5b-coder-q4", "model.dtype=bfloat16", "model.prefix_cache_mib=0",
+                    "strategy.stop_after_code=false"],
+    # everything on: the config's defaults (dtype auto = bf16 on CPUs with bf16 instructions, reuse, stop)
+    "engine": ["model=qwen1.5b-coder-q4"],
     # llama.cpp as a user would start it (no stop at the closing fence), then with fixlab's settings
     "llamacpp-stock": ["model=qwen1.5b-coder-q4-llamacpp", "strategy.stop_after_code=false"],
     "llamacpp": ["model=qwen1.5b-coder-q4-llamacpp"],
@@ -37,18 +46,29 @@ ROWS = {
 }
 
 
-def run_row(name: str, overrides: list[str], tasks: list[str], strategy: str, work: Path) -> dict:
+def run_row(name: str, overrides: list[str], tasks: list[str], strategy: str, work: Path,
+            timeout_s: float | None = None) -> dict:
     ids = "[" + ",".join(f"'{t}'" for t in tasks) + "]"
     cmd = [sys.executable, "-m", "flows.evaluate", f"tracking.uri=sqlite:///{work}/mlflow.db",
            f"tracking.artifacts={work}/artifacts", f"cache_dir={work}/cache", f"hydra.run.dir={work}/out",
            f"strategy={strategy}", f"dataset.task_ids={ids}", "cache=false", *overrides]
     env = dict(os.environ, PREFECT_HOME=str(work / "prefect"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGTERM)  # the job stops in seconds and marks its run KILLED
+        try:
+            p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+        return partial_row(name, overrides, work, time.perf_counter() - t0, len(tasks))
     wall = time.perf_counter() - t0
-    lines = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     if p.returncode != 0 or not lines:
-        return {"row": name, "error": (p.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+        return {"row": name, "error": (stderr.strip().splitlines() or ["no output"])[-1][:300]}
     s = lines[-1]
     return {
         "row": name, "overrides": overrides, "tasks": s["total"], "wall_s": round(wall, 1),
@@ -60,6 +80,17 @@ def run_row(name: str, overrides: list[str], tasks: list[str], strategy: str, wo
         "model_calls": s.get("model_calls"), "draft_tokens": s.get("draft_tokens"),
         "draft_accepted": s.get("draft_accepted"), "errors": s["errors"],
     }
+
+
+def partial_row(name: str, overrides: list[str], work: Path, wall: float, total: int) -> dict:
+    """A row stopped at its time limit: what the tasks that finished cost and scored (not a pass@1 of all)."""
+    done = [json.loads(f.read_text()) for f in work.glob("state/*/tasks/*.json")]
+    return {"row": name, "overrides": overrides, "stopped_at_s": round(wall, 1), "tasks_finished": len(done),
+            "tasks": total, "passed_of_finished": sum(bool(t.get("passed")) for t in done),
+            "prompt_tokens": sum(t.get("prompt_tokens", 0) for t in done),
+            "prefill_tokens": sum(t.get("prefill_tokens") or 0 for t in done),
+            "completion_tokens": sum(t.get("completion_tokens", 0) for t in done),
+            "error": f"stopped at the time limit ({wall:.0f} s) with {len(done)} of {total} tasks finished"}
 
 
 def table(rows: list[dict]) -> str:
@@ -75,11 +106,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def machine() -> dict:
+    """What the rows ran on: bf16 instructions decide the engine's dtype (auto), so they belong with the figures."""
+    from agents.models.hf import cpu_has_native_bf16
+
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                 platform.processor())
+    return {"cpus": os.cpu_count(), "cpu": model, "native_bf16": cpu_has_native_bf16(),
+            "platform": platform.platform()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from: {', '.join(ROWS)}")
     ap.add_argument("--tasks", type=int, default=len(TASKS), help="the first N of the 30 fixed tasks")
     ap.add_argument("--strategy", default="reflection")
+    ap.add_argument("--row-timeout-min", type=float, default=None,
+                    help="stop a row after this long (SIGTERM) and record the tasks it finished")
     args = ap.parse_args()
     names = [r for r in args.rows.split(",") if r]
     unknown = [r for r in names if r not in ROWS]
@@ -89,11 +132,12 @@ def main() -> None:
     rows = []
     for name in names:
         with tempfile.TemporaryDirectory(prefix="fixlab-e2e-") as work:
-            rows.append(run_row(name, ROWS[name], tasks, args.strategy, Path(work)))
+            rows.append(run_row(name, ROWS[name], tasks, args.strategy, Path(work),
+                                None if args.row_timeout_min is None else args.row_timeout_min * 60))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     out = REPO / "benchmarks" / "results" / f"endtoend-{args.strategy}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     out.write_text(json.dumps({"strategy": args.strategy, "task_ids": tasks, "rows": rows,
-                               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}, indent=1))
+                               "machine": machine()}, indent=1))
     print(table(rows))
     print(f"wrote {out.relative_to(REPO)}")
 

@@ -41,7 +41,8 @@ import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
-from agents.models.engine import BatchEngine, default_threads, use_skinny_matmul  # noqa: E402
+from agents.models.cores import usable_cores  # noqa: E402
+from agents.models.engine import BatchEngine, use_skinny_matmul  # noqa: E402
 from agents.models.hf import resolve_device, resolve_dtype  # noqa: E402
 
 CONFIGS = ROOT / "benchmarks" / "configs"
@@ -250,7 +251,7 @@ def main(argv=None) -> None:
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if device.type == "cpu":
-        torch.set_num_threads(args.threads or default_threads())
+        torch.set_num_threads(args.threads or usable_cores())
     archs = [a for a in (args.arch or ["deepseek-coder-1.3b-instruct", "Qwen2.5-Coder-0.5B-Instruct"]) if a != "none"]
     rng = random.Random(0)
     results = {"meta": {"device": str(device), "cpu_tuning": device.type == "cpu" and not args.no_skinny,

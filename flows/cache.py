@@ -24,7 +24,7 @@ AGENTS = REPO_ROOT / "agents"
 UNCACHED_BACKENDS = ("oracle", "scripted")
 # Model knobs that change speed, not output (greedy output is the same batched as alone).
 THROUGHPUT_KEYS = ("max_batch", "batch_window_ms", "gather_ms", "engine", "concurrency", "api_keys", "threads",
-                   "batching", "skinny_matmul", "slots", "cache_ram_mib", "timeout_s")
+                   "batching", "skinny_matmul", "slots", "cache_ram_mib", "timeout_s", "prefix_cache_mib")
 
 
 def default_cache_dir() -> Path:
@@ -42,11 +42,22 @@ def _agent_code_digest() -> str:
     return h.hexdigest()
 
 
+def model_identity(model: dict) -> dict:
+    """The model config keys that change answers, with `dtype: auto` replaced by what it resolves to here (bf16
+    or fp32 on a CPU depends on its instructions, so one config can mean two numerics on two machines)."""
+    ident = {k: v for k, v in model.items() if k not in THROUGHPUT_KEYS}
+    if ident.get("backend", "transformers") == "transformers" and str(ident.get("dtype") or "auto") == "auto":
+        from agents.models.hf import resolve_device, resolve_dtype
+
+        ident["dtype"] = str(resolve_dtype("auto", resolve_device(ident.get("device")))).replace("torch.", "")
+    return ident
+
+
 class TrajectoryCache:
     def __init__(self, root: Path, model: dict, agent, sandbox: dict):
         agent_knobs = {k: v for k, v in dataclasses.asdict(agent).items() if k not in ("iters", "sample")}
         ident = {
-            "model": {k: v for k, v in model.items() if k not in THROUGHPUT_KEYS},
+            "model": model_identity(model),
             "agent": agent_knobs,
             "sandbox": sandbox,
             "code": _agent_code_digest(),

@@ -1,4 +1,7 @@
-"""Batching engine and transformers backend on tiny randomly initialised real architectures (fp32, CPU)."""
+"""Batching engine and transformers backend on tiny randomly initialised real architectures (fp32, CPU).
+
+Exactness (batched = alone = transformers' generate) is a float32 property: in bf16 a row's last bits depend on
+the kernels its batch size picks, so these models are pinned to float32 (dtype auto may pick bf16 on this CPU)."""
 from __future__ import annotations
 
 import os
@@ -53,8 +56,9 @@ def run_concurrently(model, reqs):
 def tiny(request, tmp_path_factory):
     path = make_random_model(ARCHS[request.param](), tmp_path_factory.mktemp(request.param))
     batched = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(path), "max_batch": 3,
-                                 "gather_ms": 50})
-    single = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(path), "batching": False})
+                                 "gather_ms": 50, "dtype": "float32"})
+    single = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(path), "batching": False,
+                                "dtype": "float32"})
     yield batched, single
     batched.close()
     single.close()
@@ -265,3 +269,57 @@ def test_bad_logits_fail_only_the_sampled_row(tiny):
     out = run_concurrently(batched, [greedy, broken])
     assert out[0].text == want
     assert isinstance(out[1], RequestError) and "generation failed" in str(out[1])
+
+
+def test_prefix_reuse_gives_the_same_answers_and_prefills_only_the_new_turn(tiny):
+    """A second turn that repeats the first turn's conversation: with reuse on, only its new tokens are
+    prefilled, and the greedy answers (both turns, two conversations at once) equal those with reuse off."""
+    batched, _ = tiny
+
+    def engine(mib):
+        return BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256, max_batch=4,
+                           gather_ms=100, prefix_cache_mib=mib)
+
+    def two_turns(eng):
+        firsts = [msgs(k) for k in (1, 2)]
+        one = [eng.submit(GenRequest(messages=(), max_new_tokens=12), batched.prompt_ids(GenRequest(messages=m)))
+               for m in firsts]
+        answers = [f.result(120) for f in one]
+        seconds = [m + [{"role": "assistant", "content": a.text}, {"role": "user", "content": "Once more."}]
+                   for m, a in zip(firsts, answers)]
+        two = [eng.submit(GenRequest(messages=(), max_new_tokens=12), batched.prompt_ids(GenRequest(messages=m)))
+               for m in seconds]
+        return answers, [f.result(120) for f in two]
+
+    on, off = engine(64), engine(0)
+    try:
+        (first_on, second_on), (first_off, second_off) = two_turns(on), two_turns(off)
+    finally:
+        on.close()
+        off.close()
+    assert [g.text for g in first_on + second_on] == [g.text for g in first_off + second_off]
+    assert all(g.prefill_tokens == g.prompt_tokens for g in first_on + first_off + second_off)
+    for g, first in zip(second_on, first_on):
+        # at least the first turn's prompt came from the store; the new turn itself was computed
+        assert first.prompt_tokens <= g.prompt_tokens - g.prefill_tokens < g.prompt_tokens
+    assert on.stats["reused_tokens"] == sum(g.prompt_tokens - g.prefill_tokens for g in second_on) > 0
+    assert off.stats["reused_tokens"] == 0
+
+
+def test_prefix_store_keeps_the_longest_match_within_its_budget():
+    from agents.models.engine import PrefixStore
+
+    kv = lambda n: [(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4))]  # noqa: E731  32 bytes a token
+    store = PrefixStore(max_bytes=32 * 100, min_tokens=4)
+    store.put(list(range(40)), kv(40))
+    store.put(list(range(20)) + [99] * 30, kv(50))
+    n, got = store.longest(list(range(30)) + [7])
+    assert n == 30 and got[0][0].shape[2] == 40  # the 40-token sequence shares 30; the other only 20
+    assert store.longest([5, 6, 7, 8, 9])[0] == 0  # nothing in common
+    assert store.longest(list(range(3)) + [1])[0] == 0  # below min_tokens
+    assert store.longest(list(range(40)))[0] == 39  # the last prompt token is always fed
+    store.put(list(range(100, 130)), kv(30))  # 120 tokens > budget of 100: the least recently used goes
+    assert store.bytes <= 32 * 100
+    # the 50-token one was evicted (it would match 29 of these); the 40-token one still gives its 20 ...
+    assert store.longest(list(range(20)) + [99] * 10)[0] == 20
+    assert store.longest(list(range(30)) + [7])[0] == 30  # ... the recently used 40-token one stayed

@@ -20,7 +20,7 @@ from transformers import Qwen2Config  # noqa: E402
 
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
 from agents.models.openai_backend import OpenAIError, OpenAIModel  # noqa: E402
-from conftest import free_port  # noqa: E402
+from conftest import REPO, free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,8 @@ def bug(k: int = 1) -> list[dict]:
 def test_real_server_matches_local_greedy(server, tiny_dir):
     from agents.models.hf import TransformersModel
 
-    local = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(tiny_dir), "batching": False})
+    local = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(tiny_dir), "batching": False,
+                               "dtype": "float32"})
     remote = OpenAIModel({"name": "tiny-remote", "backend": "openai", "base_url": server + "/v1",
                           "model": str(tiny_dir), "max_concurrency": 2})
     try:
@@ -188,3 +189,77 @@ def test_timeout_is_retried(scripted):
 def test_config_needs_model_name():
     with pytest.raises(ModelUnavailable, match="has no `model`"):
         OpenAIModel({"name": "x", "backend": "openai", "base_url": "http://127.0.0.1:9/v1"})
+
+
+# ---- hosted presets (conf/model/*.yaml with api_key_required) ------------------------------------------------------
+def _hosted_presets() -> list[Path]:
+    from omegaconf import OmegaConf
+
+    cfgs = {p: OmegaConf.to_container(OmegaConf.load(p)) for p in sorted((REPO / "conf" / "model").glob("*.yaml"))}
+    return [p for p, c in cfgs.items() if c.get("backend") == "openai" and c.get("api_key_required")]
+
+
+HOSTED = _hosted_presets()
+
+
+def _preset(path: Path) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def test_hosted_presets_listed():
+    assert {p.stem for p in HOSTED} >= {"together-llama3.3-70b", "hf-router-llama3.3-70b", "openai-gpt-4o",
+                                        "openai-gpt-4o-mini"}
+    for p in HOSTED:
+        cfg = _preset(p)
+        assert cfg["name"] == p.stem and cfg["base_url"].startswith("https://") and cfg["api_key_env"]
+
+
+@pytest.mark.parametrize("preset", HOSTED, ids=lambda p: p.stem)
+def test_hosted_preset_missing_key_is_one_line(preset, monkeypatch):
+    from agents.models import build_model
+
+    cfg = _preset(preset)
+    var = cfg["api_key_env"]
+    monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv(cfg.get("api_keys_env", "API_KEYS"), raising=False)
+    with pytest.raises(ModelUnavailable) as e:
+        build_model(cfg)
+    msg = str(e.value)
+    assert var in msg and cfg["name"] in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("preset", HOSTED, ids=lambda p: p.stem)
+def test_hosted_preset_request_path(preset, server, tiny_dir, monkeypatch):
+    """The preset's own settings (concurrency, timeout, retries, key variable) against the local server."""
+    from agents.models import build_model
+
+    cfg = _preset(preset)
+    key = f"dummy-{preset.stem}"
+    monkeypatch.delenv(cfg.get("api_keys_env", "API_KEYS"), raising=False)
+    monkeypatch.setenv(cfg["api_key_env"], key)
+    m = build_model({**cfg, "base_url": server + "/v1", "model": str(tiny_dir)})
+    try:
+        assert isinstance(m, OpenAIModel) and m._next_key() == key
+        sent: list = []
+        m._client.event_hooks = {"request": [lambda r: sent.append(r.headers.get("authorization"))], "response": []}
+        g = m.generate(GenRequest(messages=bug(), max_new_tokens=10))
+        assert g.text.strip() and g.completion_tokens > 0
+        assert sent == [f"Bearer {key}"] and m.stats["retries"] == 0
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("preset", HOSTED, ids=lambda p: p.stem)
+def test_hosted_preset_passes_config_check(preset):
+    """`python -m flows.evaluate model=<preset> model.max_concurrency=16` composes and passes settings_from."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from flows.config import settings_from
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose(config_name="config", overrides=[f"model={preset.stem}", "model.max_concurrency=16"])
+    settings = settings_from(OmegaConf.to_container(cfg, resolve=True))
+    assert settings.model == {**_preset(preset), "max_concurrency": 16}

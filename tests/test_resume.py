@@ -121,9 +121,10 @@ def _alive(pid: int) -> bool:
 
 @needs_data
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_a_stopped_job_leaves_nothing_behind_and_resumes(tmp_path, sig):
+def test_a_stopped_job_leaves_nothing_behind_and_resumes(tmp_path, sig, prefect_api):
     """SIGTERM: out within 5 s, the run marked KILLED. SIGKILL: nobody can mark it, but the job's own temporary
-    Prefect server dies with it all the same. Either way `resume=last` finishes the run."""
+    Prefect server dies with it all the same. Either way `resume=last` finishes the run (against the session's
+    Prefect server: a second temporary one would only cost time)."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cmd = [sys.executable, "-m", "flows.evaluate", f"tracking.uri={uri}", f"tracking.artifacts={tmp_path}/artifacts",
            f"hydra.run.dir={tmp_path}/outputs", *ARGS]
@@ -152,6 +153,7 @@ def test_a_stopped_job_leaves_nothing_behind_and_resumes(tmp_path, sig):
     else:
         assert status == "RUNNING"
     env.pop("FIXLAB_TEST_TASK_DELAY_S")
+    env["PREFECT_API_URL"] = prefect_api
     p = subprocess.run([*cmd, "resume=last"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     resumed = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("{")))

@@ -12,7 +12,9 @@ from mlflow.tracking import MlflowClient
 
 from conftest import needs_data
 
-COMMON = ("model=smollm2-135m", "strategy=reflection", "dataset.limit=2", "max_new_tokens=48")
+# float32: the single run and the sweep batch their 2 tasks' requests differently, and only float32 makes a row's
+# answer independent of its batch (dtype auto may pick bf16 on CPUs with bf16 instructions).
+COMMON = ("model=smollm2-135m", "model.dtype=float32", "strategy=reflection", "dataset.limit=2", "max_new_tokens=48")
 
 
 def _rows(run, run_id, dest):

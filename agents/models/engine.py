@@ -14,16 +14,19 @@ How (continuous batching over a left-padded KV cache):
   does not depend on what it was batched with;
 - rows that hit EOS, a stop string or their max_new_tokens leave the batch at once (cache rows dropped,
   all-padding columns trimmed) and waiting requests fill the freed slots;
-- a failing forward (OOM...) is retried row by row so only the request that cannot run gets the error.
+- a failing forward (OOM...) is retried row by row so only the request that cannot run gets the error;
+- prefix reuse (`prefix_cache_mib` > 0): a finished row's KV cache is kept, keyed by its tokens, in an LRU under a
+  memory budget; a new request whose prompt starts with a kept sequence (a reflection round or react turn that
+  extends its conversation, a shared system prompt) prefills only the rest. In float32 the answer is the same
+  with reuse on and off (test); `Generation.prefill_tokens` says what was computed.
 """
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -50,6 +53,52 @@ class _Row:
     finish: str | None = None
     stop_window: int = 0  # how many trailing tokens can contain a stop string
     error: BaseException | None = None
+    reused: int = 0  # prompt tokens whose KV came from the prefix store
+
+
+class PrefixStore:
+    """KV caches of finished sequences keyed by their token ids; least recently used out past `max_bytes`.
+
+    A linear scan finds the longest shared prefix: the store holds tens of sequences, and one vectorised
+    comparison per entry costs microseconds against a prefill's seconds."""
+
+    def __init__(self, max_bytes: int, min_tokens: int = 16):
+        self.max_bytes, self.min_tokens = int(max_bytes), int(min_tokens)
+        self._entries: OrderedDict[int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], int]] = \
+            OrderedDict()
+        self._next = 0
+        self.bytes = 0
+
+    def put(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        if size > self.max_bytes or len(ids) < self.min_tokens:
+            return
+        self._entries[self._next] = (torch.tensor(ids, dtype=torch.long), kv, size)
+        self._next += 1
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_, _, freed) = self._entries.popitem(last=False)
+            self.bytes -= freed
+
+    def longest(self, ids: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """(n, kv): the most tokens of `ids` (at most len(ids) - 1: the last one must be fed for logits) that a
+        kept sequence starts with, and that sequence's KV; (0, None) below min_tokens."""
+        if not self._entries:
+            return 0, None
+        want = torch.tensor(ids[:-1], dtype=torch.long)
+        best, best_key = 0, None
+        for key, (have, _, _) in self._entries.items():
+            m = min(len(have), len(want))
+            if m <= best:
+                continue
+            diff = (have[:m] != want[:m]).nonzero()
+            n = int(diff[0]) if len(diff) else m
+            if n > best:
+                best, best_key = n, key
+        if best < self.min_tokens:
+            return 0, None
+        self._entries.move_to_end(best_key)
+        return best, self._entries[best_key][1]
 
 
 def _first_line(e: BaseException) -> str:
@@ -60,7 +109,7 @@ def _first_line(e: BaseException) -> str:
 class BatchEngine:
     def __init__(self, model, tokenizer, *, eos_ids: set[int], max_context: int, max_batch: int = 16,
                  gather_ms: float = 30.0, max_prefill_tokens: int = 8192, pad_id: int = 0,
-                 name: str = "engine"):
+                 name: str = "engine", prefix_cache_mib: float = 0):
         self.model = model
         self.tok = tokenizer
         self.eos_ids = set(eos_ids)
@@ -81,8 +130,9 @@ class BatchEngine:
         self._mask: torch.Tensor | None = None  # [B, T] 1 = real token
         self._pos: torch.Tensor | None = None  # [B] position id of the next token fed
         self._last: torch.Tensor | None = None  # [B] token to feed next
+        self.prefixes = PrefixStore(int(prefix_cache_mib * 2**20)) if prefix_cache_mib > 0 else None
         self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0,
-                      "prefill_s": 0.0, "decode_s": 0.0}
+                      "prefill_s": 0.0, "decode_s": 0.0, "prompt_tokens": 0, "reused_tokens": 0}
 
     # ---- caller side -------------------------------------------------------------------------------------------
     def submit(self, req: GenRequest, prompt_ids: list[int]) -> Future:
@@ -181,12 +231,14 @@ class BatchEngine:
                          use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()
 
-    def _prefill(self, rows: list[_Row]):
-        """One forward over rows' prompts (+ tokens generated so far, when recovering). Returns cache state."""
+    def _prefill(self, rows: list[_Row], prefix: tuple[int, list] | None = None):
+        """One forward over rows' prompts (+ tokens generated so far, when recovering). Returns cache state.
+        With `prefix` (n, kv), one row whose first n tokens' KV is kept: only the rest is fed."""
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
         seqs = [r.prompt_ids + r.out_ids for r in rows]
+        skip = prefix[0] if prefix else 0
         T = max(len(s) for s in seqs)
         ids = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), T), dtype=torch.long)
@@ -198,6 +250,12 @@ class BatchEngine:
         cache = DynamicCache(config=self.model.config)
         # Full-attention layers get room to grow in place (see _GrowingLayer); others keep their own logic.
         cache.layers = [_GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+        if skip:
+            if len(rows) != 1 or any(type(layer) is not type(_GrowingLayer()) for layer in cache.layers):
+                raise RequestError("prefix reuse needs one row and full-attention layers only")
+            for layer, (k, v) in zip(cache.layers, prefix[1]):
+                layer.update(k[:, :, :skip], v[:, :, :skip])
+            ids, pos = ids[:, skip:], pos[:, skip:]
         t0 = time.perf_counter()
         logits = self._forward(ids, mask, pos, cache)
         if self.device.type == "cuda":
@@ -242,7 +300,23 @@ class BatchEngine:
             row.future.set_exception(RequestError(f"generation failed: {_first_line(e)}"))
 
     def _admit(self, new: list[_Row]) -> None:
-        for rows, (cache, mask, pos, logits) in self._prefill_groups(new):
+        plain = []
+        for r in new:
+            self.stats["prompt_tokens"] += len(r.prompt_ids)
+            n, kv = self.prefixes.longest(r.prompt_ids) if self.prefixes is not None else (0, None)
+            if kv is None:
+                plain.append(r)
+                continue
+            try:  # alone: its cached part is unpadded, so it cannot share a left-padded prefill
+                cache, mask, pos, logits = self._prefill([r], prefix=(n, kv))
+            except Exception:  # e.g. a cache layout this model does not allow: compute it all
+                log.warning("prefix reuse failed; prefilling the whole prompt", exc_info=True)
+                plain.append(r)
+                continue
+            r.reused = n
+            self.stats["reused_tokens"] += n
+            self._merge([r], cache, mask, pos, self._sample([r], logits))
+        for rows, (cache, mask, pos, logits) in self._prefill_groups(plain):
             nxt = self._sample(rows, logits)
             self._merge(rows, cache, mask, pos, nxt)
         self._retire()
@@ -330,10 +404,11 @@ class BatchEngine:
         if not any(r.finish for r in self._rows):
             return
         keep = [i for i, r in enumerate(self._rows) if not r.finish]
-        for r in self._rows:
+        for i, r in enumerate(self._rows):
             if r.error is not None:
                 self._fail(r, r.error)
             elif r.finish:
+                self._keep_prefix(i, r)
                 self._complete(r)
         if not keep:
             self._reset_batch()
@@ -351,6 +426,18 @@ class BatchEngine:
                     _set_kv(layer, layer.keys[..., cut:, :], layer.values[..., cut:, :])
                 self._mask = self._mask[:, cut:]
 
+    def _keep_prefix(self, i: int, r: _Row) -> None:
+        """Copy row i's KV (its prompt and all but the last generated token: the last was never fed) into the
+        prefix store, so a follow-up turn that repeats this conversation prefills only what is new."""
+        if self.prefixes is None:
+            return
+        ids = r.prompt_ids + r.out_ids[:-1]
+        n = int(self._mask[i].sum())
+        if n != len(ids) or any(not hasattr(layer, "set") for layer in self._cache.layers):
+            return
+        self.prefixes.put(ids, [(layer.keys[i:i + 1, :, -n:].clone(), layer.values[i:i + 1, :, -n:].clone())
+                                for layer in self._cache.layers])
+
     def _complete(self, r: _Row) -> None:
         ids = r.out_ids
         if ids and ids[-1] in self.eos_ids:
@@ -364,7 +451,8 @@ class BatchEngine:
         if not r.future.done():
             r.future.set_result(Generation(
                 text=text, prompt_tokens=len(r.prompt_ids), completion_tokens=len(r.out_ids),
-                seconds=time.perf_counter() - r.t_submit, finish_reason=r.finish or "length"))
+                seconds=time.perf_counter() - r.t_submit, finish_reason=r.finish or "length",
+                prefill_tokens=len(r.prompt_ids) - r.reused))
 
 
 def _growing_layer_class():
@@ -443,17 +531,6 @@ def _left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
     shape = list(t.shape)
     shape[dim] = n
     return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-def default_threads() -> int:
-    """CPU threads for torch: the cores this process may use (cgroup/affinity aware), overridable."""
-    env = os.environ.get("FIXLAB_TORCH_THREADS")
-    if env:
-        return max(1, int(env))
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
 
 
 def _skinny_linear(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,13 +9,12 @@ prefills only the new turn. `prefill_tokens` reports what was actually computed.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 import socket
 import threading
 
 from .base import Generation, GenRequest, ModelUnavailable
+from .cores import claim_threads
 from .openai_backend import OpenAIModel
 
 log = logging.getLogger(__name__)
@@ -26,14 +25,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def default_threads() -> int:
-    """The cores this process may use (taskset / cgroup aware where the OS says so)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
 
 
 class LlamaCppModel:
@@ -48,7 +39,8 @@ class LlamaCppModel:
                                    "(or `make setup`)") from None
         slots = _positive(cfg, "slots", 8)
         ctx = _positive(cfg, "context_per_slot", 4096)
-        threads = cfg.get("threads") or default_threads()
+        self._cores = claim_threads(cfg.get("threads"))  # a fair share beside other fixlab model processes
+        threads = self._cores.threads
         spec = cfg.get("speculative", "none") or "none"
         if spec not in SPECULATIVE:
             raise ModelUnavailable(f"model.speculative={spec!r} is unknown: use one of {', '.join(SPECULATIVE)}")
@@ -73,6 +65,7 @@ class LlamaCppModel:
         try:
             self.server = xllamacpp.Server(p)
         except Exception as e:
+            self._cores.release()
             raise ModelUnavailable(f"llama.cpp could not load {gguf} ({type(e).__name__}: {e})") from None
         self.base_url = f"{self.server.listening_address}/v1"
         self.api = OpenAIModel({"name": self.name, "model": self.name, "base_url": self.base_url,
@@ -104,6 +97,7 @@ class LlamaCppModel:
             api = self.__dict__.pop("api", None)
         if api is not None:
             api.close()
+        self._cores.release()
         del server  # the server's destructor stops its threads and frees the model
 
 

@@ -2,9 +2,10 @@
 
 Thread-safe: agents call generate() from many threads; a semaphore caps requests in flight. Keys come from
 env API_KEYS=k1,k2,... (used in turn, so load spreads over keys and a rate-limited key is skipped for the next
-try) or from one env var (api_key_env, default OPENAI_API_KEY); local servers need none. 429, 5xx, timeouts
-and connection errors are retried with exponential backoff and jitter (honouring Retry-After); other errors
-fail at once with the server's message.
+try) or from one env var (api_key_env, default OPENAI_API_KEY); local servers need none, hosted presets set
+api_key_required so a missing key is one ModelUnavailable line up front. 429, 5xx, timeouts and connection
+errors are retried with exponential backoff and jitter (honouring Retry-After); other errors fail at once with
+the server's message.
 """
 from __future__ import annotations
 
@@ -37,9 +38,13 @@ class OpenAIModel:
             raise ModelUnavailable(f"openai model config {self.name!r} has no `model` (the server's model name)")
         self.base_url = str(cfg.get("base_url") or os.environ.get("OPENAI_BASE_URL") or
                             "https://api.openai.com/v1").rstrip("/")
-        keys = [k.strip() for k in os.environ.get(cfg.get("api_keys_env", "API_KEYS"), "").split(",") if k.strip()]
-        if not keys and os.environ.get(cfg.get("api_key_env", "OPENAI_API_KEY")):
-            keys = [os.environ[cfg.get("api_key_env", "OPENAI_API_KEY")]]
+        keys_env, key_env = cfg.get("api_keys_env", "API_KEYS"), cfg.get("api_key_env", "OPENAI_API_KEY")
+        keys = [k.strip() for k in os.environ.get(keys_env, "").split(",") if k.strip()]
+        if not keys and os.environ.get(key_env):
+            keys = [os.environ[key_env]]
+        if not keys and cfg.get("api_key_required", False):  # hosted presets; local servers need no key
+            raise ModelUnavailable(f"model {self.name} needs an API key: set {key_env} "
+                                   f"(or {keys_env}=k1,k2 for several)")
         self._keys = itertools.cycle(keys) if keys else None
         self._key_lock = threading.Lock()
         self.max_retries = int(cfg.get("max_retries", 6))

@@ -1,0 +1,95 @@
+"""Record full-size runs: read finished (or stopped) job runs back from MLflow and write their figures to
+benchmarks/results/fullsize-<name>-<UTC date>.json, then print the README's table rows.
+
+    .venv/bin/python benchmarks/fullsize.py RUN_ID [RUN_ID ...] --name default --command "make eval"
+
+Per run: pass@1 after each round with its 95% Wilson interval, the same on the tuning sample (Python/0-23, where
+prompts and knobs were shaped) and on the other 140 tasks apart, pass@1 by bug type, cost (tokens sent and
+prefilled, completion tokens, model calls, sandbox runs, answers cut at max_new_tokens, suspicious passes) and
+wall time. With several runs, each is paired against the first on their common tasks (flows.compare).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from flows.compare import compare, load_runs  # noqa: E402
+from flows.stats import wilson  # noqa: E402
+from flows.tracking import tracking_uri  # noqa: E402
+
+TUNING = {f"Python/{i}" for i in range(24)}  # the tuning sample: never report a claim from it alone
+COST = ("prompt_tokens", "prefill_tokens", "completion_tokens", "model_calls", "sandbox_runs", "length_stops",
+        "suspicious", "errors", "wall_s")
+
+
+def rate(rows: list[dict], rnd: int | None = None) -> dict:
+    """pass@1 (after round `rnd`, or at the end) of one sample per task, with its Wilson interval."""
+    ok = [r["first_pass_round"] is not None and (rnd is None or r["first_pass_round"] <= rnd) for r in rows]
+    lo, hi = wilson(sum(ok), len(ok))
+    return {"passed": sum(ok), "total": len(ok), "pass@1": round(sum(ok) / len(ok), 4) if ok else 0.0,
+            "ci95": [round(lo, 4), round(hi, 4)]}
+
+
+def record(run: dict) -> dict:
+    rows = [r for r in run["rows"] if r.get("sample", 0) == 0]
+    iters = int(run["params"].get("iters", 0))
+    by_bug = defaultdict(list)
+    for r in rows:
+        by_bug[r.get("bug_type") or "?"].append(r)
+    m = run["metrics"]
+    return {
+        "run_id": run["run_id"], "status": run["run"].info.status, "params": run["params"],
+        "overall": rate(rows), "by_round": [rate(rows, k) for k in range(iters + 1)],
+        "tuning_sample_0_23": rate([r for r in rows if r["task_id"] in TUNING]),
+        "other_tasks": rate([r for r in rows if r["task_id"] not in TUNING]),
+        "by_bug_type": {b: rate(rs) for b, rs in sorted(by_bug.items())},
+        "cost": {k: m[k] for k in COST if k in m},
+        "per_task_mean": {k: round(m[k] / len(rows), 1) for k in ("prompt_tokens", "completion_tokens", "model_calls",
+                                                                 "sandbox_runs", "wall_s") if k in m and rows},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_ids", nargs="+")
+    ap.add_argument("--name", required=True, help="what the runs are, for the file name (e.g. default, strategies)")
+    ap.add_argument("--command", default="", help="the command that made the runs, kept in the file")
+    ap.add_argument("--tracking-uri", default=tracking_uri({}))
+    args = ap.parse_args(argv)
+
+    import mlflow
+
+    runs = load_runs(mlflow.MlflowClient(args.tracking_uri), args.run_ids)
+    out = {"command": args.command, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "runs": [record(r) for r in runs]}
+    if len(runs) > 1:
+        cmp = compare(runs)
+        out["common_tasks"] = cmp["tasks"]
+        out["paired"] = cmp["paired"]
+    dest = REPO / "benchmarks" / "results" / f"fullsize-{args.name}-{time.strftime('%Y%m%d', time.gmtime())}.json"
+    dest.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {dest.relative_to(REPO)}")
+    for rec in out["runs"]:
+        p = rec["params"]
+        curve = " | ".join(f"{x['pass@1']:.3f}" for x in rec["by_round"])
+        o = rec["overall"]
+        print(f"| {p.get('model.name', '?')} {p.get('strategy.name', '?')} | {curve} | {o['passed']} / {o['total']} | {o['ci95'][0]:.3f}-{o['ci95'][1]:.3f} "
+              f"| {rec['cost'].get('prompt_tokens', 0):.0f} / {rec['cost'].get('prefill_tokens', 0):.0f} / "
+              f"{rec['cost'].get('completion_tokens', 0):.0f} | {rec['cost'].get('wall_s', 0) / 60:.1f} min |")
+        t, r = rec["tuning_sample_0_23"], rec["other_tasks"]
+        print(f"  tuning sample {t['passed']}/{t['total']}; other tasks {r['passed']}/{r['total']} "
+              f"({r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}); status {rec['status']}")
+    for p in out.get("paired", []):
+        print(f"- {p['verdict']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
