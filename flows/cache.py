@@ -19,13 +19,11 @@ from pathlib import Path
 
 from agents.types import Task, Trajectory
 
+from .neutral import without_neutral
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENTS = REPO_ROOT / "agents"
 UNCACHED_BACKENDS = ("oracle", "scripted")
-# Model knobs that change speed, not output (greedy output is the same batched as alone).
-THROUGHPUT_KEYS = ("max_batch", "batch_window_ms", "gather_ms", "engine", "concurrency", "api_keys", "threads",
-                   "batching", "skinny_matmul", "slots", "cache_ram_mib", "timeout_s", "prefix_cache_mib")
-
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("FIXLAB_CACHE") or Path.home() / ".cache" / "fixlab") / "trajectories"
@@ -45,7 +43,7 @@ def _agent_code_digest() -> str:
 def model_identity(model: dict) -> dict:
     """The model config keys that change answers, with `dtype: auto` replaced by what it resolves to here (bf16
     or fp32 on a CPU depends on its instructions, so one config can mean two numerics on two machines)."""
-    ident = {k: v for k, v in model.items() if k not in THROUGHPUT_KEYS}
+    ident = without_neutral("model", model)
     if ident.get("backend", "transformers") == "transformers" and str(ident.get("dtype") or "auto") == "auto":
         from agents.models.hf import resolve_device, resolve_dtype
 
@@ -59,7 +57,7 @@ class TrajectoryCache:
         ident = {
             "model": model_identity(model),
             "agent": agent_knobs,
-            "sandbox": sandbox,
+            "sandbox": without_neutral("sandbox", sandbox),
             "code": _agent_code_digest(),
         }
         self.key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:24]

@@ -25,7 +25,8 @@ from pathlib import Path
 from prefect import flow
 
 from .config import ConfigError
-from .tracking import RESUME_FREE_KEYS, RunTracker
+from .neutral import result_neutral
+from .tracking import RunTracker
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FLOW_NAME = "fixlab-nightly"
@@ -109,7 +110,6 @@ def compare(client, current, baseline, tolerance: float, must_pass: list[str]) -
         delta = round(m.get("pass_at_1", 0.0) - b.get("pass_at_1", 0.0), 6)
         cur_tokens = m.get("prompt_tokens", 0) + m.get("completion_tokens", 0)
         base_tokens = b.get("prompt_tokens", 0) + b.get("completion_tokens", 0)
-        ignore = RESUME_FREE_KEYS + ("nightly.",)
         keys = set(current.data.params) | set(baseline.data.params)
         report.update({
             "baseline": {"run_id": baseline.info.run_id, "run_name": baseline.info.run_name,
@@ -123,7 +123,7 @@ def compare(client, current, baseline, tolerance: float, must_pass: list[str]) -
             "wall_s": {"current": m.get("wall_s"), "baseline": b.get("wall_s"),
                        "delta": round((m.get("wall_s") or 0) - (b.get("wall_s") or 0), 2)},
             "config_changes": {k: [baseline.data.params.get(k), current.data.params.get(k)] for k in sorted(keys)
-                               if not k.startswith(ignore)
+                               if not result_neutral(k, ("nightly.",))
                                and baseline.data.params.get(k) != current.data.params.get(k)},
         })
         if delta < -tolerance - 1e-9:

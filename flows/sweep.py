@@ -19,10 +19,10 @@ import time
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from .neutral import result_neutral
 from .tracking import PARENT_ENV, RunTracker, git_state
 
 # Params that differ between jobs without being what the sweep is about.
-NOT_SWEPT = ("resume", "tracking.", "cache_dir")
 
 
 class SweepParentRun(Callback):
@@ -66,8 +66,10 @@ class SweepParentRun(Callback):
 def job_labels(children) -> dict[str, str]:
     """run id -> what sets this job apart, e.g. "model=canonical" or "strategy=reflection iters=3"."""
     keys = sorted({k for r in children for k in r.data.params})
-    varying = [k for k in keys if not k.startswith(NOT_SWEPT)
-               and len({r.data.params.get(k) for r in children}) > 1]
+    differ = [k for k in keys if len({r.data.params.get(k) for r in children}) > 1]
+    # what changes answers names a job; a sweep over speed knobs alone (model.threads=1,2) is named by them
+    varying = [k for k in differ if not result_neutral(k)] or \
+        [k for k in differ if not k.startswith(("tracking.", "resume", "cache_dir"))]
     groups: dict[str, list[str]] = {}
     for k in varying:
         groups.setdefault(k.split(".")[0] if "." in k else k, []).append(k)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .config import ConfigError
+from .neutral import result_neutral
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MLRUNS = REPO_ROOT / "mlruns"
@@ -25,8 +26,6 @@ PARENT_ENV = "FIXLAB_PARENT_RUN_ID"
 # Inputs (jobs, settings, tasks, on_done) of running evaluate flows, by MLflow run id: they live in the flow
 # process only (an importable module, so a flow function pickled for Dask workers refers to it, not carries it).
 FLOW_INPUTS: dict = {}
-# Config keys that may differ between a run and its resumption without changing its results.
-RESUME_FREE_KEYS = ("resume", "runner.", "tracking.", "offline", "cache_dir")
 
 
 def tracking_uri(tracking: dict) -> str:
@@ -110,7 +109,7 @@ class RunTracker:
             raise ConfigError(f"resume={run_id}: that is a {run.data.tags['fixlab.kind']} run, not an evaluation job")
         old, new = run.data.params, {k[:250]: v[:6000] for k, v in flatten(params).items()}
         diff = sorted(k for k in set(old) | set(new)
-                      if old.get(k) != new.get(k) and not k.startswith(RESUME_FREE_KEYS))
+                      if old.get(k) != new.get(k) and not result_neutral(k))
         if diff:
             k = diff[0]
             raise ConfigError(f"resume={run_id}: config differs from that run's at {k} "

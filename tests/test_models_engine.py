@@ -323,3 +323,65 @@ def test_prefix_store_keeps_the_longest_match_within_its_budget():
     # the 50-token one was evicted (it would match 29 of these); the 40-token one still gives its 20 ...
     assert store.longest(list(range(20)) + [99] * 10)[0] == 20
     assert store.longest(list(range(30)) + [7])[0] == 30  # ... the recently used 40-token one stayed
+
+
+def test_prompt_lookup_drafts_keep_the_answers(tiny):
+    """Drafts on and off give the same tokens, greedy and seeded sampling, alone and two rows together, and
+    drafts were really proposed (the prompts repeat themselves, so their n-grams recur)."""
+    batched, _ = tiny
+
+    def answers(draft_tokens):
+        eng = BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256, max_batch=2,
+                          gather_ms=100, draft_tokens=draft_tokens, draft_ngram=2)
+        try:
+            reqs = [GenRequest(messages=(), max_new_tokens=40, temperature=t, seed=7) for t in (0.0, 0.9)]
+            prompts = [batched.prompt_ids(GenRequest(messages=msgs(k))) for k in (3, 4)]
+            futs = [eng.submit(r, p) for r, p in zip(reqs, prompts)]  # together
+            out = [f.result(120) for f in futs] + [eng.submit(reqs[0], prompts[1]).result(120)]  # alone
+            return out, dict(eng.stats)
+        finally:
+            eng.close()
+
+    (plain, _), (drafted, stats) = answers(0), answers(6)
+    assert [g.text for g in drafted] == [g.text for g in plain]
+    assert [g.completion_tokens for g in drafted] == [g.completion_tokens for g in plain]
+    assert stats["draft_steps"] > 0 and stats["draft_tokens"] == sum(g.draft_tokens for g in drafted) > 0
+    assert stats["draft_accepted"] == sum(g.draft_accepted for g in drafted)
+    assert all(g.draft_tokens == 0 for g in plain)
+
+
+def test_drafts_that_agree_are_kept_and_the_rest_masked_out(tiny):
+    """Oracle drafts (a test double: the true continuation, with every other draft's last token made wrong):
+    the kept part skips forwards, the wrong part is masked out, and the tokens equal plain greedy decoding."""
+    batched, _ = tiny
+    prompts = [batched.prompt_ids(GenRequest(messages=msgs(k))) for k in (1, 2)]
+    want = [_greedy_ids(batched, p, 30) for p in prompts]
+    eng = BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256, max_batch=2, gather_ms=200,
+                      draft_tokens=5, prefix_cache_mib=64)
+    calls = []
+
+    def oracle(r, k):
+        if r.prompt_ids not in prompts:  # the follow-up below: no drafts
+            return []
+        true = want[prompts.index(r.prompt_ids)][len(r.out_ids):][:k]
+        calls.append(len(calls))
+        if len(calls) % 2 and len(true) > 1:
+            true = true[:-1] + [(true[-1] + 1) % 512]
+        return true
+
+    eng._draft = oracle
+    try:
+        futs = [eng.submit(GenRequest(messages=(), max_new_tokens=30), p) for p in prompts]
+        got = [f.result(120) for f in futs]
+        # the finished rows' caches (with masked-out columns) went to the prefix store intact: a follow-up
+        # prompt that extends the first answer reuses it and still decodes like transformers
+        follow = prompts[0] + want[0][:-1] + [want[0][-1]]
+        again = eng.submit(GenRequest(messages=(), max_new_tokens=5), follow).result(120)
+    finally:
+        eng.close()
+    for g, w in zip(got, want):
+        assert g.completion_tokens == len(w) and g.text == batched.tokenizer.decode(w, skip_special_tokens=True)
+        assert 0 < g.draft_accepted < g.draft_tokens
+    assert eng.stats["steps"] < 30  # 30 tokens per row, fewer forwards
+    assert again.prefill_tokens < len(prompts[0])
+    assert again.text == batched.tokenizer.decode(_greedy_ids(batched, follow, 5), skip_special_tokens=True)

@@ -94,8 +94,9 @@ def test_resume_with_other_settings_is_one_line_error(tmp_path):
     tracking = {"uri": f"sqlite:///{tmp_path}/mlflow.db", "artifacts": str(tmp_path / "artifacts")}
     cfg = {"model": {"name": "canonical"}, "iters": 1, "resume": None, "runner": {"workers": 8}}
     run_id = RunTracker(tracking).start("r", cfg, {})
-    # runner, tracking and resume may change (another machine, more workers) ...
-    assert RunTracker(tracking).start("r", {**cfg, "resume": run_id, "runner": {"workers": 2}}, {},
+    # runner, tracking, resume and speed knobs may change (another machine, more workers, threads) ...
+    assert RunTracker(tracking).start("r", {**cfg, "resume": run_id, "runner": {"workers": 2},
+                                            "model": {"name": "canonical", "threads": 1}}, {},
                                       resume_run_id=run_id) == run_id
     # ... the model may not.
     with pytest.raises(ConfigError, match=r"config differs from that run's at model.name \('canonical' there, 'buggy' now\)"):

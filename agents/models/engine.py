@@ -18,7 +18,13 @@ How (continuous batching over a left-padded KV cache):
 - prefix reuse (`prefix_cache_mib` > 0): a finished row's KV cache is kept, keyed by its tokens, in an LRU under a
   memory budget; a new request whose prompt starts with a kept sequence (a reflection round or react turn that
   extends its conversation, a shared system prompt) prefills only the rest. In float32 the answer is the same
-  with reuse on and off (test); `Generation.prefill_tokens` says what was computed.
+  with reuse on and off (test); `Generation.prefill_tokens` says what was computed;
+- prompt-lookup drafts (`draft_tokens` > 0): a repair copies most of the code it was shown, so when the batch is
+  small (decode is then memory-bound: verifying a few extra tokens costs about what one token does) each row
+  proposes the tokens that followed the latest earlier occurrence of its last `draft_ngram` tokens, and one
+  forward checks them all. A row keeps the drafts its own sampling agrees with, so the answer is the one
+  decoding without drafts gives (same generator draws, one per token). Rejected columns stay in the cache,
+  masked out. `Generation.draft_tokens` / `draft_accepted` count them.
 """
 from __future__ import annotations
 
@@ -54,6 +60,8 @@ class _Row:
     stop_window: int = 0  # how many trailing tokens can contain a stop string
     error: BaseException | None = None
     reused: int = 0  # prompt tokens whose KV came from the prefix store
+    drafted: int = 0  # prompt-lookup draft tokens proposed ...
+    accepted: int = 0  # ... and kept
 
 
 class PrefixStore:
@@ -109,7 +117,8 @@ def _first_line(e: BaseException) -> str:
 class BatchEngine:
     def __init__(self, model, tokenizer, *, eos_ids: set[int], max_context: int, max_batch: int = 16,
                  gather_ms: float = 30.0, max_prefill_tokens: int = 8192, pad_id: int = 0,
-                 name: str = "engine", prefix_cache_mib: float = 0):
+                 name: str = "engine", prefix_cache_mib: float = 0, draft_tokens: int = 0,
+                 draft_ngram: int = 3, draft_step_tokens: int = 16):
         self.model = model
         self.tok = tokenizer
         self.eos_ids = set(eos_ids)
@@ -130,9 +139,12 @@ class BatchEngine:
         self._mask: torch.Tensor | None = None  # [B, T] 1 = real token
         self._pos: torch.Tensor | None = None  # [B] position id of the next token fed
         self._last: torch.Tensor | None = None  # [B] token to feed next
+        self.draft_tokens, self.draft_ngram = max(0, int(draft_tokens)), max(1, int(draft_ngram))
+        self.draft_step_tokens = max(2, int(draft_step_tokens))  # tokens fed per step, all rows together
         self.prefixes = PrefixStore(int(prefix_cache_mib * 2**20)) if prefix_cache_mib > 0 else None
         self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0,
-                      "prefill_s": 0.0, "decode_s": 0.0, "prompt_tokens": 0, "reused_tokens": 0}
+                      "prefill_s": 0.0, "decode_s": 0.0, "prompt_tokens": 0, "reused_tokens": 0,
+                      "draft_steps": 0, "draft_tokens": 0, "draft_accepted": 0}
 
     # ---- caller side -------------------------------------------------------------------------------------------
     def submit(self, req: GenRequest, prompt_ids: list[int]) -> Future:
@@ -338,6 +350,10 @@ class BatchEngine:
 
     def _step(self) -> None:
         B = len(self._rows)
+        k = min(self.draft_tokens, self.draft_step_tokens // B - 1)
+        drafts = [self._draft(r, k) for r in self._rows] if k > 0 else []
+        if any(drafts):
+            return self._draft_step(drafts)
         self._mask = torch.cat([self._mask, self._mask.new_ones((B, 1))], dim=1)
         t0 = time.perf_counter()
         try:
@@ -349,6 +365,64 @@ class BatchEngine:
         self._last = self._sample(self._rows, logits)  # .tolist() inside syncs CUDA, so the timing is real
         self.stats["decode_s"] += time.perf_counter() - t0
         self.stats["steps"] += 1
+        self.stats["row_steps"] += B
+        self.stats["max_rows"] = max(self.stats["max_rows"], B)
+        self._retire()
+
+    def _draft(self, r: _Row, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the row's last n tokens (prompt lookup)."""
+        n = self.draft_ngram
+        seq = r.prompt_ids + r.out_ids
+        k = min(k, r.max_new - len(r.out_ids) - 1, self.max_context - len(seq) - 1)
+        if k <= 0 or len(seq) <= n:
+            return []
+        key = seq[-n:]
+        first = key[0]
+        for p in range(len(seq) - n - 1, -1, -1):
+            if seq[p] == first and seq[p:p + n] == key:
+                return seq[p + n: p + n + k]
+        return []
+
+    def _draft_step(self, drafts: list[list[int]]) -> None:
+        """Feed each row its pending token and its drafts in one forward; keep, per row, the drafts that its own
+        next-token choice agrees with, and mask out the cache columns of the rest."""
+        B, K = len(self._rows), max(len(d) for d in drafts)
+        feed = torch.full((B, K + 1), self.pad_id, dtype=torch.long, device=self.device)
+        new = torch.zeros((B, K + 1), dtype=self._mask.dtype, device=self.device)
+        feed[:, 0], new[:, 0] = self._last, 1
+        for i, d in enumerate(drafts):
+            if d:
+                feed[i, 1:1 + len(d)] = torch.tensor(d, dtype=torch.long, device=self.device)
+                new[i, 1:1 + len(d)] = 1
+        self._mask = torch.cat([self._mask, new], dim=1)
+        pos = self._pos[:, None] + torch.arange(K + 1, device=self.device)[None, :]
+        t0 = time.perf_counter()
+        try:
+            out = self.model(input_ids=feed, attention_mask=self._mask, position_ids=pos,
+                             past_key_values=self._cache, use_cache=True, logits_to_keep=K + 1)
+        except Exception as e:
+            self._recover(e)
+            return
+        logits = out.logits.float()
+        T = self._mask.shape[1]
+        last = []
+        for i, (r, d) in enumerate(zip(self._rows, drafts)):
+            kept = 0
+            for j in range(len(d) + 1):
+                t = self._pick(r, logits[i, j])
+                if t is None or self._append(r, t) or j == len(d) or t != d[j]:
+                    break
+                kept += 1
+            self._mask[i, T - K + kept:] = 0  # columns of drafts after the first disagreement
+            self._pos[i] += 1 + kept
+            r.drafted, r.accepted = r.drafted + len(d), r.accepted + kept
+            self.stats["draft_tokens"] += len(d)
+            self.stats["draft_accepted"] += kept
+            last.append(r.out_ids[-1] if r.out_ids else self.pad_id)
+        self._last = torch.tensor(last, dtype=torch.long, device=self.device)
+        self.stats["decode_s"] += time.perf_counter() - t0
+        self.stats["steps"] += 1
+        self.stats["draft_steps"] += 1
         self.stats["row_steps"] += B
         self.stats["max_rows"] = max(self.stats["max_rows"], B)
         self._retire()
@@ -378,22 +452,35 @@ class BatchEngine:
         nxt = logits.argmax(dim=-1)
         for i, r in enumerate(rows):
             if r.generator is not None:
-                try:
-                    probs = torch.softmax(logits[i] / float(r.req.temperature), dim=-1)
-                    nxt[i] = torch.multinomial(probs, 1, generator=r.generator)[0]
-                except RuntimeError as e:  # e.g. NaN/inf logits: this row fails, not the batch
-                    r.error, r.finish = e, "error"
+                t = self._pick(r, logits[i])
+                if t is not None:
+                    nxt[i] = t
         for r, t in zip(rows, nxt.tolist()):
-            if r.error is not None:
-                continue
-            r.out_ids.append(t)
-            if t in self.eos_ids:
-                r.finish = "stop"
-            elif r.stop_window and self._hit_stop(r):
-                r.finish = "stop"
-            elif len(r.out_ids) >= r.max_new:
-                r.finish = "length"
+            if r.error is None:
+                self._append(r, t)
         return nxt
+
+    def _pick(self, r: _Row, logits: torch.Tensor) -> int | None:
+        """One row's next token from its logits [V]; None when they cannot be sampled (the row then fails)."""
+        if r.generator is None:
+            return int(logits.argmax())
+        try:
+            probs = torch.softmax(logits / float(r.req.temperature), dim=-1)
+            return int(torch.multinomial(probs, 1, generator=r.generator)[0])
+        except RuntimeError as e:  # e.g. NaN/inf logits: this row fails, not the batch
+            r.error, r.finish = e, "error"
+            return None
+
+    def _append(self, r: _Row, t: int) -> bool:
+        """Add a generated token; True when it ends the row (EOS, a stop string, max_new_tokens)."""
+        r.out_ids.append(t)
+        if t in self.eos_ids:
+            r.finish = "stop"
+        elif r.stop_window and self._hit_stop(r):
+            r.finish = "stop"
+        elif len(r.out_ids) >= r.max_new:
+            r.finish = "length"
+        return r.finish is not None
 
     def _hit_stop(self, r: _Row) -> bool:
         tail = self.tok.decode(r.out_ids[-r.stop_window:], skip_special_tokens=True)
@@ -432,10 +519,10 @@ class BatchEngine:
         if self.prefixes is None:
             return
         ids = r.prompt_ids + r.out_ids[:-1]
-        n = int(self._mask[i].sum())
-        if n != len(ids) or any(not hasattr(layer, "set") for layer in self._cache.layers):
+        cols = self._mask[i].nonzero().squeeze(1)  # left padding and rejected drafts are masked out
+        if len(cols) != len(ids) or any(not hasattr(layer, "set") for layer in self._cache.layers):
             return
-        self.prefixes.put(ids, [(layer.keys[i:i + 1, :, -n:].clone(), layer.values[i:i + 1, :, -n:].clone())
+        self.prefixes.put(ids, [(layer.keys[i:i + 1, :, cols].clone(), layer.values[i:i + 1, :, cols].clone())
                                 for layer in self._cache.layers])
 
     def _complete(self, r: _Row) -> None:
@@ -452,7 +539,7 @@ class BatchEngine:
             r.future.set_result(Generation(
                 text=text, prompt_tokens=len(r.prompt_ids), completion_tokens=len(r.out_ids),
                 seconds=time.perf_counter() - r.t_submit, finish_reason=r.finish or "length",
-                prefill_tokens=len(r.prompt_ids) - r.reused))
+                prefill_tokens=len(r.prompt_ids) - r.reused, draft_tokens=r.drafted, draft_accepted=r.accepted))
 
 
 def _growing_layer_class():

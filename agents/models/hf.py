@@ -163,7 +163,9 @@ class TransformersModel:
                 self.model, self.tokenizer, eos_ids=self.eos_ids, max_context=self.max_context,
                 max_batch=int(cfg.get("max_batch", 16)), gather_ms=float(cfg.get("gather_ms", 30)),
                 max_prefill_tokens=int(cfg.get("max_prefill_tokens", 8192)), pad_id=self.pad_id,
-                name=f"engine-{self.name}", prefix_cache_mib=float(cfg.get("prefix_cache_mib", 1024) or 0))
+                name=f"engine-{self.name}", prefix_cache_mib=float(cfg.get("prefix_cache_mib", 1024) or 0),
+                draft_tokens=int(cfg.get("draft_tokens", 8) or 0), draft_ngram=int(cfg.get("draft_ngram", 3)),
+                draft_step_tokens=int(cfg.get("draft_step_tokens", 16)))
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

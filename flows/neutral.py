@@ -1,0 +1,31 @@
+"""The one list of result-neutral settings: where a job runs and how fast, never what it answers.
+
+Shared by the trajectory cache key (flows/cache.py), resume's config check (flows/tracking.py), sweep labels
+(flows/sweep.py) and the nightly report's config diff (flows/nightly.py), so a speed knob changed between two
+runs neither throws the cache away nor blocks a resume nor reads as a config change. Keys are flattened
+("model.threads"); an entry ending in "." covers a whole group. In float32 these knobs leave every answer as it
+is (tests); in bf16 batch size and drafts move the last bits of a row's logits (README "Speed").
+"""
+from __future__ import annotations
+
+RESULT_NEUTRAL = (
+    "resume", "cache", "cache_dir", "offline", "runner.", "tracking.",
+    # model: batching engine, CPU threads, prefix reuse, drafts, llama.cpp slots, HTTP client
+    "model.max_batch", "model.gather_ms", "model.max_prefill_tokens", "model.batching", "model.threads",
+    "model.skinny_matmul", "model.sdpa_gqa", "model.prefix_cache_mib", "model.draft_tokens", "model.draft_ngram",
+    "model.draft_step_tokens", "model.slots", "model.cache_prompt", "model.cache_ram_mib", "model.log_verbosity",
+    "model.speculative", "model.ngram_size", "model.max_concurrency", "model.timeout_s", "model.max_retries",
+    "model.backoff_s", "model.backoff_max_s", "model.api_keys_env",
+    # sandbox: how programs are started, not what they may do
+    "sandbox.workers", "sandbox.mode", "sandbox.uid_base",
+)
+
+
+def result_neutral(key: str, extra: tuple[str, ...] = ()) -> bool:
+    """Whether a flattened config key is in RESULT_NEUTRAL (or in `extra`, same rules)."""
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESULT_NEUTRAL + extra)
+
+
+def without_neutral(group: str, cfg: dict) -> dict:
+    """A config group (e.g. "model") without its result-neutral keys."""
+    return {k: v for k, v in cfg.items() if not result_neutral(f"{group}.{k}")}
