@@ -181,7 +181,7 @@ class Context:
         temperature = round_temperature(cfg, rnd)
         seed = round_seed(cfg, self.task.task_id, rnd, turn)
         req = GenRequest(messages=[dict(m) for m in messages], max_new_tokens=cfg.max_new_tokens,
-                         temperature=temperature, seed=seed, task_id=self.task.task_id, tools=tools,
+                         temperature=temperature, seed=seed, tools=tools,
                          stop=tuple(stop))
         t0 = time.perf_counter()
         try:

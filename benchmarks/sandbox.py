@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from sandboxes import build_program  # noqa: E402
 from sandboxes.local import LocalSandbox  # noqa: E402
-from sandboxes.testing import processes_of_uids, sandbox_uids  # noqa: E402
+from sandboxes.procs import processes_of_uids, sandbox_uids  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "humanevalfix_python.jsonl"
 LOOPING = ("Python/10", "Python/156", "Python/160")

@@ -20,6 +20,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from .core import task_order
 from .stats import paired, wilson
 from .sweep import job_labels
 from .tracking import tracking_uri
@@ -120,7 +121,7 @@ def table(result: dict) -> str:
     fixed_by_some = [k for k in keys if any(r["first_pass_round"][k] is not None for r in runs)]
     lines += ["", "first passing round per task (- = never), tasks some run fixed:",
               "| task | " + " | ".join(r["label"] for r in runs) + " |", "|" + "---|" * (len(runs) + 1)]
-    for k in sorted(fixed_by_some, key=lambda k: (k.split("#")[0].split("/")[0], int(k.split("/")[1].split("#")[0]))):
+    for k in sorted(fixed_by_some, key=lambda k: (task_order(k.split("#")[0]), k)):
         cells = ["-" if r["first_pass_round"][k] is None else str(r["first_pass_round"][k]) for r in runs]
         lines.append(f"| {k.split('#')[0]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

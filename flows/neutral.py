@@ -16,6 +16,7 @@ RESULT_NEUTRAL = (
     "model.draft_step_tokens", "model.slots", "model.cache_prompt", "model.cache_ram_mib", "model.log_verbosity",
     "model.speculative", "model.ngram_size", "model.max_concurrency", "model.timeout_s", "model.max_retries",
     "model.backoff_s", "model.backoff_max_s", "model.api_keys_env",
+    "model.delay_s",  # the oracle test double's answer time
     # sandbox: how programs are started, not what they may do
     "sandbox.workers", "sandbox.mode", "sandbox.uid_base",
 )

@@ -25,6 +25,7 @@ from pathlib import Path
 from prefect import flow
 
 from .config import ConfigError
+from .core import task_order
 from .neutral import result_neutral
 from .tracking import RunTracker
 
@@ -99,14 +100,14 @@ def compare(client, current, baseline, tolerance: float, must_pass: list[str]) -
         "pass@1": m.get("pass_at_1"), "tolerance": tolerance, "must_pass": must_pass,
         "must_pass_failed": [t for t in must_pass if not cur.get(t, {}).get("passed")],
         # A crash of the harness (not a wrong answer) on a task: counted as failed, listed so nobody blames the model.
-        "harness_errors": {t: cur[t]["error"] for t in sorted(cur, key=_task_key) if cur[t]["error"]},
+        "harness_errors": {t: cur[t]["error"] for t in sorted(cur, key=task_order) if cur[t]["error"]},
         "baseline": None,
     }
     reasons = []
     if baseline is not None:
         base = _results(client, baseline.info.run_id)
         b = baseline.data.metrics
-        common = sorted(set(cur) & set(base), key=_task_key)
+        common = sorted(set(cur) & set(base), key=task_order)
         delta = round(m.get("pass_at_1", 0.0) - b.get("pass_at_1", 0.0), 6)
         cur_tokens = m.get("prompt_tokens", 0) + m.get("completion_tokens", 0)
         base_tokens = b.get("prompt_tokens", 0) + b.get("completion_tokens", 0)
@@ -117,8 +118,8 @@ def compare(client, current, baseline, tolerance: float, must_pass: list[str]) -
             "pass@1_delta": delta,
             "pass_to_fail": [t for t in common if base[t]["passed"] and not cur[t]["passed"]],
             "fail_to_pass": [t for t in common if not base[t]["passed"] and cur[t]["passed"]],
-            "only_in_current": sorted(set(cur) - set(base), key=_task_key),
-            "only_in_baseline": sorted(set(base) - set(cur), key=_task_key),
+            "only_in_current": sorted(set(cur) - set(base), key=task_order),
+            "only_in_baseline": sorted(set(base) - set(cur), key=task_order),
             "tokens": {"current": cur_tokens, "baseline": base_tokens, "delta": cur_tokens - base_tokens},
             "wall_s": {"current": m.get("wall_s"), "baseline": b.get("wall_s"),
                        "delta": round((m.get("wall_s") or 0) - (b.get("wall_s") or 0), 2)},
@@ -165,11 +166,6 @@ def markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
-def _task_key(task_id: str):
-    tail = task_id.rsplit("/", 1)[-1]
-    return (0, int(tail), "") if tail.isdigit() else (1, 0, tail)
-
-
 def _iso(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
 
@@ -179,7 +175,8 @@ def nightly(overrides: list[str] | None = None, config_name: str = "nightly"):
     from mlflow.entities import Metric
     from prefect.states import Completed, Failed
 
-    from .evaluate import apply_offline, close_contexts, run_job
+    from .evaluate import apply_offline, run_job
+    from .workers import close_all
 
     cfg = compose(overrides or [], config_name)
     opts = nightly_options(cfg)
@@ -190,7 +187,7 @@ def nightly(overrides: list[str] | None = None, config_name: str = "nightly"):
     try:
         summary = run_job(cfg)
     finally:
-        close_contexts()
+        close_all()
     tracker = RunTracker(cfg["tracking"])
     client = tracker.client
     run_id = summary["run_id"]

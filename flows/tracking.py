@@ -17,15 +17,13 @@ from pathlib import Path
 from typing import Iterable
 
 from .config import ConfigError
+from .core import safe_name
 from .neutral import result_neutral
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MLRUNS = REPO_ROOT / "mlruns"
 # Set by the sweep callback (flows/sweep.py): every job of a Hydra multirun becomes a child of this run.
 PARENT_ENV = "FIXLAB_PARENT_RUN_ID"
-# Inputs (jobs, settings, tasks, on_done) of running evaluate flows, by MLflow run id: they live in the flow
-# process only (an importable module, so a flow function pickled for Dask workers refers to it, not carries it).
-FLOW_INPUTS: dict = {}
 
 
 def tracking_uri(tracking: dict) -> str:
@@ -47,10 +45,6 @@ def flatten(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def safe_name(task_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", task_id)
-
-
 def git_state() -> dict[str, str]:
     def git(*args):
         try:
@@ -70,7 +64,6 @@ class RunTracker:
         from mlflow.tracking import MlflowClient
 
         self.mlflow = mlflow
-        self.enabled = bool(tracking.get("enabled", True))
         self.uri = tracking_uri(tracking)
         if self.uri.startswith("sqlite:///"):
             Path(self.uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)

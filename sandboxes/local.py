@@ -28,7 +28,7 @@ import weakref
 from concurrent.futures import Future
 
 from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable
-from .testing import processes_of_uids
+from .procs import processes_of_uids
 
 log = logging.getLogger("sandboxes.local")
 
@@ -556,10 +556,6 @@ class LocalSandbox:
 
     def __exit__(self, *exc):
         self.close()
-
-
-# Kept for callers of the first version: same interface, now the warm-fork backend.
-SubprocessSandbox = LocalSandbox
 
 
 @atexit.register

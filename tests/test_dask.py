@@ -63,7 +63,7 @@ def test_dask_with_real_model_matches_thread_runner(evaluate):
 
 def test_dask_runner_bad_address_is_one_line_error():
     from flows.config import ConfigError
-    from flows.evaluate import check_runner
+    from flows.prefect_flow import check_runner
     from conftest import free_port
 
     addr = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there

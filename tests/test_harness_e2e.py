@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import needs_data

@@ -16,7 +16,8 @@ from transformers import LlamaConfig, Qwen2Config  # noqa: E402
 
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
 from agents.models.engine import BatchEngine, RequestError  # noqa: E402
-from agents.models.hf import BadModelConfig, TransformersModel, make_random_model, parse_tool_calls  # noqa: E402
+from agents.models.hf import BadModelConfig, TransformersModel, parse_tool_calls  # noqa: E402
+from tiny_models import make_random_model  # noqa: E402
 
 # initializer_range well above the default: random logits then have clear winners, so a greedy comparison
 # tests the batching logic rather than float ties.

@@ -25,7 +25,7 @@ from conftest import REPO, free_port  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from agents.models.hf import make_random_model
+    from tiny_models import make_random_model
 
     cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,

@@ -5,7 +5,6 @@ second is flagged (pass@1 drop and a must-pass failure), lists the flipped tasks
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys

@@ -1,7 +1,8 @@
 """No lost work: a run killed with kill -9 mid-way continues with resume=last, runs only the missing tasks,
 logs to the same MLflow run and ends with the same figures and per-task results as an uninterrupted run.
 
-FIXLAB_TEST_TASK_DELAY_S (a test hook in flows/evaluate.py) slows each task down so the kill lands mid-run.
+The oracle double's `model.delay_s` (a test-double knob, result-neutral) slows each answer down so the kill lands
+mid-run; the resume runs without it.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from conftest import REPO, base_env, needs_data
 
 N = 10
 ARGS = ("model=canonical", "iters=1", f"dataset.limit={N}", "runner.workers=2", "cache=false")
+SLOW = "model.delay_s=1.5"  # the oracle double takes 1.5 s an answer
 FIGURES = ("pass@1", "passed", "total", "pass@1_by_iter", "pass@1_by_bug_type", "errors", "prompt_tokens",
            "completion_tokens")
 
@@ -43,8 +45,8 @@ def test_kill_9_mid_run_then_resume_matches_uninterrupted_run(evaluate, prefect_
     common = [sys.executable, "-m", "flows.evaluate", f"tracking.uri={uri}", f"tracking.artifacts={tmp}/artifacts",
               f"hydra.run.dir={tmp}/outputs", *ARGS]
     env = base_env(tmp)
-    env.update(PREFECT_API_URL=prefect_api, FIXLAB_TEST_TASK_DELAY_S="1.5")
-    proc = subprocess.Popen(common, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    env.update(PREFECT_API_URL=prefect_api)
+    proc = subprocess.Popen([*common, SLOW], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     deadline = time.monotonic() + 240
     state = tmp / "state"
@@ -63,7 +65,6 @@ def test_kill_9_mid_run_then_resume_matches_uninterrupted_run(evaluate, prefect_
     client = MlflowClient(uri)
     assert client.get_run(run_id).info.status == "RUNNING"  # kill -9: nobody could mark it
 
-    env.pop("FIXLAB_TEST_TASK_DELAY_S")
     p = subprocess.run([*common, "resume=last"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     resumed = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("{")))
@@ -130,8 +131,7 @@ def test_a_stopped_job_leaves_nothing_behind_and_resumes(tmp_path, sig, prefect_
     cmd = [sys.executable, "-m", "flows.evaluate", f"tracking.uri={uri}", f"tracking.artifacts={tmp_path}/artifacts",
            f"hydra.run.dir={tmp_path}/outputs", *ARGS]
     env = base_env(tmp_path)  # no PREFECT_API_URL: the job starts its own temporary server
-    env["FIXLAB_TEST_TASK_DELAY_S"] = "1.5"
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*cmd, SLOW], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     state = tmp_path / "state"
     deadline = time.monotonic() + 240
     while not (state.exists() and len(list(state.glob("*/tasks/*.json"))) >= 2):
@@ -153,7 +153,6 @@ def test_a_stopped_job_leaves_nothing_behind_and_resumes(tmp_path, sig, prefect_
         assert status == "KILLED"
     else:
         assert status == "RUNNING"
-    env.pop("FIXLAB_TEST_TASK_DELAY_S")
     env["PREFECT_API_URL"] = prefect_api
     p = subprocess.run([*cmd, "resume=last"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import socket
 import textwrap
-import threading
 import time
 import uuid
 
@@ -15,7 +14,7 @@ import pytest
 
 from sandboxes import build_program
 from sandboxes.local import LocalSandbox, probe_bwrap
-from sandboxes.testing import processes_of_uids, sandbox_uids
+from sandboxes.procs import processes_of_uids, sandbox_uids
 
 pytestmark = pytest.mark.skipif(probe_bwrap() is not None, reason=f"bubblewrap jail unavailable: {probe_bwrap()}")
 

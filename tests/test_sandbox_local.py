@@ -16,7 +16,7 @@ import yaml
 import sandboxes.local as local_mod
 from sandboxes import ExecResult, SandboxUnavailable, build_program, make_sandbox
 from sandboxes.local import LocalSandbox, probe_bwrap
-from sandboxes.testing import processes_of_uids, sandbox_uids
+from sandboxes.procs import processes_of_uids, sandbox_uids
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = (REPO / ".." / "shared" / "data" / "humanevalfix_python.jsonl").resolve()

@@ -9,7 +9,7 @@ import pytest
 from agents.tasks import DatasetError, load_tasks
 from agents.types import Attempt, Trajectory
 from conftest import DATA, needs_data
-from flows.evaluate import pass_at_k
+from flows.core import pass_at_k
 
 
 @needs_data

@@ -1,19 +1,20 @@
 """Model backends. One file per provider; `build_model` picks one from a conf/model/*.yaml dict."""
 from __future__ import annotations
 
-from typing import Iterable
-
 from .base import Generation, GenRequest, Model, ModelUnavailable
 
 BACKENDS = ("transformers", "llamacpp", "openai", "oracle", "scripted")
 
 
-def build_model(cfg: dict, tasks: Iterable = ()) -> Model:
+def build_model(cfg: dict, dataset: dict | None = None) -> Model:
+    """A model from its config; the oracle test doubles read their answers from the job's `dataset` config."""
     backend = cfg.get("backend")
     if backend == "oracle":
+        from ..tasks import load_tasks
         from .doubles import OracleModel
 
-        return OracleModel(tasks, solution=cfg.get("solution", "canonical"), name=cfg.get("name", "oracle"))
+        return OracleModel(load_tasks(dataset or {}), solution=cfg.get("solution", "canonical"),
+                           name=cfg.get("name", "oracle"), delay_s=cfg.get("delay_s", 0))
     if backend == "scripted":
         from .doubles import ScriptedModel
 

@@ -16,7 +16,6 @@ class GenRequest:
     temperature: float = 0.0  # 0 = greedy
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    task_id: str | None = None  # lets oracle test doubles answer; real models ignore it
     tools: tuple[dict, ...] | None = None  # JSON-schema tools, for models whose chat template has them
 
 

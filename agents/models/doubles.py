@@ -1,7 +1,9 @@
 """Test doubles, named for what they are.
 
 OracleModel answers each task with its reference fix (solution="canonical") or the original bug
-(solution="buggy"): a harness check that must score 164/164 and 0/164 through the whole path.
+(solution="buggy"): a harness check that must score 164/164 and 0/164 through the whole path. It reads the
+dataset itself (the job's dataset config) and knows the task by the buggy code the prompt shows, as a model
+would; `delay_s` makes each answer take that long (tests stop a job mid-way with it).
 ScriptedModel replays chosen outputs in order, to drive each branch of an agent in tests.
 """
 from __future__ import annotations
@@ -14,21 +16,35 @@ from .base import Generation, GenRequest, ModelUnavailable
 
 
 class OracleModel:
-    def __init__(self, tasks: Iterable, solution: str = "canonical", name: str = "oracle"):
+    def __init__(self, tasks: Iterable, solution: str = "canonical", name: str = "oracle", delay_s: float = 0.0):
         if solution not in ("canonical", "buggy"):
             raise ModelUnavailable(f"oracle solution must be 'canonical' or 'buggy', got {solution!r}")
         self.name = name
         self.solution = solution
-        self._code = {
-            t.task_id: t.declaration + (t.canonical_solution if solution == "canonical" else t.buggy_solution)
-            for t in tasks
-        }
+        self.delay_s = float(delay_s or 0)
+        self._tasks = list(tasks)
+        self._code = {t.task_id: t.declaration + (t.canonical_solution if solution == "canonical" else t.buggy_solution)
+                      for t in self._tasks}
+
+    def _task_shown(self, shown: str):
+        """The task whose code the prompt shows: its buggy body, else (a rewrite prompt shows no body) its
+        declaration and tests. Entry points repeat across tasks (158 names for 164 tasks), so they only narrow."""
+        def score(t) -> tuple:
+            return (t.buggy_solution.strip() in shown, t.declaration.strip() in shown, t.test.strip() in shown,
+                    len(t.buggy_solution))
+        named = [t for t in self._tasks if f"def {t.entry_point}(" in shown or f"`{t.entry_point}`" in shown]
+        best = max(named, key=score, default=None)
+        return best if best is not None and any(score(best)[:3]) else None
 
     def generate(self, request: GenRequest) -> Generation:
-        if request.task_id not in self._code:
-            raise ModelUnavailable(f"oracle model has no answer for task {request.task_id!r}")
-        text = "```python\n" + self._code[request.task_id] + "```"
-        return Generation(text=text, prompt_tokens=0, completion_tokens=0, seconds=0.0)
+        shown = "\n".join(m["content"] for m in request.messages if m.get("role") == "user")
+        task = self._task_shown(shown)
+        if task is None:
+            raise ModelUnavailable("oracle model: the prompt shows no task of its dataset")
+        code = self._code[task.task_id]
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return Generation(text="```python\n" + code + "```", prompt_tokens=0, completion_tokens=0, seconds=self.delay_s)
 
     def close(self) -> None:
         pass

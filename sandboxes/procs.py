@@ -1,4 +1,5 @@
-"""Helpers for tests and the benchmark: see what a sandbox left running on this machine."""
+"""Processes on this machine by uid: the local sandbox waits on them when it closes; tests and the benchmark check
+that a sandbox left none running."""
 from __future__ import annotations
 
 import os

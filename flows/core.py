@@ -1,0 +1,162 @@
+"""The evaluation core, read top to bottom: which (task, sample) pairs still have to run, how one is repaired,
+how the trajectories are kept, and what they add up to. No Prefect, Hydra or MLflow here: those are adapters
+(flows/prefect_flow.py maps `repair` over the workers, flows/tracking.py logs, flows/evaluate.py is the CLI).
+
+    jobs, done = pending(tasks, samples, store, resume)
+    for job, traj in run_jobs(jobs):          # an adapter: Prefect threads or Dask workers
+        keep(store, traj, on_done)
+    summary = summarize(store.load_all(), tasks, samples, iters)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Callable
+
+from agents import loop as agent_loop
+from agents.loop import AgentConfig
+from agents.types import Task, Trajectory
+
+from .stats import interval
+
+Job = tuple[Task, int]  # a task and the index of its independent sample
+
+
+# ---------------------------------------------------------------- one task
+def repair(task: Task, sample: int, agent: AgentConfig, model, sandbox, cache=None) -> Trajectory:
+    """One trajectory: cut from a cached longer one, continued from a cached shorter one, or run afresh. A crash
+    becomes an error trajectory (the run goes on; resume runs that task again)."""
+    try:
+        cfg = dataclasses.replace(agent, sample=sample)
+        prior = cache.get(task, sample) if cache else None
+        if prior is not None and prior.budget >= cfg.iters:
+            return agent_loop.truncate(prior, cfg.iters)  # a longer cached run holds this budget's rounds
+        traj = agent_loop.run_agent(task, model, sandbox, cfg, prior=prior)
+        if cache:
+            cache.put(traj, task)
+        return traj
+    except Exception as e:  # never let one task kill the run
+        return error_trajectory(task, sample, agent, e)
+
+
+def error_trajectory(task: Task, sample: int, agent: AgentConfig, e: BaseException) -> Trajectory:
+    return Trajectory(task_id=task.task_id, bug_type=task.bug_type, strategy=agent.strategy, budget=agent.iters,
+                      sample=sample, error=f"{type(e).__name__}: {e}")
+
+
+# ---------------------------------------------------------------- what runs, and what is kept
+class TaskStore:
+    """One JSON file per finished trajectory under <base>/state/<run id>/tasks/, written atomically
+    (temp file + rename), so a kill -9 leaves either the whole trajectory or none of it."""
+
+    def __init__(self, base: Path, run_id: str):
+        self.dir = Path(base) / "state" / run_id / "tasks"
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, task_id: str, sample: int) -> Path:
+        return self.dir / f"{safe_name(task_id)}__s{sample}.json"
+
+    def save(self, traj: Trajectory) -> None:
+        p = self.path(traj.task_id, traj.sample)
+        tmp = p.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps(traj.to_dict(), default=str))
+        os.replace(tmp, p)
+
+    def load_all(self) -> list[Trajectory]:
+        out = []
+        for p in self.dir.glob("*.json"):
+            try:
+                out.append(Trajectory.from_dict(json.loads(p.read_text())))
+            except (ValueError, TypeError, KeyError):
+                continue  # a torn or foreign file: that task simply runs again
+        return out
+
+    def load(self) -> dict[tuple[str, int], Trajectory]:
+        """Finished trajectories; ones whose task crashed run again on resume."""
+        return {(t.task_id, t.sample): t for t in self.load_all() if t.error is None}
+
+
+def pending(tasks: list[Task], samples: int, store: TaskStore, resume: bool) -> tuple[list[Job], dict]:
+    """The jobs still to run, and the finished trajectories a resumed run already has."""
+    done = store.load() if resume else {}
+    return [(t, s) for t in tasks for s in range(samples) if (t.task_id, s) not in done], done
+
+
+def keep(store: TaskStore, traj: Trajectory, on_done: Callable[[Trajectory], None] | None = None) -> None:
+    """On disk first (resume relies on it), then whoever reports progress or logs it."""
+    store.save(traj)
+    if on_done:
+        on_done(traj)
+
+
+# ---------------------------------------------------------------- metrics
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimator (Chen et al. 2021) for n samples of which c passed."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def summarize(trajs: list[Trajectory], tasks: list[Task], samples: int, iters: int) -> dict:
+    """pass@1 overall and after each round (with 95% intervals), pass@k, by bug type, and what it cost."""
+    n, total = samples, len(tasks)
+    by_task: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        by_task.setdefault(t.task_id, []).append(t)
+
+    def per_task(pred) -> list[float]:
+        return [sum(pred(t) for t in by_task.get(task.task_id, [])) / n for task in tasks]
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / total if total else 0.0
+
+    curve = [round(mean(per_task(lambda t, r=r: t.passed_by_round(r))), 6) for r in range(iters + 1)]
+    calls = [c for t in trajs for a in t.attempts for c in a.calls]
+    summary = {
+        "pass@1": curve[-1],
+        "passed": sum(1 for task in tasks if any(t.passed for t in by_task.get(task.task_id, [])))
+        if n == 1 else round(curve[-1] * total, 3),
+        "total": total,
+        "pass@1_by_iter": curve,
+        "errors": sum(1 for t in trajs if t.error),
+        "prompt_tokens": sum(t.prompt_tokens for t in trajs),
+        "prefill_tokens": sum(t.prefill_tokens for t in trajs),
+        "completion_tokens": sum(t.completion_tokens for t in trajs),
+        "model_calls": sum(t.model_calls for t in trajs),
+        "sandbox_runs": sum(a.decision in ("tested", "submitted") and a.result is not None for t in trajs
+                            for a in t.attempts),
+        "length_stops": sum(t.length_stops for t in trajs),
+        "suspicious": sum(1 for t in trajs if t.passed and t.suspicious),
+        "draft_tokens": sum(c.draft_tokens for c in calls),
+        "draft_accepted": sum(c.draft_accepted for c in calls),
+    }
+    (low, high), summary["ci_method"] = interval(per_task(lambda t: t.passed))
+    summary["pass@1_ci95"] = [round(low, 4), round(high, 4)]
+    summary["pass@1_ci95_by_iter"] = [[round(x, 4) for x in interval(per_task(lambda t, r=r: t.passed_by_round(r)))[0]]
+                                      for r in range(iters + 1)]
+    if n > 1:
+        passes = [sum(t.passed for t in by_task.get(task.task_id, [])) for task in tasks]
+        summary["pass@k"] = {k: round(sum(pass_at_k(n, c, k) for c in passes) / total, 6)
+                             for k in (1, 2, 5, 10, 100) if k <= n}
+    passed = dict(zip((task.task_id for task in tasks), per_task(lambda t: t.passed)))
+    summary["pass@1_by_bug_type"] = {
+        b: round(sum(passed[t.task_id] for t in tasks if t.bug_type == b) / sum(t.bug_type == b for t in tasks), 6)
+        for b in sorted({t.bug_type for t in tasks})}
+    return summary
+
+
+# ---------------------------------------------------------------- names and order of tasks
+def task_order(task_id: str) -> tuple:
+    """Sort key: Python/2 before Python/10 (numeric tails in order, others after them)."""
+    tail = task_id.rsplit("/", 1)[-1]
+    return (task_id.rsplit("/", 1)[0], 0, int(tail), "") if tail.isdigit() else (task_id.rsplit("/", 1)[0], 1, 0, tail)
+
+
+def safe_name(task_id: str) -> str:
+    """A task id as a file name (Python/3 -> Python_3)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", task_id)

@@ -1,0 +1,75 @@
+"""What each process holds for the tasks it runs: one model, one sandbox and one trajectory cache per config,
+built on first use and shared by every task (and every job of a sweep) in that process.
+
+The main process builds them before a run starts (so a missing key is one line up front) and passes them to
+the core; Dask worker processes, which receive only a job's settings, build their own here the first time a
+task reaches them. `repair_in_process` is that Prefect task's body: importable by name, so Dask can ship it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+from agents.models import build_model
+from agents.types import Task, Trajectory
+from sandboxes import make_sandbox
+
+from .cache import TrajectoryCache, default_cache_dir
+from .config import JobSettings
+from .core import repair
+
+_lock = threading.Lock()
+_held: dict[str, object] = {}
+
+
+def _once(key: list, make):
+    k = json.dumps(key, sort_keys=True, default=str)
+    with _lock:
+        if k not in _held:
+            _held[k] = make()
+        return _held[k]
+
+
+def model_and_sandbox(settings: JobSettings) -> tuple:
+    def make():
+        sandbox = make_sandbox(settings.sandbox)
+        model = build_model(settings.model, dataset=settings.dataset)
+        print(f"fixlab: process {os.getpid()} loaded model {settings.model.get('name')}", file=sys.stderr, flush=True)
+        return model, sandbox
+    return _once(["context", settings.model, settings.sandbox, settings.dataset], make)
+
+
+def trajectory_cache(settings: JobSettings) -> TrajectoryCache | None:
+    if not settings.cache or not TrajectoryCache.applies(settings.model):
+        return None
+    return _once(["cache", settings.cache_dir, settings.model, settings.sandbox, repr(settings.agent)],
+                 lambda: TrajectoryCache(Path(settings.cache_dir) if settings.cache_dir else default_cache_dir(),
+                                         settings.model, settings.agent, settings.sandbox))
+
+
+def repair_in_process(task: Task, sample: int, settings: JobSettings) -> Trajectory:
+    """One task with this process's model, sandbox and cache (core.repair turns a crash into an error trajectory;
+    so does a model that cannot be built in a worker)."""
+    try:
+        model, sandbox = model_and_sandbox(settings)
+        cache = trajectory_cache(settings)
+    except Exception as e:
+        from .core import error_trajectory
+
+        return error_trajectory(task, sample, settings.agent, e)
+    return repair(task, sample, settings.agent, model, sandbox, cache)
+
+
+def close_all() -> None:
+    with _lock:
+        held = list(_held.values())
+        _held.clear()
+    for thing in held:
+        for part in (thing if isinstance(thing, tuple) else ()):
+            try:
+                part.close()
+            except Exception:
+                pass
