@@ -53,6 +53,37 @@ def _bool(cfg: dict, key: str) -> bool:
     return v
 
 
+def _strategy_knobs(strategy: dict) -> dict:
+    """The strategy's knobs that AgentConfig has, each checked against the type of its default, so that
+    strategy.temperature_step=abc is one line here and not a TypeError from the agent loop per task."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(AgentConfig)}
+    out = {}
+    for k, v in strategy.items():
+        if k not in fields or k == "strategy":
+            continue
+        f = fields[k]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if isinstance(default, bool):
+            ok, want = isinstance(v, bool), "true or false"
+        elif isinstance(default, int):
+            ok, want = isinstance(v, int) and not isinstance(v, bool), "an integer"
+        elif isinstance(default, float):
+            ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
+        elif isinstance(default, str):
+            ok, want = isinstance(v, str), "a string"
+        elif isinstance(default, (tuple, list)):
+            ok, want = isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                          for x in v), "a list of numbers"
+        else:
+            ok, want = True, ""
+        if not ok:
+            raise ConfigError(f"strategy.{k} must be {want}, got {v!r}")
+        out[k] = tuple(v) if isinstance(default, tuple) else v
+    return out
+
+
 def settings_from(cfg: dict) -> JobSettings:
     """`cfg` is the resolved Hydra config as a plain dict."""
     strategy = dict(cfg.get("strategy") or {})
@@ -71,7 +102,6 @@ def settings_from(cfg: dict) -> JobSettings:
     offline = cfg.get("offline")
     if offline not in ("auto", True, False):
         raise ConfigError(f"offline must be auto, true or false, got {offline!r}")
-    known = set(AgentConfig.__dataclass_fields__)
     agent = AgentConfig(
         strategy=name,
         iters=_int(cfg, "iters", 0),
@@ -82,7 +112,7 @@ def settings_from(cfg: dict) -> JobSettings:
         timeout_s=_num(sandbox, "timeout_s", 0.001, "sandbox.timeout_s"),
         audit_passes=_bool({"sandbox.audit": sandbox.get("audit", True)}, "sandbox.audit"),
         strict=_bool({"sandbox.strict": sandbox.get("strict", False)}, "sandbox.strict"),
-        **{k: v for k, v in strategy.items() if k in known and k not in ("strategy",)},
+        **_strategy_knobs(strategy),
     )
     try:
         check_config(agent)  # schedules, feedback styles, tool formats: one line here, not one error per task
