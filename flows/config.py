@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agents.loop import PROTOCOLS, STRATEGIES, AgentConfig, check_config
+from agents.config import PROTOCOLS, STRATEGIES, AgentConfig, check_config
 
 
 class ConfigError(ValueError):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from agents import loop as agent_loop
-from agents.loop import AgentConfig
+from agents.config import AgentConfig
 from agents.types import Task, Trajectory
 
 from .stats import interval

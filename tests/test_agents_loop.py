@@ -7,8 +7,8 @@ import warnings
 
 import pytest
 
-from agents.loop import (PROTOCOLS, STRATEGIES, AgentConfig, round_seed, round_temperature, run_agent,
-                         truncate)
+from agents.config import PROTOCOLS, STRATEGIES, AgentConfig, round_seed, round_temperature
+from agents.loop import run_agent, truncate
 from agents.models.doubles import ScriptedModel
 from agents_fixtures import fenced, sandbox, task
 from conftest import needs_data

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
-from agents.loop import AgentConfig, run_agent, truncate
+from agents.config import AgentConfig
+from agents.loop import run_agent, truncate
 from agents.models.base import Generation
 from agents.models.doubles import ScriptedModel
-from agents.react import parse_action, supports_tools
+from agents.strategies.react import parse_action, supports_tools
 from agents.types import ModelCall
 from agents_fixtures import sandbox, task
 from conftest import needs_data

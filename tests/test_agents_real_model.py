@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
-from agents.loop import AgentConfig, run_agent
+from agents.config import AgentConfig
+from agents.loop import run_agent
 from agents_fixtures import REPO, sandbox, task
 from conftest import needs_data
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from agents.loop import AgentConfig
+from agents.config import AgentConfig
 from flows.cache import TrajectoryCache
 from flows.neutral import result_neutral
 

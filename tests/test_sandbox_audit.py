@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents.loop import AgentConfig, Context
+from agents.config import AgentConfig
+from agents.context import Context
 from agents.types import Attempt
 from sandboxes import build_program
 from sandboxes.audit import audit_program, suspicion
@@ -82,7 +83,7 @@ def test_the_agent_records_the_flag_and_strict_fails_it(sbx, strict):
     cfg = AgentConfig(strategy="single_shot", strict=strict)
     ctx = Context.__new__(Context)  # only what execute() reads
     ctx.task, ctx.sandbox, ctx.cfg = OneTask, sbx, cfg
-    from agents.loop import visibility
+    from agents.context import visibility
 
     ctx.view = visibility(OneTask, "tests")
     attempt = Attempt(round=0, decision="tested", code=HOSTILE["always_equal"])

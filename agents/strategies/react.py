@@ -16,8 +16,9 @@ import json
 import re
 from dataclasses import dataclass
 
-from .loop import CODE_STOP, Context, State, Strategy, render
-from .types import Attempt, ModelCall
+from ..context import CODE_STOP, Context, State, render
+from ..types import Attempt, ModelCall
+from .base import Strategy
 
 _TOOL_CALL_TEXT = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)
 _ACTION = re.compile(r"^[\s*#>]*Action\s*\**\s*:\s*\**\s*`?(run_tests|submit)\b", re.I | re.M)

@@ -1,0 +1,186 @@
+"""What one task's run works with: the prompt templates, what the protocol shows (`visibility`), the Context
+that calls the model, judges an answer and runs it in the sandbox, and the State a strategy builds rounds from.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+from sandboxes import build_program
+from sandboxes.audit import audit_program, suspicion
+from sandboxes.base import Sandbox
+
+from .config import PROTOCOLS, AgentConfig, round_seed, round_temperature
+from .extract import extract_candidate, normalise
+from .feedback import raw_feedback, shape_feedback
+from .models.base import GenRequest, Model
+from .types import Attempt, ModelCall, Task
+
+PROMPTS = Path(__file__).parent / "prompts"
+# A closing fence followed by a newline. An opening fence carries a language tag (```python) in practice, so it
+# does not match; a bare opening fence after prose would end the answer early (it then counts as no_code).
+CODE_STOP = ("\n```\n",)
+
+
+_env = jinja2.Environment(loader=jinja2.FileSystemLoader(PROMPTS), undefined=jinja2.StrictUndefined,
+                          keep_trailing_newline=True, trim_blocks=False)
+
+
+def render(name: str, **kw) -> str:
+    return _env.get_template(name).render(**kw).strip() + "\n"
+
+
+def few_shot_messages(n: int) -> list[dict]:
+    """The first n worked examples as (user, assistant) turns."""
+    out = []
+    for p in sorted((PROMPTS / "few_shot").glob("*.txt"))[:n]:
+        user, _, answer = p.read_text().partition("=== ANSWER ===")
+        out += [{"role": "user", "content": user.strip() + "\n"}, {"role": "assistant", "content": answer.strip() + "\n"}]
+    return out
+
+
+@dataclass(frozen=True)
+class View:
+    """What the agent is shown and what its feedback runs on, for one protocol."""
+
+    code: str  # the buggy code as shown
+    tests: str | None  # test code shown in the prompt
+    feedback_test: str  # test code the visible runs use (the verdict always uses task.test)
+
+
+def visibility(task: Task, protocol: str) -> View:
+    if protocol == "tests":  # the published HumanEvalFix setting
+        return View(task.buggy_code, task.test.strip(), task.test)
+    if protocol == "docs":  # the docstring instead of tests; feedback from the docstring's examples only
+        return View((task.prompt.strip("\n") + "\n" + task.buggy_solution), None, task.example_test)
+    if protocol == "hidden":  # examples shown and used for feedback; verdict from the full test, never shown
+        return View(task.buggy_code, task.example_test.strip() or None, task.example_test)
+    raise ValueError(f"unknown protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}")
+
+
+class Context:
+    """What one task's run needs, shared by every round."""
+
+    def __init__(self, task: Task, model: Model, sandbox: Sandbox, cfg: AgentConfig):
+        self.task, self.model, self.sandbox, self.cfg = task, model, sandbox, cfg
+        self.view = visibility(task, cfg.protocol)
+        # The buggy code as shown, keyed as a candidate would be: an answer equal to it is "unchanged".
+        self.buggy_keys = set()
+        for shown in {task.buggy_code, self.view.code}:
+            ex = extract_candidate("```python\n" + shown + "\n```", task, cfg.keep_task_context, False)
+            self.buggy_keys.add(normalise(ex.code or shown))
+
+    def call(self, messages: list[dict], rnd: int, turn: int = 0, tools=None, stop: tuple = ()) -> ModelCall:
+        cfg = self.cfg
+        temperature = round_temperature(cfg, rnd)
+        seed = round_seed(cfg, self.task.task_id, rnd, turn)
+        req = GenRequest(messages=[dict(m) for m in messages], max_new_tokens=cfg.max_new_tokens,
+                         temperature=temperature, seed=seed, tools=tools,
+                         stop=tuple(stop))
+        t0 = time.perf_counter()
+        try:
+            gen = self.model.generate(req)
+        except Exception as e:  # one failed request fails this round, not the run
+            return ModelCall(messages=req.messages, output="", seconds=round(time.perf_counter() - t0, 3),
+                             temperature=temperature, seed=seed, error=f"{type(e).__name__}: {e}")
+        text = gen.text
+        if CODE_STOP[0] in stop and gen.finish_reason == "stop" and text.count("```") % 2 == 1:
+            text += "\n```"  # put back the closing fence the stop string cut, so the answer reads whole
+        return ModelCall(messages=req.messages, output=text, prompt_tokens=gen.prompt_tokens,
+                         completion_tokens=gen.completion_tokens,
+                         seconds=round(gen.seconds or time.perf_counter() - t0, 3), temperature=temperature,
+                         seed=seed, tool_calls=list(getattr(gen, "tool_calls", None) or []),
+                         prefill_tokens=gen.prefill_tokens, finish_reason=gen.finish_reason,
+                         draft_tokens=gen.draft_tokens, draft_accepted=gen.draft_accepted)
+
+    def execute(self, attempt: Attempt) -> None:
+        """Run the visible tests (what the agent learns) and, when they differ, the full test (the verdict)."""
+        task, cfg = self.task, self.cfg
+        visible = self.sandbox.run(build_program(attempt.code, self.view.feedback_test), cfg.timeout_s)
+        attempt.visible_result = visible
+        if self.view.feedback_test == task.test:
+            attempt.result = visible
+        else:
+            attempt.result = self.sandbox.run(build_program(attempt.code, task.test), cfg.timeout_s)
+        if attempt.result.passed and cfg.audit_passes:
+            self.audit(attempt)
+        attempt.notes["visible"] = attempt.visible_result.status
+        attempt.notes["verdict"] = attempt.result.status
+        self.ensure_feedback(attempt)
+
+    def audit(self, attempt: Attempt) -> None:
+        """A pass whose returned values are not plain builtins (a lying __eq__) is flagged; strict fails it."""
+        task, cfg = self.task, self.cfg
+        audit = self.sandbox.run(audit_program(attempt.code, task.test, task.entry_point), cfg.timeout_s)
+        attempt.suspicious = suspicion(audit)
+        if attempt.suspicious and cfg.strict:
+            failed = dataclasses.replace(attempt.result, status="failed", error_type="SuspiciousReturn",
+                                         failing_line=None, stderr=f"strict: {attempt.suspicious}",
+                                         details={**attempt.result.details, "suspicious": attempt.suspicious})
+            if attempt.visible_result is attempt.result:
+                attempt.visible_result = failed
+            attempt.result = failed
+
+    def ensure_feedback(self, attempt: Attempt) -> None:
+        """Feedback on a failed visible run; computed on every round (also the last: a continuation reads it)."""
+        visible = attempt.visible_result or attempt.result
+        if attempt.feedback is not None or visible is None or visible.passed or attempt.code is None:
+            return
+        cfg = self.cfg
+        if attempt.notes.get("unchanged"):
+            attempt.feedback = render("unchanged.txt").strip()
+            if cfg.feedback_style == "verdict":
+                return
+            attempt.feedback += "\n"
+        else:
+            attempt.feedback = ""
+        if cfg.feedback_style == "raw":
+            attempt.feedback += raw_feedback(visible, cfg.timeout_s, cfg.feedback_chars)
+        elif cfg.feedback_style == "verdict":
+            attempt.feedback += "The tests failed." if visible.status != "timeout" else "The tests timed out."
+        else:
+            attempt.feedback += shape_feedback(
+                visible, attempt.code, self.view.feedback_test, self.sandbox, cfg.timeout_s, cfg.feedback_chars,
+                cfg.compute_actual, entry_point=self.task.entry_point, edge_case_hint=cfg.edge_case_hint,
+                buggy_code=self.view.code if cfg.show_diff else None)
+
+    def judge(self, attempt: Attempt, text: str, state: "State", run: bool = True) -> str:
+        """Extract a candidate from `text` into `attempt` and decide: no_code | syntax_error | repeat | tested."""
+        cfg, task = self.cfg, self.task
+        ex = extract_candidate(text, task, keep_context=cfg.keep_task_context, check_signature=cfg.check_signature)
+        attempt.code = ex.code
+        if ex.problem == "no_code" or (ex.problem and cfg.syntax_path):
+            attempt.decision = "no_code" if ex.problem == "no_code" else "syntax_error"
+            attempt.notes["problem"] = ex.detail
+            attempt.feedback = ex.detail
+            return attempt.decision
+        if ex.problem:
+            attempt.notes["problem"] = ex.detail  # syntax path off: the sandbox reports it
+        key = normalise(ex.code)
+        if cfg.flag_unchanged and key in self.buggy_keys:
+            attempt.notes["unchanged"] = True  # still run (it fails by construction), but the feedback says so
+        if cfg.detect_repeats and key in state.seen:
+            attempt.decision = "repeat"
+            attempt.notes["same_as_round"] = state.seen[key]
+            return "repeat"
+        attempt.decision = "tested"
+        if run:
+            self.execute(attempt)
+        return "tested"
+
+
+@dataclass
+class State:
+    """What the next round is built from. Changed only by a strategy's `absorb`."""
+
+    messages: list[dict]  # the conversation so far (reflection: prompt + history; react: whole episode)
+    prefix: int = 0  # how many of `messages` are the fixed opening prompt
+    seen: dict = field(default_factory=dict)  # normalised candidate -> round it was tested in
+    feedback: dict = field(default_factory=dict)  # round -> the feedback its test run gave
+    turns: int = 0  # react: model turns used
+    last_tested: tuple | None = None  # react: (code, round) of the latest run; `submit` without code hands it in
+    done: str | None = None  # stop reason once the episode is over
