@@ -17,6 +17,7 @@ import os
 import threading
 from pathlib import Path
 
+from agents.models.packs import cache_root
 from agents.types import Task, Trajectory
 
 from .neutral import without_neutral
@@ -26,7 +27,7 @@ AGENTS = REPO_ROOT / "agents"
 UNCACHED_BACKENDS = ("oracle", "scripted")
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("FIXLAB_CACHE") or Path.home() / ".cache" / "fixlab") / "trajectories"
+    return cache_root() / "trajectories"
 
 
 def _agent_code_digest() -> str:

@@ -68,10 +68,3 @@ class Sandbox(Protocol):
 
 class SandboxUnavailable(RuntimeError):
     """The backend cannot start here (missing isolation, missing API key...). Message is one line."""
-
-
-def cap_output(data: bytes, cap: int = OUTPUT_CAP_BYTES) -> tuple[str, bool]:
-    """Decode a stream and keep its tail (the end holds the traceback), noting the cut."""
-    if len(data) <= cap:
-        return data.decode("utf-8", "replace"), False
-    return "[... output cut to its last %d bytes ...]\n" % cap + data[-cap:].decode("utf-8", "replace"), True

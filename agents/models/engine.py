@@ -109,6 +109,19 @@ class PrefixStore:
         return best, self._entries[best_key][1]
 
 
+def too_long(n: int, max_context: int) -> RequestError | None:
+    """The error for a prompt of n tokens that leaves no room to answer in the context, else None."""
+    if n >= max_context:
+        return RequestError(f"prompt has {n} tokens but the model context is {max_context}: shorten the prompt")
+    return None
+
+
+def cut_at_stop(text: str, stops) -> tuple[str, bool]:
+    """The text up to the first stop string (not included), and whether one was found."""
+    cuts = [text.find(s) for s in stops if s in text]
+    return (text[: min(cuts)], True) if cuts else (text, False)
+
+
 def _first_line(e: BaseException) -> str:
     s = str(e).strip().splitlines()
     return f"{type(e).__name__}: {s[0] if s else ''}"[:300]
@@ -153,9 +166,8 @@ class BatchEngine:
         if n == 0:
             fut.set_exception(RequestError("empty prompt"))
             return fut
-        if n >= self.max_context:
-            fut.set_exception(RequestError(
-                f"prompt has {n} tokens but the model context is {self.max_context}: shorten the prompt"))
+        if too_long(n, self.max_context):
+            fut.set_exception(too_long(n, self.max_context))
             return fut
         # Clamp rather than fail: the caller sees finish_reason="length".
         max_new = max(1, min(int(req.max_new_tokens), self.max_context - n))
@@ -530,11 +542,9 @@ class BatchEngine:
         if ids and ids[-1] in self.eos_ids:
             ids = ids[:-1]
         text = self.tok.decode(ids, skip_special_tokens=True)
-        if r.req.stop:
-            cuts = [text.find(s) for s in r.req.stop if s in text]
-            if cuts:
-                text = text[: min(cuts)]
-                r.finish = "stop"
+        text, hit = cut_at_stop(text, r.req.stop)
+        if hit:
+            r.finish = "stop"
         if not r.future.done():
             r.future.set_result(Generation(
                 text=text, prompt_tokens=len(r.prompt_ids), completion_tokens=len(r.out_ids),

@@ -202,11 +202,11 @@ class TransformersModel:
         import torch
         from transformers import GenerationConfig
 
-        from .engine import RequestError
+        from .engine import cut_at_stop, too_long
 
         n = len(ids)
-        if n >= self.max_context:
-            raise RequestError(f"prompt has {n} tokens but the model context is {self.max_context}: shorten the prompt")
+        if too_long(n, self.max_context):
+            raise too_long(n, self.max_context)
         max_new = max(1, min(int(request.max_new_tokens), self.max_context - n))
         sample = bool(request.temperature and request.temperature > 0)
         # Explicit config: the checkpoint's own defaults (top_k, repetition penalty...) would make this path
@@ -227,9 +227,9 @@ class TransformersModel:
             finish = "stop"
         body = new[:-1] if finish == "stop" else new
         text = self.tokenizer.decode(body, skip_special_tokens=True)
-        cuts = [text.find(s) for s in request.stop if s in text]
-        if cuts:
-            text, finish = text[: min(cuts)], "stop"
+        text, hit = cut_at_stop(text, request.stop)
+        if hit:
+            finish = "stop"
         return Generation(text=text, prompt_tokens=n, completion_tokens=len(new),
                           seconds=time.perf_counter() - t0, finish_reason=finish)
 
