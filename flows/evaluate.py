@@ -75,31 +75,18 @@ class Progress:
 
 
 def run_job(cfg: dict) -> dict:
+    """One job: settings, model and sandbox up front, the MLflow run, the core over the pending tasks, the summary."""
     t0 = time.perf_counter()
     settings = settings_from(cfg)
     apply_offline(settings.offline)
     tasks = load_tasks(settings.dataset)
-    tracker = RunTracker(settings.tracking)
-    resume = settings.resume
-    if resume == "last":
-        resume = tracker.last_run_id()
-        if resume is None:
-            raise ConfigError("resume=last: no earlier run in this experiment to resume")
     # Build model and sandbox before any task starts, so a missing key or model is one error up front
     # (not for dask: the model lives in the worker processes, possibly on other machines).
     if settings.runner.get("name", "threads") != "dask":
         model_and_sandbox(settings)
     check_runner(settings.runner)
-    tags = {"model": settings.model["name"], "strategy": settings.agent.strategy,
-            "protocol": settings.agent.protocol, "iters": str(settings.agent.iters)}
-    try:
-        run_id = tracker.start(settings.run_name, settings.raw, tags, resume_run_id=resume)
-    except ConfigError:
-        raise
-    except Exception as e:
-        if resume:
-            raise ConfigError(f"resume={resume}: no such MLflow run ({type(e).__name__})") from None
-        raise
+    tracker = RunTracker(settings.tracking)
+    run_id, resume = open_run(tracker, settings)
     store = core.TaskStore(tracker.store_dir, run_id)
     jobs, done = core.pending(tasks, settings.samples, store, bool(resume))
     print(f"fixlab: {len(tasks)} tasks x {settings.samples} sample(s), {len(jobs)} to run, model={settings.model['name']} "
@@ -143,6 +130,26 @@ def run_job(cfg: dict) -> dict:
                 tracker.client.set_terminated(run_id, status=status)
             except Exception:
                 pass
+
+
+def open_run(tracker: RunTracker, settings) -> tuple[str, str | None]:
+    """(run id, the run id resumed or None): a new MLflow run, or the one `resume` names (last: the newest
+    unfinished one), refused in one line when its config differs in anything that changes answers."""
+    resume = settings.resume
+    if resume == "last":
+        resume = tracker.last_run_id()
+        if resume is None:
+            raise ConfigError("resume=last: no earlier run in this experiment to resume")
+    tags = {"model": settings.model["name"], "strategy": settings.agent.strategy,
+            "protocol": settings.agent.protocol, "iters": str(settings.agent.iters)}
+    try:
+        return tracker.start(settings.run_name, settings.raw, tags, resume_run_id=resume), resume
+    except ConfigError:
+        raise
+    except Exception as e:
+        if resume:
+            raise ConfigError(f"resume={resume}: no such MLflow run ({type(e).__name__})") from None
+        raise
 
 
 def _result_rows(trajs: list[Trajectory]):

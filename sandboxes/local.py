@@ -26,6 +26,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable
 from .procs import processes_of_uids
@@ -250,17 +251,35 @@ class _Worker:
             shutil.rmtree(self.scratch_root, ignore_errors=True)
 
     # -- one program -------------------------------------------------------------------------------
+    # A run: send the program with four fresh pipes (stdout, stderr, the proof channel, the secret), watch the
+    # pipes and the control socket until the child's end is reported and its pipes close (or the deadline, the
+    # output cap, or the worker's death), then judge. `passed` needs exit 0 AND the run's secret on the proof fd.
     def execute(self, program: str, timeout_s: float) -> tuple[ExecResult, bool]:
         """Run one program; returns (result, worker still healthy)."""
-        sbx = self.sbx
+        start = time.monotonic()
+        secret = secrets.token_bytes(32)  # new for every run, never leaves this process but through its pipe
+        pipes = self._send(program, secret)
+        if isinstance(pipes, ExecResult):
+            return pipes, False
+        run = self._collect(pipes, start + timeout_s)
+        healthy = run.wait_status is not None and not run.timed_out and not run.flooded and not run.worker_gone
+        if healthy and not os.WIFEXITED(run.wait_status):
+            healthy = False  # killed by a signal (rlimit, segfault): start a fresh worker
+        if not healthy:
+            self._stop_and_drain(run, pipes)
+        for fd in pipes:
+            os.close(fd)
+        self.runs += 1
+        return self._verdict(run, program, secret, timeout_s, time.monotonic() - start), healthy
+
+    def _send(self, program: str, secret: bytes) -> tuple[int, int, int] | ExecResult:
+        """The program and the child's ends of fresh pipes to the worker; our read ends, or the error."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         st_r, st_w = os.pipe()
         sec_r, sec_w = os.pipe()
-        secret = secrets.token_bytes(32)  # new for every run, never leaves this process but through sec_w
         os.write(sec_w, secret)
         os.close(sec_w)
-        start = time.monotonic()
         try:
             _send(self.sock, {"program": program}, fds=(out_w, err_w, st_w, sec_r))
             sent = True
@@ -271,53 +290,33 @@ class _Worker:
         if not sent:
             for fd in (out_r, err_r, st_r):
                 os.close(fd)
-            return ExecResult(status="error", stderr=f"sandbox worker unreachable: {send_err}",
-                              backend=sbx.name), False
-        out, err = _Tail(sbx.output_cap_bytes), _Tail(sbx.output_cap_bytes)
-        proof = bytearray()
+            return ExecResult(status="error", stderr=f"sandbox worker unreachable: {send_err}", backend=self.sbx.name)
+        return out_r, err_r, st_r
+
+    def _collect(self, pipes: tuple[int, int, int], deadline: float) -> "_Run":
+        """Read the pipes and the worker's reports until the child is done (or the deadline, the output cap,
+        or the worker's death, each with a short grace for what is still in the pipes)."""
+        sbx, run = self.sbx, _Run(_Tail(self.sbx.output_cap_bytes), _Tail(self.sbx.output_cap_bytes))
         sel = selectors.DefaultSelector()
-        for fd, tag in ((out_r, "out"), (err_r, "err"), (st_r, "st")):
+        for fd, tag in zip(pipes, ("out", "err", "st")):
             os.set_blocking(fd, False)
             sel.register(fd, selectors.EVENT_READ, tag)
         self.sock.setblocking(False)
         sel.register(self.sock, selectors.EVENT_READ, "ctl")
-        open_pipes = 3
-        wait_status = None
-        child_pid = None
-        worker_gone = timed_out = flooded = False
-        deadline = start + timeout_s
-        grace_end = None
+        open_pipes, grace_end = 3, None
         while True:
             now = time.monotonic()
-            if wait_status is not None and open_pipes == 0:
+            if run.wait_status is not None and open_pipes == 0:
                 break
-            if wait_status is None and now >= deadline:
-                timed_out = True
+            if run.wait_status is None and now >= deadline:
+                run.timed_out = True
                 break
             if grace_end is not None and now >= grace_end:
                 break
             limit = deadline if grace_end is None else grace_end
             for key, _ in sel.select(timeout=max(0.0, limit - now)):
-                tag = key.data
-                if tag == "ctl":
-                    try:
-                        b = self.sock.recv(65536)
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    except OSError:
-                        b = b""
-                    if not b:
-                        worker_gone = True
-                        sel.unregister(self.sock)
-                        grace_end = time.monotonic() + 1.0
-                        continue
-                    self._rbuf += b
-                    while (msg := self._take_msg()) is not None:
-                        if "started" in msg:
-                            child_pid = msg["started"]
-                        elif "wait_status" in msg:
-                            wait_status = msg["wait_status"]
-                            grace_end = time.monotonic() + 2.0  # pipes close once the leftovers are killed
+                if key.data == "ctl":
+                    grace_end = self._control(sel, run) or grace_end
                     continue
                 try:
                     b = os.read(key.fd, 1 << 16)
@@ -327,69 +326,103 @@ class _Worker:
                     sel.unregister(key.fd)
                     open_pipes -= 1
                     continue
-                if tag == "st":
-                    if len(proof) < 4096:
-                        proof += b
+                if key.data == "st":
+                    if len(run.proof) < 4096:
+                        run.proof += b
                 else:
-                    (out if tag == "out" else err).add(b)
-                    if out.total + err.total > sbx.max_output_bytes:
-                        flooded = True
+                    (run.out if key.data == "out" else run.err).add(b)
+                    if run.out.total + run.err.total > sbx.max_output_bytes:
+                        run.flooded = True
                         break
-            if flooded or (worker_gone and wait_status is None and grace_end and time.monotonic() >= grace_end):
+            if run.flooded or (run.worker_gone and run.wait_status is None and grace_end
+                               and time.monotonic() >= grace_end):
                 break
         sel.close()
         self.sock.setblocking(True)
-        healthy = wait_status is not None and not timed_out and not flooded and not worker_gone
-        if healthy and not os.WIFEXITED(wait_status):
-            healthy = False  # killed by a signal (rlimit, segfault): start a fresh worker
-        if not healthy:
-            if child_pid is not None and not sbx.isolated:
-                try:
-                    os.killpg(child_pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            self.kill()
-            for fd, t in ((out_r, out), (err_r, err), (st_r, None)):  # what was written before the kill
-                try:
-                    while (b := os.read(fd, 1 << 16)):
-                        if t is None:
-                            proof += b[: max(0, 4096 - len(proof))]
-                        else:
-                            t.add(b)
-                            if t.total > sbx.max_output_bytes:
-                                break
-                except (BlockingIOError, OSError):
-                    pass
-        for fd in (out_r, err_r, st_r):
-            os.close(fd)
-        duration = time.monotonic() - start
-        stdout, out_cut = out.result()
-        stderr, err_cut = err.result()
-        exit_code = None
-        if wait_status is not None:
-            exit_code = os.waitstatus_to_exitcode(wait_status)
-        details: dict = {"isolated": sbx.isolated, "worker_runs": self.runs}
-        if timed_out:
+        return run
+
+    def _control(self, sel, run: "_Run") -> float | None:
+        """The worker's reports (child started, child's wait status); a grace deadline when one ends the run."""
+        try:
+            b = self.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            b = b""
+        if not b:
+            run.worker_gone = True
+            sel.unregister(self.sock)
+            return time.monotonic() + 1.0
+        self._rbuf += b
+        grace = None
+        while (msg := self._take_msg()) is not None:
+            if "started" in msg:
+                run.child_pid = msg["started"]
+            elif "wait_status" in msg:
+                run.wait_status = msg["wait_status"]
+                grace = time.monotonic() + 2.0  # pipes close once the leftovers are killed
+        return grace
+
+    def _stop_and_drain(self, run: "_Run", pipes: tuple[int, int, int]) -> None:
+        """Kill the child's group and the worker, then keep what was written before the kill."""
+        if run.child_pid is not None and not self.sbx.isolated:
+            try:
+                os.killpg(run.child_pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.kill()
+        for fd, t in zip(pipes, (run.out, run.err, None)):
+            try:
+                while (b := os.read(fd, 1 << 16)):
+                    if t is None:
+                        run.proof += b[: max(0, 4096 - len(run.proof))]
+                    else:
+                        t.add(b)
+                        if t.total > self.sbx.max_output_bytes:
+                            break
+            except (BlockingIOError, OSError):
+                pass
+
+    def _verdict(self, run: "_Run", program: str, secret: bytes, timeout_s: float, duration: float) -> ExecResult:
+        sbx = self.sbx
+        stdout, out_cut = run.out.result()
+        stderr, err_cut = run.err.result()
+        exit_code = os.waitstatus_to_exitcode(run.wait_status) if run.wait_status is not None else None
+        details: dict = {"isolated": sbx.isolated, "worker_runs": self.runs - 1}
+        if run.timed_out:
             status = "timeout"
             details["timeout_s"] = timeout_s
-        elif flooded:
+        elif run.flooded:
             status = "failed"
             details["output_limit_bytes"] = sbx.max_output_bytes
             stderr += f"\n[sandbox: killed after more than {sbx.max_output_bytes} bytes of output]"
-        elif wait_status is None:
+        elif run.wait_status is None:
             status = "error"
             stderr += "\n[sandbox: the worker died before reporting the program's end: %s]" % self.last_words
-        elif exit_code == 0 and hmac.compare_digest(bytes(proof), secret):
+        elif exit_code == 0 and hmac.compare_digest(bytes(run.proof), secret):
             status = "passed"
         else:
             status = "failed"
             if exit_code is not None and exit_code < 0:
                 details["signal"] = signal.Signals(-exit_code).name if -exit_code in signal.Signals._value2member_map_ else -exit_code
         failing, etype = (None, None) if status == "passed" else parse_failure(stderr, _PROGRAM, program)
-        self.runs += 1
         return ExecResult(status=status, exit_code=exit_code, stdout=stdout, stderr=stderr,
                           stdout_truncated=out_cut, stderr_truncated=err_cut, duration_s=round(duration, 4),
-                          failing_line=failing, error_type=etype, backend=sbx.name, details=details), healthy
+                          failing_line=failing, error_type=etype, backend=sbx.name, details=details)
+
+
+@dataclass
+class _Run:
+    """What one program's run left: its output tails, the proof bytes, and how it ended."""
+
+    out: _Tail
+    err: _Tail
+    proof: bytearray = field(default_factory=bytearray)
+    wait_status: int | None = None
+    child_pid: int | None = None
+    worker_gone: bool = False
+    timed_out: bool = False
+    flooded: bool = False
 
 
 class LocalSandbox:

@@ -103,41 +103,13 @@ def _source(cfg: dict) -> tuple[str, dict]:
 class TransformersModel:
     def __init__(self, cfg: dict):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.cfg = dict(cfg)
         self.name = cfg.get("name") or cfg.get("model") or cfg.get("pack") or "transformers"
         self.device = resolve_device(cfg.get("device"))
         self.dtype = resolve_dtype(cfg.get("dtype"), self.device)
-        src, kw = _source(cfg)
-        trust = bool(cfg.get("trust_remote_code", False))
         t0 = time.perf_counter()
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust, **kw)
-            mkw = dict(dtype=self.dtype, trust_remote_code=trust, **kw)
-            if cfg.get("attn_implementation"):
-                mkw["attn_implementation"] = cfg["attn_implementation"]
-            self.model = AutoModelForCausalLM.from_pretrained(src, **mkw)
-        except ModelUnavailable:
-            raise
-        except (OSError, ValueError, EnvironmentError) as e:
-            where = f"{src}@{kw['revision']}" if kw.get("revision") else src
-            offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0") else ""
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise ModelUnavailable(f"cannot load model {where!r}{offline}: {first}; fix: check the id/revision and "
-                                   "network, or use a local `path` or a registry `pack`") from None
-        self.model.to(self.device).eval()
-        if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.get("skinny_matmul", True):
-            # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
-            from .engine import use_skinny_matmul
-
-            use_skinny_matmul(self.model)
-        if self.device.type == "cpu" and cfg.get("sdpa_gqa", True):
-            # Batched rows carry a padding mask, and with a mask transformers expands grouped K/V heads
-            # (repeat_kv: a full copy of the KV cache per layer per step) instead of SDPA's enable_gqa. On CPU
-            # the GQA kernel takes masks and was 10x faster for Qwen2.5's 14:2 heads (same results). Process-wide
-            # switch, read at call time; not set for CUDA, where a mask + GQA falls back to the math kernel.
-            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+        self._load(cfg)
         self.load_seconds = time.perf_counter() - t0
         if not getattr(self.tokenizer, "chat_template", None):
             raise ModelUnavailable(f"model {self.name!r} has no chat template: use an instruct/chat checkpoint")
@@ -166,6 +138,40 @@ class TransformersModel:
                 name=f"engine-{self.name}", prefix_cache_mib=float(cfg.get("prefix_cache_mib", 1024) or 0),
                 draft_tokens=int(cfg.get("draft_tokens", 8) or 0), draft_ngram=int(cfg.get("draft_ngram", 3)),
                 draft_step_tokens=int(cfg.get("draft_step_tokens", 16)))
+
+    def _load(self, cfg: dict) -> None:
+        """Tokenizer and weights onto the device, with the CPU kernels' settings; one line when they cannot load."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        src, kw = _source(cfg)
+        trust = bool(cfg.get("trust_remote_code", False))
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust, **kw)
+            mkw = dict(dtype=self.dtype, trust_remote_code=trust, **kw)
+            if cfg.get("attn_implementation"):
+                mkw["attn_implementation"] = cfg["attn_implementation"]
+            self.model = AutoModelForCausalLM.from_pretrained(src, **mkw)
+        except ModelUnavailable:
+            raise
+        except (OSError, ValueError, EnvironmentError) as e:
+            where = f"{src}@{kw['revision']}" if kw.get("revision") else src
+            offline = " (HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0") else ""
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise ModelUnavailable(f"cannot load model {where!r}{offline}: {first}; fix: check the id/revision and "
+                                   "network, or use a local `path` or a registry `pack`") from None
+        self.model.to(self.device).eval()
+        if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.get("skinny_matmul", True):
+            # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
+            from .engine import use_skinny_matmul
+
+            use_skinny_matmul(self.model)
+        if self.device.type == "cpu" and cfg.get("sdpa_gqa", True):
+            # Batched rows carry a padding mask, and with a mask transformers expands grouped K/V heads
+            # (repeat_kv: a full copy of the KV cache per layer per step) instead of SDPA's enable_gqa. On CPU
+            # the GQA kernel takes masks and was 10x faster for Qwen2.5's 14:2 heads (same results). Process-wide
+            # switch, read at call time; not set for CUDA, where a mask + GQA falls back to the math kernel.
+            os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
