@@ -262,15 +262,7 @@ def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandb
             if expected is not None and not _is_literal(expected) and len(values) > 1 and values[1] is not None:
                 expected = values[1]  # a variable or expression: show its value
             if actual is not None:
-                if shape["kind"] == "eq":
-                    parts.append(f"`{_cut(show(call), 300)}` returned {actual}, but the expected value is "
-                                 f"{_cut(expected, 300)}.")
-                elif shape["kind"] == "true":
-                    parts.append(f"`{_cut(show(call), 300)}` returned {actual}; the test expects a true value.")
-                elif shape["kind"] == "false":
-                    parts.append(f"`{_cut(show(call), 300)}` returned {actual}; the test expects a false value.")
-                else:
-                    parts.append(f"`{_cut(show(call), 300)}` returned {actual}.")
+                parts.append(_returned(shape["kind"], _cut(show(call), 300), actual, expected))
             if edge_case_hint:
                 edge = edge_case(call)
                 if edge:
@@ -289,6 +281,15 @@ def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandb
         elif not test_frame and result.failing_line:
             parts.append(f"At this line:\n    {_cut(result.failing_line, 300)}")
     return _with_diff("\n".join(parts), candidate, buggy_code, max_chars)
+
+
+def _returned(kind: str, call: str, actual: str, expected: str | None) -> str:
+    """What the failing call returned, against what the assertion wanted."""
+    if kind == "eq":
+        return f"`{call}` returned {actual}, but the expected value is {_cut(expected, 300)}."
+    if kind in ("true", "false"):
+        return f"`{call}` returned {actual}; the test expects a {kind} value."
+    return f"`{call}` returned {actual}."
 
 
 def _with_diff(text: str, candidate: str, buggy_code: str | None, max_chars: int) -> str:

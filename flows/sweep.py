@@ -93,36 +93,57 @@ def job_labels(children) -> dict[str, str]:
 
 
 def log_sweep(client, parent_id: str, wall_s: float) -> dict:
-    import matplotlib
+    """On the sweep's parent run: the jobs' pass@1 curves with their 95% bands (plot and table), and the best
+    job's figures as the parent's metrics."""
+    jobs = _sweep_jobs(client, parent_id)
+    _plot_curves(client, parent_id, jobs)
+    _log_curve_table(client, parent_id, jobs)
+    best = _log_best(client, parent_id, jobs, wall_s)
+    summary = {"jobs": [{k: j[k] for k in ("job", "run_id", "status", "curve")} for j in jobs],
+               "best": best and {k: best[k] for k in ("job", "run_id", "curve")}}
+    print(f"fixlab: sweep of {len(jobs)} jobs logged on parent run {parent_id}"
+          + (f"; best: {best['job']} pass@1={best['metrics']['pass_at_1']}" if best else ""), file=sys.stderr, flush=True)
+    return json.loads(json.dumps(summary))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from mlflow.entities import Metric
 
+def _latest_steps(client, run_id: str, key: str) -> list[float]:
+    """One value per round; a resumed run logs its curve again, the latest value wins."""
+    latest: dict[int, tuple[int, float]] = {}
+    for m in client.get_metric_history(run_id, key):
+        if m.step not in latest or m.timestamp >= latest[m.step][0]:
+            latest[m.step] = (m.timestamp, m.value)
+    return [latest[s][1] for s in sorted(latest)]
+
+
+def _sweep_jobs(client, parent_id: str) -> list[dict]:
     parent = client.get_run(parent_id)
     children = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'",
                                   order_by=["attributes.start_time ASC"], max_results=1000)
     labels = job_labels(children)
-    jobs = []
-    for r in children:
-        # One value per round; a resumed run logs its curve again, the latest value wins.
-        latest: dict[int, tuple[int, float]] = {}
-        for m in client.get_metric_history(r.info.run_id, "pass_at_1_by_iter"):
-            if m.step not in latest or m.timestamp >= latest[m.step][0]:
-                latest[m.step] = (m.timestamp, m.value)
-        curve = [latest[s][1] for s in sorted(latest)]
-        jobs.append({"job": labels[r.info.run_id], "run_id": r.info.run_id, "run_name": r.info.run_name,
-                     "status": r.info.status, "curve": curve, "metrics": r.data.metrics})
+    return [{"job": labels[r.info.run_id], "run_id": r.info.run_id, "run_name": r.info.run_name,
+             "status": r.info.status, "curve": _latest_steps(client, r.info.run_id, "pass_at_1_by_iter"),
+             "low": _latest_steps(client, r.info.run_id, "pass_at_1_by_iter_ci_low"),
+             "high": _latest_steps(client, r.info.run_id, "pass_at_1_by_iter_ci_high"),
+             "metrics": r.data.metrics} for r in children]
+
+
+def _plot_curves(client, parent_id: str, jobs: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     for j in jobs:
         if j["curve"]:
-            ax.plot(range(len(j["curve"])), j["curve"], marker="o", label=j["job"])
+            rounds = range(len(j["curve"]))
+            line, = ax.plot(rounds, j["curve"], marker="o", label=j["job"])
+            if len(j["low"]) == len(j["high"]) == len(j["curve"]):
+                ax.fill_between(rounds, j["low"], j["high"], color=line.get_color(), alpha=0.12, linewidth=0)
     ax.set_xlabel("round (0 = first attempt, then feedback rounds)")
-    ax.set_ylabel("pass@1")
+    ax.set_ylabel("pass@1 (band: 95% interval)")
     ax.set_ylim(-0.02, 1.02)
-    top = max((len(j["curve"]) for j in jobs), default=1)
-    ax.set_xticks(range(top))
+    ax.set_xticks(range(max((len(j["curve"]) for j in jobs), default=1)))
     ax.grid(alpha=0.3)
     ax.set_title(f"pass@1 vs rounds, {len(jobs)} jobs")
     if any(j["curve"] for j in jobs):
@@ -131,16 +152,26 @@ def log_sweep(client, parent_id: str, wall_s: float) -> dict:
     client.log_figure(parent_id, fig, "pass_at_1_vs_rounds.png")
     plt.close(fig)
 
-    rows = {"job": [], "round": [], "pass_at_1": [], "run_id": [], "run_name": [], "status": []}
+
+def _log_curve_table(client, parent_id: str, jobs: list[dict]) -> None:
+    rows = {"job": [], "round": [], "pass_at_1": [], "ci_low": [], "ci_high": [], "run_id": [], "run_name": [],
+            "status": []}
     for j in jobs:
         for rnd, v in enumerate(j["curve"] or [None]):
             rows["job"].append(j["job"])
             rows["round"].append(rnd if j["curve"] else None)
             rows["pass_at_1"].append(v)
+            rows["ci_low"].append(j["low"][rnd] if rnd < len(j["low"]) else None)
+            rows["ci_high"].append(j["high"][rnd] if rnd < len(j["high"]) else None)
             rows["run_id"].append(j["run_id"])
             rows["run_name"].append(j["run_name"])
             rows["status"].append(j["status"])
     client.log_table(parent_id, data=rows, artifact_file="sweep_curves.json")
+
+
+def _log_best(client, parent_id: str, jobs: list[dict], wall_s: float) -> dict | None:
+    """Best: highest pass@1, then fewest tokens, then fewest rounds; its figures become the parent's."""
+    from mlflow.entities import Metric
 
     done = [j for j in jobs if j["status"] == "FINISHED" and "pass_at_1" in j["metrics"]]
     now = int(time.time() * 1000)
@@ -148,7 +179,6 @@ def log_sweep(client, parent_id: str, wall_s: float) -> dict:
                Metric("sweep_wall_s", round(wall_s, 2), now, 0)]
     best = None
     if done:
-        # Best: highest pass@1, then fewest tokens, then fewest rounds.
         best = max(done, key=lambda j: (j["metrics"]["pass_at_1"],
                                         -(j["metrics"].get("prompt_tokens", 0) + j["metrics"].get("completion_tokens", 0)),
                                         -len(j["curve"])))
@@ -160,8 +190,4 @@ def log_sweep(client, parent_id: str, wall_s: float) -> dict:
         client.set_tag(parent_id, "best_run_id", best["run_id"])
         client.set_tag(parent_id, "best_job", best["job"][:5000])
     client.log_batch(parent_id, metrics=metrics)
-    summary = {"jobs": [{k: j[k] for k in ("job", "run_id", "status", "curve")} for j in jobs],
-               "best": best and {k: best[k] for k in ("job", "run_id", "curve")}}
-    print(f"fixlab: sweep of {len(jobs)} jobs logged on parent run {parent_id}"
-          + (f"; best: {best['job']} pass@1={best['metrics']['pass_at_1']}" if best else ""), file=sys.stderr, flush=True)
-    return json.loads(json.dumps(summary))
+    return best

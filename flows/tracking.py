@@ -252,48 +252,55 @@ def log_trace(client, experiment_id: str, run_id: str, traj: dict, end_ns: int |
     tid = root.trace_id
     cursor = start_ns
     for a in traj.get("attempts", []):
-        a_end = min(cursor + _ns(a.get("seconds")), end_ns)
-        span = client.start_span(f"round {a['round']}", trace_id=tid, parent_id=root.span_id,
-                                 span_type=SpanType.CHAIN, inputs={"round": a["round"]},
-                                 attributes={"decision": a["decision"]}, start_time_ns=cursor)
-        t = cursor
-        for i, c in enumerate(a.get("calls", [])):
-            c_end = min(t + _ns(c.get("seconds")), a_end)
-            usage = {"input_tokens": c.get("prompt_tokens", 0), "output_tokens": c.get("completion_tokens", 0),
-                     "total_tokens": c.get("prompt_tokens", 0) + c.get("completion_tokens", 0)}
-            cs = client.start_span(f"model call {i}" if i else "model call", trace_id=tid, parent_id=span.span_id,
-                                   span_type=SpanType.CHAT_MODEL, inputs={"messages": c.get("messages", [])},
-                                   attributes={"mlflow.chat.tokenUsage": usage, "temperature": c.get("temperature"),
-                                               "seed": c.get("seed"), "seconds": c.get("seconds")},
-                                   start_time_ns=t)
-            client.end_span(tid, cs.span_id, end_time_ns=c_end, status="ERROR" if c.get("error") else "OK",
-                            outputs={"choices": [{"index": 0, "finish_reason": "stop",
-                                                  "message": {"role": "assistant", "content": c.get("output", "")}}],
-                                     **({"tool_calls": c["tool_calls"]} if c.get("tool_calls") else {}),
-                                     **({"error": c["error"]} if c.get("error") else {})})
-            t = c_end
-        r = a.get("result")
-        # Under protocols other than `tests` the agent's feedback came from a separate run on the visible tests.
-        runs = [("sandbox run (visible tests)", a.get("visible_result"))] if a.get("visible_result") not in (None, r) else []
-        runs += [("sandbox run", r)] if r else []
-        for label, run in runs:
-            r_end = min(t + _ns(run.get("duration_s")), a_end) if a_end > t else t
-            rs = client.start_span(label, trace_id=tid, parent_id=span.span_id, span_type=SpanType.TOOL,
-                                   inputs={"code": a.get("code")},
-                                   attributes={"backend": run.get("backend"), "duration_s": run.get("duration_s")},
-                                   start_time_ns=t)
-            client.end_span(tid, rs.span_id, end_time_ns=r_end, outputs={
-                "status": run.get("status"), "exit_code": run.get("exit_code"), "failing_line": run.get("failing_line"),
-                "error_type": run.get("error_type"), "stdout": (run.get("stdout") or "")[-4000:],
-                "stderr": (run.get("stderr") or "")[-4000:]})
-            t = r_end
-        client.end_span(tid, span.span_id, end_time_ns=a_end,
-                        outputs={"decision": a["decision"], "verdict": (r or {}).get("status"),
-                                 "feedback": a.get("feedback")})
-        cursor = a_end
+        cursor = _log_round(client, tid, root.span_id, a, cursor, end_ns)
     client.end_trace(tid, end_time_ns=end_ns, status="ERROR" if traj.get("error") else "OK",
                      outputs={"verdict": v, "first_pass_round": traj.get("first_pass_round"),
                               "stop_reason": traj.get("stop_reason"),
                               "error": traj.get("error"), "prompt_tokens": traj.get("prompt_tokens", 0),
                               "completion_tokens": traj.get("completion_tokens", 0)})
     return tid
+
+
+def _log_round(client, tid: str, parent_id: str, a: dict, start_ns: int, end_ns: int) -> int:
+    """A round's span (decision, verdict, feedback) with its model calls and sandbox runs laid out back to back
+    from `start_ns`; returns where it ends."""
+    from mlflow.entities import SpanType
+
+    a_end = min(start_ns + _ns(a.get("seconds")), end_ns)
+    span = client.start_span(f"round {a['round']}", trace_id=tid, parent_id=parent_id,
+                             span_type=SpanType.CHAIN, inputs={"round": a["round"]},
+                             attributes={"decision": a["decision"]}, start_time_ns=start_ns)
+    t = start_ns
+    for i, c in enumerate(a.get("calls", [])):
+        c_end = min(t + _ns(c.get("seconds")), a_end)
+        usage = {"input_tokens": c.get("prompt_tokens", 0), "output_tokens": c.get("completion_tokens", 0),
+                 "total_tokens": c.get("prompt_tokens", 0) + c.get("completion_tokens", 0)}
+        cs = client.start_span(f"model call {i}" if i else "model call", trace_id=tid, parent_id=span.span_id,
+                               span_type=SpanType.CHAT_MODEL, inputs={"messages": c.get("messages", [])},
+                               attributes={"mlflow.chat.tokenUsage": usage, "temperature": c.get("temperature"),
+                                           "seed": c.get("seed"), "seconds": c.get("seconds")},
+                               start_time_ns=t)
+        client.end_span(tid, cs.span_id, end_time_ns=c_end, status="ERROR" if c.get("error") else "OK",
+                        outputs={"choices": [{"index": 0, "finish_reason": "stop",
+                                              "message": {"role": "assistant", "content": c.get("output", "")}}],
+                                 **({"tool_calls": c["tool_calls"]} if c.get("tool_calls") else {}),
+                                 **({"error": c["error"]} if c.get("error") else {})})
+        t = c_end
+    r = a.get("result")
+    # Under protocols other than `tests` the agent's feedback came from a separate run on the visible tests.
+    runs = [("sandbox run (visible tests)", a.get("visible_result"))] if a.get("visible_result") not in (None, r) else []
+    runs += [("sandbox run", r)] if r else []
+    for label, run in runs:
+        r_end = min(t + _ns(run.get("duration_s")), a_end) if a_end > t else t
+        rs = client.start_span(label, trace_id=tid, parent_id=span.span_id, span_type=SpanType.TOOL,
+                               inputs={"code": a.get("code")},
+                               attributes={"backend": run.get("backend"), "duration_s": run.get("duration_s")},
+                               start_time_ns=t)
+        client.end_span(tid, rs.span_id, end_time_ns=r_end, outputs={
+            "status": run.get("status"), "exit_code": run.get("exit_code"), "failing_line": run.get("failing_line"),
+            "error_type": run.get("error_type"), "stdout": (run.get("stdout") or "")[-4000:],
+            "stderr": (run.get("stderr") or "")[-4000:]})
+        t = r_end
+    client.end_span(tid, span.span_id, end_time_ns=a_end,
+                    outputs={"decision": a["decision"], "verdict": (r or {}).get("status"), "feedback": a.get("feedback")})
+    return a_end

@@ -200,6 +200,9 @@ class TamperError(Exception):
 
 
 def _run(program, fill, nproc, allow_fork):
+    # Long on purpose (about 100 lines): the secret, its unsealer and every name used after the program ran are
+    # locals of this one frame, which the program's thread cannot reach. Split into helpers, they would live in
+    # module globals or in frames the program could inspect or rebind; it reads top to bottom as the run goes.
     # Everything used after the program ran is bound here: the program can rebind module globals.
     write, exit_, display, status_fd = os.write, os._exit, sys.__excepthook__, _STATUS_FD
     bi, tamper = builtins, TamperError
