@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from sandboxes.base import ExecResult
 
@@ -73,6 +73,13 @@ class ModelCall:
     draft_accepted: int = 0
 
 
+# What became of a round's answer (see Attempt) and why an episode ended (see Trajectory).
+Decision = Literal["tested", "syntax_error", "no_code", "repeat", "model_error", "submitted", "out_of_turns"]
+StopReason = Literal["solved", "submitted", "out_of_turns", "budget"]
+DECISIONS: tuple[str, ...] = get_args(Decision)
+STOP_REASONS: tuple[str, ...] = get_args(StopReason)
+
+
 @dataclass
 class Attempt:
     """One round: the model call(s) that produced a candidate and what became of it.
@@ -89,7 +96,7 @@ class Attempt:
     """
 
     round: int
-    decision: str
+    decision: Decision
     code: str | None = None
     result: ExecResult | None = None
     feedback: str | None = None
@@ -117,7 +124,7 @@ class Trajectory:
     seconds: float = 0.0
     budget: int = 0  # iters: feedback rounds allowed after round 0
     sample: int = 0
-    stop_reason: str | None = None  # solved | submitted | out_of_turns | budget
+    stop_reason: StopReason | None = None
     agent_key: str = ""  # digest of the agent config minus iters: continuation refuses a mismatched prior
 
     @property
