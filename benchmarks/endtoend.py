@@ -47,11 +47,11 @@ ROWS = {
 
 
 def run_row(name: str, overrides: list[str], tasks: list[str], strategy: str, work: Path,
-            timeout_s: float | None = None) -> dict:
+            timeout_s: float | None = None, iters: int = 3) -> dict:
     ids = "[" + ",".join(f"'{t}'" for t in tasks) + "]"
     cmd = [sys.executable, "-m", "flows.evaluate", f"tracking.uri=sqlite:///{work}/mlflow.db",
            f"tracking.artifacts={work}/artifacts", f"cache_dir={work}/cache", f"hydra.run.dir={work}/out",
-           f"strategy={strategy}", f"dataset.task_ids={ids}", "cache=false", *overrides]
+           f"strategy={strategy}", f"iters={iters}", f"dataset.task_ids={ids}", "cache=false", *overrides]
     env = dict(os.environ, PREFECT_HOME=str(work / "prefect"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -121,6 +121,7 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from: {', '.join(ROWS)}")
     ap.add_argument("--tasks", type=int, default=len(TASKS), help="the first N of the 30 fixed tasks")
     ap.add_argument("--strategy", default="reflection")
+    ap.add_argument("--iters", type=int, default=3, help="feedback rounds (0: round 0 only, the plainest comparison)")
     ap.add_argument("--row-timeout-min", type=float, default=None,
                     help="stop a row after this long (SIGTERM) and record the tasks it finished")
     args = ap.parse_args()
@@ -133,10 +134,10 @@ def main() -> None:
     for name in names:
         with tempfile.TemporaryDirectory(prefix="fixlab-e2e-") as work:
             rows.append(run_row(name, ROWS[name], tasks, args.strategy, Path(work),
-                                None if args.row_timeout_min is None else args.row_timeout_min * 60))
+                                None if args.row_timeout_min is None else args.row_timeout_min * 60, args.iters))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     out = REPO / "benchmarks" / "results" / f"endtoend-{args.strategy}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    out.write_text(json.dumps({"strategy": args.strategy, "task_ids": tasks, "rows": rows,
+    out.write_text(json.dumps({"strategy": args.strategy, "iters": args.iters, "task_ids": tasks, "rows": rows,
                                "machine": machine()}, indent=1))
     print(table(rows))
     print(f"wrote {out.relative_to(REPO)}")
