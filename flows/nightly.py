@@ -198,10 +198,7 @@ def nightly(overrides: list[str] | None = None, config_name: str = "nightly"):
     tracker.run_id = run_id
     tracker.log_json(report, "nightly/regression_report.json")
     md = markdown(report)
-    with tempfile.TemporaryDirectory() as tmp:
-        p = Path(tmp) / "regression_report.md"
-        p.write_text(md)
-        client.log_artifact(run_id, str(p), "nightly")
+    client.log_text(run_id, md, "nightly/regression_report.md")
     now = int(time.time() * 1000)
     metrics = [Metric("nightly_regression", float(report["verdict"] == "regression"), now, 0)]
     if baseline is not None:

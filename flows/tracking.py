@@ -12,7 +12,6 @@ import json
 import os
 import re
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -156,18 +155,11 @@ class RunTracker:
         self.client.log_table(self.run_id, data=cols, artifact_file="results_table.json")
 
     def log_json(self, obj, artifact_path: str) -> None:
-        folder, name = os.path.split(artifact_path)
-        with tempfile.TemporaryDirectory() as tmp:
-            p = Path(tmp) / name
-            p.write_text(json.dumps(obj, indent=1, default=str))
-            self.client.log_artifact(self.run_id, str(p), folder or None)
+        # log_text, not log_dict: trajectories hold values json.dumps needs default=str for
+        self.client.log_text(self.run_id, json.dumps(obj, indent=1, default=str), artifact_path)
 
     def log_lines(self, rows: Iterable[dict], artifact_path: str) -> None:
-        folder, name = os.path.split(artifact_path)
-        with tempfile.TemporaryDirectory() as tmp:
-            p = Path(tmp) / name
-            p.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
-            self.client.log_artifact(self.run_id, str(p), folder or None)
+        self.client.log_text(self.run_id, "".join(json.dumps(r, default=str) + "\n" for r in rows), artifact_path)
 
     def finish(self, summary: dict, status: str = "FINISHED") -> None:
         from mlflow.entities import Metric
