@@ -1,8 +1,10 @@
 """Prefect adapter: one Prefect task per (task, sample), mapped over a task runner (threads in this process, or
 Dask worker processes), each trajectory handed to `on_result` as it completes.
 
-The flow's inputs stay in this process, captured by the flow function: Prefect stores a flow's parameters on
+The flow's inputs stay in this process, held by the flow function: Prefect stores a flow's parameters on
 its server (512 KB limit; 164 tasks are more) and the callback holds the MLflow client, the task store and locks.
+Prefect also pickles the flow object into every task's context for Dask workers, so they are held in a
+`_ThisProcess` box that pickles empty (workers never run the flow body).
 """
 from __future__ import annotations
 
@@ -15,6 +17,16 @@ from .config import ConfigError, JobSettings
 from .core import Job, error_trajectory
 
 
+class _ThisProcess:
+    """Holds the flow's inputs; pickles as an empty box (see the module docstring)."""
+
+    def __init__(self, **inputs):
+        self.__dict__.update(inputs)
+
+    def __getstate__(self) -> dict:
+        return {}
+
+
 def run_jobs(jobs: list[Job], settings: JobSettings, on_result: Callable[[Trajectory], None]) -> None:
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
@@ -24,8 +36,11 @@ def run_jobs(jobs: list[Job], settings: JobSettings, on_result: Callable[[Trajec
 
     repair = task(repair_in_process, name="repair", cache_policy=NO_CACHE, persist_result=False)
 
+    box = _ThisProcess(jobs=jobs, settings=settings, on_result=on_result, repair=repair)
+
     @flow(name="humanevalfix-evaluate", persist_result=False, log_prints=False)
     def evaluate_flow() -> None:
+        jobs, settings, on_result, repair = box.jobs, box.settings, box.on_result, box.repair
         futures = {repair.submit(t, s, settings): (t, s) for t, s in jobs}
         for fut in as_completed(list(futures)):
             t, s = futures[fut]
