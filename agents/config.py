@@ -48,6 +48,10 @@ class AgentConfig:
     show_diff: bool = False  # show the candidate's diff against the buggy code in the feedback
     few_shot: int = 0  # worked bug-fix examples (agents/prompts/few_shot/) before the task; not for react
     stop_after_code: bool = True  # end generation at the answer's closing ``` (the prose after it is thrown away)
+    # Answers drafted per round, decoded together (one batch); the first whose visible tests pass is kept, else
+    # the first one that ran. Each run counts in sandbox_runs and every call in the tokens. Not for react.
+    candidates: int = 1
+    candidate_temperature: float = 0.8  # for candidates 2..k (the first follows the round's temperature)
     # reflection
     history_rounds: int = 1  # earlier (answer, feedback) pairs kept in the prompt (at least the last one)
     diagnose: bool = False  # ask for a one- or two-sentence diagnosis of the failing input before the code
@@ -95,6 +99,10 @@ def check_config(cfg: AgentConfig) -> None:
     if cfg.tool_format not in ("auto", "native", "text"):
         raise ValueError(f"unknown tool_format {cfg.tool_format!r}: use auto, native or text")
     round_temperature(cfg, 0)
+    if cfg.candidates < 1:
+        raise ValueError(f"candidates must be >= 1, got {cfg.candidates}")
+    if cfg.candidates > 1 and cfg.strategy == "react":
+        raise ValueError("candidates > 1 is for single_shot and reflection: react makes one call per turn")
     if cfg.sample > 0 and round_temperature(cfg, 0) == 0:
         warnings.warn("samples > 1 with a greedy round 0 (temperature=0) gives identical samples: set temperature > 0",
                       stacklevel=3)

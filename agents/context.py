@@ -74,9 +74,10 @@ class Context:
             ex = extract_candidate("```python\n" + shown + "\n```", task, cfg.keep_task_context, False)
             self.buggy_keys.add(normalise(ex.code or shown))
 
-    def call(self, messages: list[dict], rnd: int, turn: int = 0, tools=None, stop: tuple = ()) -> ModelCall:
+    def call(self, messages: list[dict], rnd: int, turn: int = 0, tools=None, stop: tuple = (),
+             temperature: float | None = None) -> ModelCall:
         cfg = self.cfg
-        temperature = round_temperature(cfg, rnd)
+        temperature = round_temperature(cfg, rnd) if temperature is None else temperature
         seed = round_seed(cfg, self.task.task_id, rnd, turn)
         req = GenRequest(messages=[dict(m) for m in messages], max_new_tokens=cfg.max_new_tokens,
                          temperature=temperature, seed=seed, tools=tools,
@@ -96,6 +97,18 @@ class Context:
                          seed=seed, tool_calls=list(getattr(gen, "tool_calls", None) or []),
                          prefill_tokens=gen.prefill_tokens, finish_reason=gen.finish_reason,
                          draft_tokens=gen.draft_tokens, draft_accepted=gen.draft_accepted)
+
+    def calls(self, messages: list[dict], rnd: int, k: int, stop: tuple = ()) -> list[ModelCall]:
+        """k answers to the same prompt, in flight together so a batching backend decodes them as one batch.
+        The first follows the round's temperature; the others use candidate_temperature, each its own seed."""
+        if k == 1:
+            return [self.call(messages, rnd, stop=stop)]
+        from concurrent.futures import ThreadPoolExecutor
+
+        temps = [None] + [self.cfg.candidate_temperature] * (k - 1)
+        with ThreadPoolExecutor(k) as pool:
+            return list(pool.map(lambda i: self.call(messages, rnd, turn=i, stop=stop, temperature=temps[i]),
+                                 range(k)))
 
     def execute(self, attempt: Attempt) -> None:
         """Run the visible tests (what the agent learns) and, when they differ, the full test (the verdict)."""

@@ -6,7 +6,8 @@ Strategies (AgentConfig.strategy):
   react       - thought -> tool call (run_tests / submit) -> observation.
 Each is a module of agents/strategies/; their knobs are AgentConfig's (agents/config.py).
 Protocols (AgentConfig.protocol): what the agent sees and what its feedback runs on, see `visibility`.
-A round is at most one test run (react: exactly one), so budgets compare across strategies.
+A round is at most one test run (react: exactly one), so budgets compare across strategies; `candidates` > 1
+drafts k answers per round and runs each (reported: sandbox_runs, tokens, and the run name).
 
 Invariant the sweep cache relies on: round r never depends on the budget `iters` (no prompt mentions it,
 seeds depend on task/sample/round only, feedback is computed on every round). So `truncate` cuts a longer

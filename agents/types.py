@@ -93,6 +93,8 @@ class Attempt:
               "out_of_turns" - react: the model-turn cap ran out before this round's test run.
     result is the verdict on the full `test`; visible_result is the run on the tests the agent sees (the same
     object under protocol=tests). notes["steps"] lists react's turns (action, decision, observation).
+    With `candidates` > 1 a round drafts several answers: calls[-1] is the one kept, `rejected` says what
+    became of the others (call index, decision, visible status when it was run, code).
     """
 
     round: int
@@ -105,6 +107,13 @@ class Attempt:
     seconds: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict)
     suspicious: str | None = None  # why the pass looks gamed (sandboxes/audit.py); None = clean or not a pass
+    rejected: list[dict] = field(default_factory=list)  # candidates drafted this round and not kept
+
+    @property
+    def sandbox_runs(self) -> int:
+        """Visible-test runs this round made: the kept answer's (when run) and each run rejected candidate's."""
+        kept = self.decision in ("tested", "submitted") and self.result is not None
+        return int(kept) + sum(1 for r in self.rejected if r.get("status"))
 
     @property
     def passed(self) -> bool:

@@ -30,14 +30,17 @@ sys.path.insert(0, str(REPO))
 TASKS = [f"Python/{i}" for i in range(25, 164, 5)] + ["Python/162", "Python/163"]
 ROWS = {
     # fixlab's transformers engine as it was before the speed work: float32 weights, no prefix reuse, no fence stop
-    "engine-today": ["model=qwen1.5b-coder-q4", "model.dtype=float32", "model.prefix_cache_mib=0",
+    "engine-today": ["model=qwen1.5b-coder-q4", "model.dtype=float32", "model.weights=dtype", "model.prefix_cache_mib=0",
                      "strategy.stop_after_code=false"],
     # one technique at a time on top of engine-today
-    "engine+stop": ["model=qwen1.5b-coder-q4", "model.dtype=float32", "model.prefix_cache_mib=0"],
-    "engine+reuse": ["model=qwen1.5b-coder-q4", "model.dtype=float32", "strategy.stop_after_code=false"],
-    "engine+bf16": ["model=qwen1.5b-coder-q4", "model.dtype=bfloat16", "model.prefix_cache_mib=0",
+    "engine+stop": ["model=qwen1.5b-coder-q4", "model.dtype=float32", "model.weights=dtype", "model.prefix_cache_mib=0"],
+    "engine+reuse": ["model=qwen1.5b-coder-q4", "model.dtype=float32", "model.weights=dtype",
+                     "strategy.stop_after_code=false"],
+    "engine+bf16": ["model=qwen1.5b-coder-q4", "model.dtype=bfloat16", "model.weights=dtype", "model.prefix_cache_mib=0",
                     "strategy.stop_after_code=false"],
-    # everything on: the config's defaults (dtype auto = bf16 on CPUs with bf16 instructions, reuse, stop)
+    "engine+int8": ["model=qwen1.5b-coder-q4", "model.dtype=float32", "model.weights=int8", "model.prefix_cache_mib=0",
+                    "strategy.stop_after_code=false"],
+    # everything on: the config's defaults (int8 matmuls, prefix reuse, stop at the closing fence)
     "engine": ["model=qwen1.5b-coder-q4"],
     # llama.cpp as a user would start it (no stop at the closing fence), then with fixlab's settings
     "llamacpp-stock": ["model=qwen1.5b-coder-q4-llamacpp", "strategy.stop_after_code=false"],

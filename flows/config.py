@@ -28,7 +28,8 @@ class JobSettings:
 
     @property
     def run_name(self) -> str:
-        return self.tracking.get("run_name") or f"{self.model['name']}-{self.agent.strategy}-iters{self.agent.iters}"
+        k = f"-k{self.agent.candidates}" if self.agent.candidates > 1 else ""  # several answers per round
+        return self.tracking.get("run_name") or f"{self.model['name']}-{self.agent.strategy}{k}-iters{self.agent.iters}"
 
 
 def _int(cfg: dict, key: str, lo: int, label: str | None = None) -> int:

@@ -128,8 +128,7 @@ def summarize(trajs: list[Trajectory], tasks: list[Task], samples: int, iters: i
         "prefill_tokens": sum(t.prefill_tokens for t in trajs),
         "completion_tokens": sum(t.completion_tokens for t in trajs),
         "model_calls": sum(t.model_calls for t in trajs),
-        "sandbox_runs": sum(a.decision in ("tested", "submitted") and a.result is not None for t in trajs
-                            for a in t.attempts),
+        "sandbox_runs": sum(a.sandbox_runs for t in trajs for a in t.attempts),
         "length_stops": sum(t.length_stops for t in trajs),
         "suspicious": sum(1 for t in trajs if t.passed and t.suspicious),
         "draft_tokens": sum(c.draft_tokens for c in calls),

@@ -264,3 +264,60 @@ def test_rewrite_when_stuck_starts_over_without_the_buggy_body():
     assert "Your fix did not work" in last_user(model.requests[2])
     assert [m["role"] for m in model.requests[3].messages] == ["system", "user"]
     assert "returned -0.5, but the expected value is 0.5" in model.requests[3].messages[1]["content"]
+
+
+class BySeedModel:
+    """Test double: answers each request with the output scripted for its seed, so concurrent candidate calls
+    get fixed answers whatever order they arrive in."""
+
+    def __init__(self, by_seed: dict):
+        import threading
+
+        self.by_seed, self.requests, self._lock = by_seed, [], threading.Lock()
+
+    def generate(self, request):
+        from agents.models.base import Generation
+
+        with self._lock:
+            self.requests.append(request)
+        text = self.by_seed[request.seed]
+        return Generation(text=text, prompt_tokens=10, completion_tokens=len(text.split()), seconds=0.0)
+
+
+@pytest.mark.parametrize("strategy", ["reflection", "single_shot"])
+def test_candidates_keep_the_first_that_passes_and_count_every_run(strategy):
+    cfg = AgentConfig(strategy=strategy, iters=1, candidates=3)
+    t = task(2)
+    script = {(0, 0): WRONG_A, (0, 1): "# same\n" + WRONG_A, (0, 2): WRONG_B,
+              (1, 0): BUGGY, (1, 1): FIX, (1, 2): WRONG_C}
+    model = BySeedModel({round_seed(cfg, t.task_id, r, i): fenced(code) for (r, i), code in script.items()})
+    traj = run_agent(t, model, sandbox(), cfg)
+    assert traj.error is None, traj.error
+    r0, r1 = traj.attempts
+    # round 0: nothing passes; the first candidate that ran is kept, its copy is not run again
+    assert r0.decision == "tested" and not r0.passed and r0.code.strip().endswith("% 1.0 - 1.0")
+    assert [(x["call"], x["decision"], x["status"]) for x in r0.rejected] == [(1, "repeat", None), (2, "tested", "failed")]
+    assert r0.sandbox_runs == 2 and len(r0.calls) == 3 and r0.calls[-1].output == fenced(WRONG_A)
+    # round 1: the second candidate passes and is kept; the third is never read
+    assert r1.passed and r1.notes["candidate"] == 1 and r1.calls[-1].output == fenced(FIX)
+    assert [(x["call"], x["decision"]) for x in r1.rejected] == [(0, "tested"), (2, "not_read")]
+    assert r1.sandbox_runs == 2 and traj.first_pass_round == 1 and traj.model_calls == 6
+    # the first candidate keeps the round's temperature; the others are sampled, each with its own seed
+    temps = sorted((r.seed, r.temperature) for r in model.requests)
+    assert len({s for s, _ in temps}) == 6
+    by_seed = dict(temps)
+    assert by_seed[round_seed(cfg, t.task_id, 0, 0)] == 0.0
+    assert {by_seed[round_seed(cfg, t.task_id, r, i)] for r in (0, 1) for i in (1, 2)} == {0.8}
+    r1_reqs = [r for r in model.requests if r.seed in {round_seed(cfg, t.task_id, 1, i) for i in range(3)}]
+    if strategy == "reflection":  # the revision prompt carries the kept answer and its feedback
+        assert all(r.messages[-2]["content"] == fenced(WRONG_A) for r in r1_reqs)
+    else:
+        assert all(r.messages == model.requests[0].messages for r in r1_reqs)
+
+
+def test_candidates_are_refused_for_react_and_below_one():
+    from agents.config import check_config
+
+    for bad in (AgentConfig(strategy="react", candidates=2), AgentConfig(candidates=0)):
+        with pytest.raises(ValueError, match="candidates"):
+            check_config(bad)

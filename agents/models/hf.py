@@ -77,6 +77,19 @@ def resolve_dtype(name: str | None, device):
     return getattr(torch, DTYPES[name])
 
 
+WEIGHTS = ("dtype", "int8")
+
+
+def resolve_weights(name: str | None, device) -> str:
+    """dtype: weights kept in the model's dtype; int8: decoder matmuls in int8 on CPU (agents/models/int8.py)."""
+    name = str(name or "dtype").strip().lower()
+    if name not in WEIGHTS:
+        raise BadModelConfig(f"unknown weights {name!r}: use {' or '.join(WEIGHTS)}")
+    if name == "int8" and device.type != "cpu":
+        raise BadModelConfig(f"weights: int8 is a CPU path, not for device {device.type}: use weights=dtype there")
+    return name
+
+
 def _source(cfg: dict) -> tuple[str, dict]:
     """Where the weights come from: (path or hub id, from_pretrained kwargs)."""
     given = [k for k in ("pack", "path", "model") if cfg.get(k)]
@@ -108,6 +121,7 @@ class TransformersModel:
         self.name = cfg.get("name") or cfg.get("model") or cfg.get("pack") or "transformers"
         self.device = resolve_device(cfg.get("device"))
         self.dtype = resolve_dtype(cfg.get("dtype"), self.device)
+        self.weights = resolve_weights(cfg.get("weights"), self.device)
         t0 = time.perf_counter()
         self._load(cfg)
         self.load_seconds = time.perf_counter() - t0
@@ -161,6 +175,10 @@ class TransformersModel:
             raise ModelUnavailable(f"cannot load model {where!r}{offline}: {first}; fix: check the id/revision and "
                                    "network, or use a local `path` or a registry `pack`") from None
         self.model.to(self.device).eval()
+        if self.weights == "int8":
+            from .int8 import quantize_int8
+
+            quantize_int8(self.model)
         if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.get("skinny_matmul", True):
             # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
             from .engine import use_skinny_matmul

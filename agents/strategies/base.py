@@ -22,13 +22,49 @@ class Strategy:
         return State(messages=first, prefix=len(first))
 
     def produce(self, state: State, rnd: int) -> Attempt:
-        call = self.ctx.call(self.messages(state), rnd, stop=CODE_STOP if self.ctx.cfg.stop_after_code else ())
+        stop = CODE_STOP if self.ctx.cfg.stop_after_code else ()
+        calls = self.ctx.calls(self.messages(state), rnd, self.ctx.cfg.candidates, stop=stop)
+        if len(calls) == 1:
+            return self._judged(calls[0], rnd, state)
+        return self._pick(calls, rnd, state)
+
+    def _judged(self, call, rnd: int, state: State, run: bool = True) -> Attempt:
         attempt = Attempt(round=rnd, decision="tested", calls=[call])
         if call.error:
             attempt.decision = "model_error"
             return attempt
-        self.ctx.judge(attempt, call.output, state)
+        self.ctx.judge(attempt, call.output, state, run=run)
         return attempt
+
+    def _pick(self, calls: list, rnd: int, state: State) -> Attempt:
+        """Judge the candidates in order and keep the first whose visible tests pass; else the first that ran
+        (its feedback drives the next round), else the first. A candidate equal to one already run this round
+        is not run again."""
+        judged, ran = [], {}
+        for i, call in enumerate(calls):
+            a = self._judged(call, rnd, state, run=False)
+            if a.decision == "tested":
+                key = normalise(a.code)
+                if key in ran:
+                    a.decision, a.notes["same_as_candidate"] = "repeat", ran[key]
+                else:
+                    ran[key] = i
+                    self.ctx.execute(a)
+            judged.append(a)
+            if a.decision == "tested" and (a.visible_result or a.result).passed:
+                break
+        passed = [i for i, a in enumerate(judged) if a.decision == "tested" and (a.visible_result or a.result).passed]
+        tested = [i for i, a in enumerate(judged) if a.decision == "tested"]
+        keep = (passed or tested or [0])[0]
+        kept = judged[keep]
+        kept.calls = [c for i, c in enumerate(calls) if i != keep] + [calls[keep]]  # calls[-1] is the kept answer
+        kept.notes["candidate"] = keep
+        kept.rejected = [{"call": i, "decision": a.decision, "code": a.code,
+                          "status": (a.visible_result or a.result).status if a.result is not None else None}
+                         for i, a in enumerate(judged) if i != keep]
+        kept.rejected += [{"call": i, "decision": "not_read", "code": None, "status": None}  # a pass came first
+                          for i in range(len(judged), len(calls))]
+        return kept
 
     def messages(self, state: State) -> list[dict]:
         return state.messages
