@@ -386,3 +386,25 @@ def test_drafts_that_agree_are_kept_and_the_rest_masked_out(tiny):
     assert eng.stats["steps"] < 30  # 30 tokens per row, fewer forwards
     assert again.prefill_tokens < len(prompts[0])
     assert again.text == batched.tokenizer.decode(_greedy_ids(batched, follow, 5), skip_special_tokens=True)
+
+
+def test_same_prompt_sent_together_is_prefilled_once_with_the_same_answers(tiny):
+    """Candidates of one round: k requests with one prompt and their own seeds. One prefill serves them all;
+    each answer equals the one it gets alone."""
+    batched, _ = tiny
+    eng = BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256, max_batch=4,
+                      gather_ms=200, prefix_cache_mib=0)
+    try:
+        ids = batched.prompt_ids(GenRequest(messages=msgs(2)))
+        reqs = [GenRequest(messages=(), max_new_tokens=10)] + [
+            GenRequest(messages=(), max_new_tokens=10, temperature=1.2, seed=s) for s in (5, 6, 7)]
+        alone = [eng.submit(r, ids).result(120) for r in reqs]
+        before = dict(eng.stats)
+        together = [f.result(120) for f in [eng.submit(r, ids) for r in reqs]]
+    finally:
+        eng.close()
+    assert [g.text for g in together] == [g.text for g in alone]
+    assert len({g.text for g in together}) > 1  # the seeds still differ
+    assert eng.stats["prefills"] - before["prefills"] == 1
+    assert eng.stats["reused_tokens"] - before["reused_tokens"] == 3 * len(ids)
+    assert sorted(g.prefill_tokens for g in together) == [0, 0, 0, len(ids)]

@@ -69,6 +69,16 @@ def test_int8_model_answers_the_same_batched_and_alone(tiny_int8):
     assert m.engine.stats["max_rows"] == 3
 
 
+def test_weights_auto_is_int8_on_cpu_only():
+    from agents.models.hf import resolve_weights
+
+    assert resolve_weights("auto", torch.device("cpu")) == "int8"
+    assert resolve_weights("auto", torch.device("cuda")) == "dtype"
+    assert resolve_weights(None, torch.device("cpu")) == "dtype"
+    with pytest.raises(BadModelConfig, match="CPU path"):
+        resolve_weights("int8", torch.device("cuda"))
+
+
 def test_bad_weights_value_is_one_line(tiny_int8):
     with pytest.raises(BadModelConfig) as e:
         TransformersModel({"name": "bad", "backend": "transformers", "path": tiny_int8.cfg["path"], "weights": "int4"})

@@ -340,10 +340,29 @@ class BatchEngine:
             r.reused = n
             self.stats["reused_tokens"] += n
             self._merge([r], cache, mask, pos, self._sample([r], logits))
+        plain, copies = _split_copies(plain)
         for rows, (cache, mask, pos, logits) in self._prefill_groups(plain):
+            rows, cache, mask, pos, logits = self._add_copies(rows, copies, cache, mask, pos, logits)
             nxt = self._sample(rows, logits)
             self._merge(rows, cache, mask, pos, nxt)
+        for r in [r for rows in copies.values() for r in rows]:  # their original failed: each tries alone
+            for rows, (cache, mask, pos, logits) in self._prefill_groups([r]):
+                self._merge(rows, cache, mask, pos, self._sample(rows, logits))
         self._retire()
+
+    def _add_copies(self, rows, copies: dict, cache, mask, pos, logits):
+        """Rows whose sequence equals a prefilled row's (candidates of one prompt, sent together) take a copy of
+        its KV cache and logits instead of a forward of their own; each still samples with its own seed."""
+        src = [(i, c) for i, r in enumerate(rows) for c in copies.pop(id(r), [])]
+        if not src:
+            return rows, cache, mask, pos, logits
+        idx = torch.tensor(list(range(len(rows))) + [i for i, _ in src], device=mask.device)
+        for layer in cache.layers:
+            _set_kv(layer, layer.keys.index_select(0, idx), layer.values.index_select(0, idx))
+        for _, c in src:
+            c.reused = len(c.prompt_ids)
+            self.stats["reused_tokens"] += c.reused
+        return rows + [c for _, c in src], cache, mask[idx], pos[idx], logits[idx]
 
     def _merge(self, rows, cache, mask, pos, nxt) -> None:
         """Append prefilled rows to the running batch: left-pad the shorter KV cache to a common length."""
@@ -613,6 +632,19 @@ def _GrowingLayer():
 
 
 _GROWING = None
+
+
+def _split_copies(rows: list) -> tuple[list, dict]:
+    """(rows with distinct sequences, {id(original): [rows with the same sequence]})."""
+    first: dict[tuple, object] = {}
+    copies: dict[int, list] = {}
+    for r in rows:
+        key = tuple(r.prompt_ids + r.out_ids)
+        if key in first:
+            copies.setdefault(id(first[key]), []).append(r)
+        else:
+            first[key] = r
+    return list(first.values()), copies
 
 
 def _set_kv(layer, keys: torch.Tensor, values: torch.Tensor) -> None:

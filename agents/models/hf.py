@@ -77,14 +77,17 @@ def resolve_dtype(name: str | None, device):
     return getattr(torch, DTYPES[name])
 
 
-WEIGHTS = ("dtype", "int8")
+WEIGHTS = ("auto", "dtype", "int8")
 
 
 def resolve_weights(name: str | None, device) -> str:
-    """dtype: weights kept in the model's dtype; int8: decoder matmuls in int8 on CPU (agents/models/int8.py)."""
+    """dtype: weights kept in the model's dtype; int8: decoder matmuls in int8 on CPU (agents/models/int8.py);
+    auto: int8 on CPU, dtype elsewhere."""
     name = str(name or "dtype").strip().lower()
     if name not in WEIGHTS:
-        raise BadModelConfig(f"unknown weights {name!r}: use {' or '.join(WEIGHTS)}")
+        raise BadModelConfig(f"unknown weights {name!r}: use {', '.join(WEIGHTS)}")
+    if name == "auto":
+        return "int8" if device.type == "cpu" else "dtype"
     if name == "int8" and device.type != "cpu":
         raise BadModelConfig(f"weights: int8 is a CPU path, not for device {device.type}: use weights=dtype there")
     return name
@@ -178,7 +181,7 @@ class TransformersModel:
         if self.weights == "int8":
             from .int8 import quantize_int8
 
-            quantize_int8(self.model)
+            quantize_int8(self.model, skip=tuple(cfg.get("int8_skip", ("lm_head",)) or ()))
         if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.get("skinny_matmul", True):
             # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
             from .engine import use_skinny_matmul

@@ -1,0 +1,133 @@
+"""Weights in memory, side by side in one run: the real 1.5B pack with `weights: dtype` (float32 here, or bf16 where
+the CPU has it) against `weights: int8`, through fixlab's batching engine.
+
+Per row: prefill tokens/s (one HumanEvalFix-sized prompt), decode tokens/s at batch 1, 8 and 16 (32 new tokens
+per row, fixed length, no EOS; the prompts come from the prefix store, so this is decode), resident weight bytes, and how many of the first 48 greedy tokens agree with the first row on
+8 real task prompts (Python/0-7, the tuning sample). Quality proper is measured by pass@1 on Python/0-23
+(README), not here.
+
+    .venv/bin/python benchmarks/weights.py                 # rows: dtype, int8, int8+head (lm_head too)
+    .venv/bin/python benchmarks/weights.py --rows int8 --batches 1 16
+
+Writes benchmarks/results/weights-<UTC time>.json and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from agents.context import Context  # noqa: E402
+from agents.config import AgentConfig  # noqa: E402
+from agents.models.base import GenRequest  # noqa: E402
+from agents.models.hf import TransformersModel  # noqa: E402
+from agents.strategies import REGISTRY  # noqa: E402
+from agents.tasks import load_tasks  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data" / "humanevalfix_python.jsonl"
+
+
+def prompts(n: int) -> list[list[dict]]:
+    tasks = load_tasks({"local_fallback": str(DATA)})[:n]
+    return [REGISTRY["reflection"](Context(t, None, None, AgentConfig())).first_messages() for t in tasks]
+
+
+def weight_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+
+
+ROWS = {"dtype": {"weights": "dtype"}, "int8": {"weights": "int8"},
+        "int8+head": {"weights": "int8", "int8_skip": []}}  # int8+head: lm_head in int8 too
+
+
+def row(name: str, batches: list[int], msgs: list[list[dict]], ref: list[list[int]] | None) -> tuple[dict, list]:
+    m = TransformersModel({"name": f"qwen1.5b-{name}", "backend": "transformers", "pack": "qwen1.5b-coder-q4",
+                           **ROWS[name], "max_batch": max(batches), "gather_ms": 200, "prefix_cache_mib": 2048,
+                           "draft_tokens": 0})
+    out = {"weights": name, "dtype": str(m.dtype).replace("torch.", ""), "weight_gib": round(weight_bytes(m.model) / 2**30, 2)}
+    try:
+        eng = m.engine
+        ids = m.prompt_ids(GenRequest(messages=msgs[0]))
+        warm = m.prompt_ids(GenRequest(messages=msgs[1]))[-64:]  # shares no prefix with `ids`
+        eng.submit(GenRequest(messages=(), max_new_tokens=1), warm).result()
+        t0 = time.perf_counter()
+        eng.submit(GenRequest(messages=(), max_new_tokens=1), ids).result()
+        out["prefill_tokens"] = len(ids)
+        out["prefill_tok_s"] = round(len(ids) / (time.perf_counter() - t0), 1)
+        new = 32
+        for b in batches:
+            eng.eos_ids = set()  # fixed-length answers
+            reqs = [(GenRequest(messages=(), max_new_tokens=new), m.prompt_ids(GenRequest(messages=msgs[i % len(msgs)]))[:200])
+                    for i in range(b)]
+            futs = [eng.submit(r, i) for r, i in reqs]
+            [f.result() for f in futs]  # prefills the prompts into the prefix store: the timed pass decodes
+            t0 = time.perf_counter()
+            futs = [eng.submit(GenRequest(messages=(), max_new_tokens=new, seed=1), i) for _, i in reqs]
+            gens = [f.result() for f in futs]
+            wall = time.perf_counter() - t0
+            out[f"batch{b}_tok_s"] = round(sum(g.completion_tokens for g in gens) / wall, 1)
+        eng.eos_ids = set(m.eos_ids)
+        greedy = []
+        for mm in msgs:
+            g = eng.submit(GenRequest(messages=(), max_new_tokens=48), m.prompt_ids(GenRequest(messages=mm))).result()
+            greedy.append(m.tokenizer(g.text, add_special_tokens=False)["input_ids"][:48])
+        if ref is not None:
+            agree = []
+            for a, b in zip(greedy, ref):
+                n = 0
+                while n < min(len(a), len(b)) and a[n] == b[n]:
+                    n += 1
+                agree.append(n)
+            out["greedy_prefix_agree"] = agree
+        return out, greedy
+    finally:
+        m.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", default="dtype,int8,int8+head")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    msgs = prompts(8)
+    rows, ref = [], None
+    for w in args.rows.split(","):
+        r, greedy = row(w, args.batches, msgs, ref)
+        ref = ref if ref is not None else greedy
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    base = rows[0]
+    for r in rows[1:]:
+        r["speedup_vs_first"] = {k: round(r[k] / base[k], 2) for k in r if k.endswith("_tok_s") and base.get(k)}
+    result = {"benchmark": "weights", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "machine": {"cpu": platform.processor() or _cpu_name(), "threads": torch.get_num_threads(),
+                          "torch": torch.__version__, "load_avg_start": os.getloadavg()}, "rows": rows}
+    out = Path(args.out or REPO / "benchmarks" / "results" / f"weights-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    cols = ["weights", "dtype", "weight_gib", "prefill_tok_s"] + [f"batch{b}_tok_s" for b in args.batches]
+    print(" | ".join(cols))
+    for r in rows:
+        print(" | ".join(str(r.get(c, "")) for c in cols))
+    print(f"wrote {out}")
+
+
+def _cpu_name() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "?"
+
+
+if __name__ == "__main__":
+    main()
