@@ -131,7 +131,9 @@ def test_a_stopped_job_leaves_nothing_behind_and_resumes(tmp_path, sig, prefect_
     cmd = [sys.executable, "-m", "flows.evaluate", f"tracking.uri={uri}", f"tracking.artifacts={tmp_path}/artifacts",
            f"hydra.run.dir={tmp_path}/outputs", *ARGS]
     env = base_env(tmp_path)  # no PREFECT_API_URL: the job starts its own temporary server
-    proc = subprocess.Popen([*cmd, SLOW], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # SIGTERM: answers take longer than the 5 s allowed, so tasks are still in flight when it lands
+    slow = "model.delay_s=8" if sig == signal.SIGTERM else SLOW
+    proc = subprocess.Popen([*cmd, slow], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     state = tmp_path / "state"
     deadline = time.monotonic() + 240
     while not (state.exists() and len(list(state.glob("*/tasks/*.json"))) >= 2):
