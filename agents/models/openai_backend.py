@@ -81,6 +81,17 @@ class OpenAIModel:
         url = f"{self.base_url}/chat/completions"
         t0 = time.perf_counter()
         last = ""
+        # Hand-written on purpose rather than openai.OpenAI(max_retries=...) (installed, but as `transformers serve`'s
+        # dependency), because the client's policy differs from the one the configs promise:
+        # - backoff: the client's is fixed (0.5 s doubling to 8 s, minus 0-25% jitter; module constants); ours is
+        #   per model config (backoff_s doubling up to backoff_max_s, times 0.5-1 jitter; conf/model/*.yaml);
+        # - codes: the client retries 408/409/429/every 5xx and obeys x-should-retry; we retry exactly RETRY_STATUS
+        #   (adds 425, Cloudflare's 520/522/524 and 529; leaves out 501/505...), plus timeouts and connection errors;
+        # - Retry-After: the client waits it only up to 120 s and otherwise does not retry at all; we honour it
+        #   (seconds form), capped at backoff_max_s, and still retry;
+        # - keys: every attempt takes the next API_KEYS key, so the retry after a 429 goes out on another key (the
+        #   client could do this only through a callable api_key); stats counts requests/retries, and _parse reads
+        #   llama.cpp's non-standard `timings` from the raw JSON.
         with self._sem:
             for attempt in range(self.max_retries + 1):
                 key = self._next_key()

