@@ -121,8 +121,6 @@ class Context:
             attempt.result = self.sandbox.run(build_program(attempt.code, task.test), cfg.timeout_s)
         if attempt.result.passed and cfg.audit_passes:
             self.audit(attempt)
-        attempt.notes["visible"] = attempt.visible_result.status
-        attempt.notes["verdict"] = attempt.result.status
         self.ensure_feedback(attempt)
 
     def audit(self, attempt: Attempt) -> None:
@@ -144,7 +142,7 @@ class Context:
         if attempt.feedback is not None or visible is None or visible.passed or attempt.code is None:
             return
         cfg = self.cfg
-        if attempt.notes.get("unchanged"):
+        if attempt.unchanged:
             attempt.feedback = render("unchanged.txt").strip()
             if cfg.feedback_style == "verdict":
                 return
@@ -168,17 +166,17 @@ class Context:
         attempt.code = ex.code
         if ex.problem == "no_code" or (ex.problem and cfg.syntax_path):
             attempt.decision = "no_code" if ex.problem == "no_code" else "syntax_error"
-            attempt.notes["problem"] = ex.detail
+            attempt.problem = ex.detail
             attempt.feedback = ex.detail
             return attempt.decision
         if ex.problem:
-            attempt.notes["problem"] = ex.detail  # syntax path off: the sandbox reports it
+            attempt.problem = ex.detail  # syntax path off: the sandbox reports it
         key = normalise(ex.code)
         if cfg.flag_unchanged and key in self.buggy_keys:
-            attempt.notes["unchanged"] = True  # still run (it fails by construction), but the feedback says so
+            attempt.unchanged = True  # still run (it fails by construction), but the feedback says so
         if cfg.detect_repeats and key in state.seen:
             attempt.decision = "repeat"
-            attempt.notes["same_as_round"] = state.seen[key]
+            attempt.same_as_round = state.seen[key]
             return "repeat"
         attempt.decision = "tested"
         if run:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from sandboxes.base import ExecResult
 
@@ -92,9 +92,12 @@ class Attempt:
               "submitted"    - react: the agent submitted this candidate (run unless it was tested before);
               "out_of_turns" - react: the model-turn cap ran out before this round's test run.
     result is the verdict on the full `test`; visible_result is the run on the tests the agent sees (the same
-    object under protocol=tests). notes["steps"] lists react's turns (action, decision, observation).
-    With `candidates` > 1 a round drafts several answers: calls[-1] is the one kept, `rejected` says what
-    became of the others (call index, decision, visible status when it was run, code).
+    object under protocol=tests). `steps` lists react's turns (action, decision, observation).
+    unchanged / same_as_round / problem say why a candidate was flagged, repeated or refused.
+    With `candidates` > 1 a round drafts several answers: calls[-1] is the one kept (`candidate` its index),
+    `rejected` says what became of the others (call index, decision, visible status when it was run, code, and
+    the candidate or round it repeats).
+    Trajectories written before these were fields carry them in a "notes" dict: from_dict moves them over.
     """
 
     round: int
@@ -105,9 +108,30 @@ class Attempt:
     visible_result: ExecResult | None = None
     calls: list[ModelCall] = field(default_factory=list)
     seconds: float = 0.0
-    notes: dict[str, Any] = field(default_factory=dict)
     suspicious: str | None = None  # why the pass looks gamed (sandboxes/audit.py); None = clean or not a pass
     rejected: list[dict] = field(default_factory=list)  # candidates drafted this round and not kept
+    unchanged: bool = False  # the candidate is the buggy code handed back (still run; the feedback says so)
+    same_as_round: int | None = None  # repeat / react resubmission: the round that already ran this code
+    same_as_candidate: int | None = None  # a repeat of an earlier candidate of the same round (its call index)
+    problem: str | None = None  # why the answer's code is unusable (no_code, syntax_error; syntax path off: run)
+    steps: list[dict] = field(default_factory=list)  # react: one dict per model turn (action, decision, ...)
+    candidate: int | None = None  # candidates > 1: index of the kept answer among the round's drafts
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Attempt":
+        a = dict(d)
+        # Written before the typed fields: they lived in a free-form "notes" dict. Its "visible"/"verdict"
+        # duplicated the result statuses; the walking skeleton kept the visible run there as "visible_result".
+        notes = a.pop("notes", None) or {}
+        for k in _NOTE_FIELDS:
+            if k in notes and k not in a:
+                a[k] = notes[k]
+        if not a.get("visible_result") and notes.get("visible_result"):
+            a["visible_result"] = notes["visible_result"]
+        a["calls"] = [ModelCall(**c) for c in a.get("calls", [])]
+        a["result"] = ExecResult.from_dict(a["result"]) if a.get("result") else None
+        a["visible_result"] = ExecResult.from_dict(a["visible_result"]) if a.get("visible_result") else None
+        return cls(**a)
 
     @property
     def sandbox_runs(self) -> int:
@@ -118,6 +142,9 @@ class Attempt:
     @property
     def passed(self) -> bool:
         return self.result is not None and self.result.passed
+
+
+_NOTE_FIELDS = ("unchanged", "same_as_round", "same_as_candidate", "problem", "steps", "candidate")
 
 
 @dataclass
@@ -184,13 +211,7 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Trajectory":
-        attempts = []
-        for a in d.get("attempts", []):
-            a = dict(a)
-            a["calls"] = [ModelCall(**c) for c in a.get("calls", [])]
-            a["result"] = ExecResult.from_dict(a["result"]) if a.get("result") else None
-            a["visible_result"] = ExecResult.from_dict(a["visible_result"]) if a.get("visible_result") else None
-            attempts.append(Attempt(**a))
+        attempts = [Attempt.from_dict(a) for a in d.get("attempts", [])]
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names and k != "attempts"}
         return cls(attempts=attempts, **kw)

@@ -73,7 +73,7 @@ def test_reflection_every_branch_then_a_fix():
 def test_repeat_of_an_earlier_candidate_is_not_run_and_is_named():
     traj, model = run([fenced(WRONG_A), fenced("# again\n" + WRONG_A), fenced(FIX)], strategy="reflection", iters=2)
     assert [a.decision for a in traj.attempts] == ["tested", "repeat", "tested"]
-    assert traj.attempts[1].notes["same_as_round"] == 0
+    assert traj.attempts[1].same_as_round == 0
     assert "same code as your attempt in round 0" in last_user(model.requests[2])
     assert traj.first_pass_round == 2
 
@@ -145,7 +145,7 @@ def test_protocols_show_and_score_what_they_should():
     assert "truncate_number(3.5) == 0.5" in prompt and "1.33" not in prompt
     a = traj.attempts[0]
     assert a.visible_result.passed and not a.result.passed  # both verdicts recorded: the overfitting gap
-    assert a.notes["visible"] == "passed" and a.notes["verdict"] == "failed"
+    assert a.visible_result.status == "passed" and a.result.status == "failed"
     assert traj.stop_reason == "solved" and traj.first_pass_round is None and len(traj.attempts) == 1
 
 
@@ -160,7 +160,8 @@ def test_few_shot_examples_come_before_the_task():
 def view(traj):
     """Everything a round is made of, minus timings."""
     return [(a.round, a.decision, a.code, a.feedback, a.result.status if a.result else None,
-             [(c.messages, c.output, c.seed, c.temperature) for c in a.calls], a.notes.get("steps"))
+             [(c.messages, c.output, c.seed, c.temperature) for c in a.calls],
+             a.steps, a.unchanged, a.same_as_round, a.problem, a.candidate)
             for a in traj.attempts]
 
 
@@ -220,6 +221,26 @@ def test_trajectory_round_trips_through_json():
     back = Trajectory.from_dict(traj.to_dict())
     assert view(back) == view(traj) and back.attempts[0].visible_result.passed
     assert back.stop_reason == traj.stop_reason and back.agent_key == traj.agent_key
+
+
+def test_trajectory_written_with_notes_loads_into_the_typed_fields():
+    from agents.types import Trajectory
+
+    steps = [{"turn": 0, "action": "run_tests", "format": "text", "decision": "repeat", "same_as_round": 0}]
+    run_ = {"status": "failed", "exit_code": 1, "duration_s": 0.1, "stdout": "", "stderr": "AssertionError"}
+    old = {"task_id": "Python/2", "bug_type": "value_misuse", "strategy": "react", "budget": 1, "attempts": [
+        {"round": 0, "decision": "tested", "code": BUGGY, "result": run_, "calls": [],
+         "notes": {"visible": "failed", "verdict": "failed"}},
+        {"round": 1, "decision": "repeat", "code": BUGGY, "result": None, "calls": [],
+         "notes": {"unchanged": True, "same_as_round": 0, "problem": "x", "steps": steps, "candidate": 2}},
+        # the walking skeleton kept the visible run in notes
+        {"round": 2, "decision": "tested", "code": BUGGY, "result": run_, "calls": [],
+         "notes": {"visible_result": run_, "visible": "failed", "verdict": "failed"}}]}
+    a0, a1, a2 = Trajectory.from_dict(old).attempts
+    assert (a1.unchanged, a1.same_as_round, a1.problem, a1.steps, a1.candidate) == (True, 0, "x", steps, 2)
+    assert (a0.unchanged, a0.same_as_round, a0.problem, a0.steps, a0.candidate) == (False, None, None, [], None)
+    assert a0.result.status == "failed" and a2.visible_result.status == "failed" and not hasattr(a0, "notes")
+    assert "notes" not in Trajectory.from_dict(old).to_dict()["attempts"][1]
 
 
 def test_a_repeat_is_told_again_what_the_tests_showed():
@@ -299,7 +320,7 @@ def test_candidates_keep_the_first_that_passes_and_count_every_run(strategy):
     assert [(x["call"], x["decision"], x["status"]) for x in r0.rejected] == [(1, "repeat", None), (2, "tested", "failed")]
     assert r0.sandbox_runs == 2 and len(r0.calls) == 3 and r0.calls[-1].output == fenced(WRONG_A)
     # round 1: the second candidate passes and is kept; the third is never read
-    assert r1.passed and r1.notes["candidate"] == 1 and r1.calls[-1].output == fenced(FIX)
+    assert r1.passed and r1.candidate == 1 and r1.calls[-1].output == fenced(FIX)
     assert [(x["call"], x["decision"]) for x in r1.rejected] == [(0, "tested"), (2, "not_read")]
     assert r1.sandbox_runs == 2 and traj.first_pass_round == 1 and traj.model_calls == 6
     # the first candidate keeps the round's temperature; the others are sampled, each with its own seed

@@ -36,7 +36,7 @@ def run(outputs, model=None, **kw):
 
 
 def steps(traj):
-    return [(s["action"], s["decision"]) for a in traj.attempts for s in a.notes["steps"]]
+    return [(s["action"], s["decision"]) for a in traj.attempts for s in a.steps]
 
 
 def test_text_actions_test_then_submit():
@@ -91,7 +91,7 @@ def test_submit_without_code_or_before_any_test():
     traj, model = run(["Action: submit", act("run_tests", WRONG_A), "Action: submit"], iters=3)
     assert steps(traj) == [("submit", "submit_untested"), ("run_tests", "tested"), ("submit", "submitted")]
     last = traj.attempts[-1]
-    assert last.decision == "submitted" and last.notes["same_as_round"] == 0 and last.result is None
+    assert last.decision == "submitted" and last.same_as_round == 0 and last.result is None
     assert traj.stop_reason == "submitted" and not traj.passed
     assert "nothing to submit yet" in model.requests[1].messages[-1]["content"]
 

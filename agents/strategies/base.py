@@ -46,7 +46,7 @@ class Strategy:
             if a.decision == "tested":
                 key = normalise(a.code)
                 if key in ran:
-                    a.decision, a.notes["same_as_candidate"] = "repeat", ran[key]
+                    a.decision, a.same_as_candidate = "repeat", ran[key]
                 else:
                     ran[key] = i
                     self.ctx.execute(a)
@@ -58,11 +58,12 @@ class Strategy:
         keep = (passed or tested or [0])[0]
         kept = judged[keep]
         kept.calls = [c for i, c in enumerate(calls) if i != keep] + [calls[keep]]  # calls[-1] is the kept answer
-        kept.notes["candidate"] = keep
+        kept.candidate = keep
         kept.rejected = [{"call": i, "decision": a.decision, "code": a.code,
-                          "status": (a.visible_result or a.result).status if a.result is not None else None}
+                          "status": (a.visible_result or a.result).status if a.result is not None else None,
+                          "same_as": a.same_as_candidate if a.same_as_candidate is not None else a.same_as_round}
                          for i, a in enumerate(judged) if i != keep]
-        kept.rejected += [{"call": i, "decision": "not_read", "code": None, "status": None}  # a pass came first
+        kept.rejected += [{"call": i, "decision": "not_read", "code": None, "status": None, "same_as": None}  # a pass came first
                           for i in range(len(judged), len(calls))]
         return kept
 

@@ -111,7 +111,7 @@ class ReactStrategy(Strategy):
                 else:  # hands in the latest tested candidate, which failed (a pass ends the task at once)
                     code, same = state.last_tested
                     attempt.decision, attempt.code = "submitted", code
-                    attempt.notes["same_as_round"] = same
+                    attempt.same_as_round = same
                     step.update(decision="submitted")
                     break
             else:
@@ -120,26 +120,26 @@ class ReactStrategy(Strategy):
                 step["code"] = trial.code
                 if verdict in ("no_code", "syntax_error"):
                     step.update(decision=verdict, observation=render("react_observation.txt", kind="invalid",
-                                                                     problem=trial.notes.get("problem", ""), task=ctx.task))
+                                                                     problem=trial.problem or "", task=ctx.task))
                 elif verdict == "repeat" and action.name == "run_tests":
-                    same = trial.notes["same_as_round"]
+                    same = trial.same_as_round
                     step.update(decision="repeat", same_as_round=same,
                                 observation=render("react_observation.txt", kind="repeat",
-                                                   unchanged=bool(trial.notes.get("unchanged")), task=ctx.task))
+                                                   unchanged=trial.unchanged, task=ctx.task))
                 elif verdict == "repeat":  # submitting code already known to fail: no new run, the task ends
                     attempt.decision, attempt.code = "submitted", trial.code
-                    attempt.notes["same_as_round"] = trial.notes["same_as_round"]
+                    attempt.same_as_round = trial.same_as_round
                     step.update(decision="submitted")
                     break
                 else:
                     attempt.code = trial.code
-                    attempt.notes.update({k: v for k, v in trial.notes.items() if k in ("problem", "unchanged")})
+                    attempt.problem, attempt.unchanged = trial.problem, trial.unchanged
                     attempt.decision = "tested" if action.name == "run_tests" else "submitted"
                     ctx.execute(attempt)
                     step.update(decision=attempt.decision)
                     break
             turn_msgs += self.turn_messages(call, step, attempt)
-        attempt.notes["steps"] = steps
+        attempt.steps = steps
         return attempt
 
     def turn_messages(self, call: ModelCall, step: dict, attempt: Attempt) -> list[dict]:
@@ -168,7 +168,7 @@ class ReactStrategy(Strategy):
         return msgs
 
     def absorb(self, state: State, attempt: Attempt) -> None:
-        for call, step in zip(attempt.calls, attempt.notes.get("steps", [])):
+        for call, step in zip(attempt.calls, attempt.steps):
             state.messages += self.turn_messages(call, step, attempt)
         state.turns += len(attempt.calls)
         super().absorb(state, attempt)  # seen candidates; a visible pass ends the task

@@ -19,11 +19,11 @@ class Reflection(Strategy):
         if state.done or attempt.decision == "model_error":
             return
         task, diagnose = self.ctx.task, self.ctx.cfg.diagnose
-        stuck = attempt.decision == "repeat" or (attempt.decision == "tested" and attempt.notes.get("unchanged"))
+        stuck = attempt.decision == "repeat" or (attempt.decision == "tested" and attempt.unchanged)
         if stuck and self.ctx.cfg.rewrite_when_stuck:
             # A small model that hands the bug back keeps copying what it is shown: start a new conversation
             # without the buggy body, from the signature, the visible tests and how the old code failed.
-            seen_fb = attempt.feedback if attempt.decision == "tested" else state.feedback.get(attempt.notes.get("same_as_round"))
+            seen_fb = attempt.feedback if attempt.decision == "tested" else state.feedback.get(attempt.same_as_round)
             view = self.ctx.view
             header = view.code[: len(view.code) - len(task.buggy_solution)] if view.code.endswith(task.buggy_solution) \
                 else task.declaration
@@ -34,11 +34,11 @@ class Reflection(Strategy):
             state.prefix = len(state.messages)
             return
         if attempt.decision in ("no_code", "syntax_error"):
-            reply = render("invalid.txt", task=task, problem=attempt.notes.get("problem", "no usable code"))
+            reply = render("invalid.txt", task=task, problem=attempt.problem or "no usable code")
         elif attempt.decision == "repeat":
             # The same code fails the same way: restate what its run showed (the answer alone taught nothing).
-            same = attempt.notes.get("same_as_round")
-            reply = render("repeat.txt", task=task, unchanged=bool(attempt.notes.get("unchanged")), same_round=same,
+            same = attempt.same_as_round
+            reply = render("repeat.txt", task=task, unchanged=attempt.unchanged, same_round=same,
                            feedback=_without_unchanged_note(state.feedback.get(same)), diagnose=diagnose)
         else:
             reply = render("revise.txt", task=task, code=(attempt.code or "").strip("\n"),
