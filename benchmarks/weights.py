@@ -1,12 +1,12 @@
 """Weights in memory, side by side in one run: the real 1.5B pack with `weights: dtype` (float32 here, or bf16 where
-the CPU has it) against `weights: int8`, through fixlab's batching engine.
+the CPU has it) against `weights: int8`, through fixlab's batching engine, and the same GGUF through llama.cpp.
 
 Per row: prefill tokens/s (one HumanEvalFix-sized prompt), decode tokens/s at batch 1, 8 and 16 (32 new tokens
 per row, fixed length, no EOS; the prompts come from the prefix store, so this is decode), resident weight bytes, and how many of the first 48 greedy tokens agree with the first row on
 8 real task prompts (Python/0-7, the tuning sample). Quality proper is measured by pass@1 on Python/0-23
 (README), not here.
 
-    .venv/bin/python benchmarks/weights.py                 # rows: dtype, int8, int8+head (lm_head too)
+    .venv/bin/python benchmarks/weights.py                 # rows: dtype, int8, int8+head (lm_head too), llamacpp
     .venv/bin/python benchmarks/weights.py --rows int8 --batches 1 16
 
 Writes benchmarks/results/weights-<UTC time>.json and prints a table.
@@ -47,7 +47,43 @@ def weight_bytes(model) -> int:
 
 
 ROWS = {"dtype": {"weights": "dtype"}, "int8": {"weights": "int8"},
-        "int8+head": {"weights": "int8", "int8_skip": []}}  # int8+head: lm_head in int8 too
+        "int8+head": {"weights": "int8", "int8_skip": []},  # int8+head: lm_head in int8 too
+        "llamacpp": None}  # the same GGUF served by llama.cpp (xllamacpp, Q4_K_M as is), slots = largest batch
+
+
+def llamacpp_row(batches: list[int], msgs: list[list[dict]]) -> dict:
+    """The peer: fixlab's llamacpp backend (embedded server, OpenAI API), same chat prompts (the GGUF carries the
+    same tokenizer and template) and the same measurements."""
+    from agents.models.llamacpp import LlamaCppModel
+
+    m = LlamaCppModel({"name": "qwen1.5b-llamacpp", "pack": "qwen1.5b-coder-q4", "slots": max(batches),
+                       "context_per_slot": 1024})
+    out = {"weights": "llamacpp", "dtype": "q4_k_m", "weight_gib": None}
+    try:
+        m.api.extra_body["ignore_eos"] = True  # fixed-length answers, as the engine rows
+        first = GenRequest(messages=msgs[0], max_new_tokens=1)
+        m.generate(GenRequest(messages=[{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}],
+                              max_new_tokens=1))  # warm-up that shares no prefix with the timed prompt
+        t0 = time.perf_counter()
+        g = m.generate(first)
+        out["prefill_tokens"] = g.prompt_tokens
+        out["prefill_tok_s"] = round(g.prompt_tokens / (time.perf_counter() - t0), 1)
+        for b in batches:
+            reqs = [GenRequest(messages=msgs[i % len(msgs)], max_new_tokens=32, seed=1) for i in range(b)]
+            _concurrently(m, reqs)  # fills the slots' prompt caches: the timed pass decodes
+            t0 = time.perf_counter()
+            gens = _concurrently(m, reqs)
+            out[f"batch{b}_tok_s"] = round(sum(g.completion_tokens for g in gens) / (time.perf_counter() - t0), 1)
+        return out
+    finally:
+        m.close()
+
+
+def _concurrently(m, reqs):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(reqs)) as pool:
+        return list(pool.map(m.generate, reqs))
 
 
 def row(name: str, batches: list[int], msgs: list[list[dict]], ref: list[list[int]] | None) -> tuple[dict, list]:
@@ -96,15 +132,20 @@ def row(name: str, batches: list[int], msgs: list[list[dict]], ref: list[list[in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", default="dtype,int8,int8+head")
+    ap.add_argument("--rows", default="dtype,int8,int8+head,llamacpp")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     msgs = prompts(8)
     rows, ref = [], None
     for w in args.rows.split(","):
-        r, greedy = row(w, args.batches, msgs, ref)
-        ref = ref if ref is not None else greedy
+        if w not in ROWS:
+            sys.exit(f"error: unknown row {w!r}: use {', '.join(ROWS)}")
+        if w == "llamacpp":
+            r = llamacpp_row(args.batches, msgs)
+        else:
+            r, greedy = row(w, args.batches, msgs, ref)
+            ref = ref if ref is not None else greedy
         rows.append(r)
         print(json.dumps(r), flush=True)
     base = rows[0]
