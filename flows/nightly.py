@@ -235,7 +235,7 @@ def _healthy(url: str) -> bool:
 
 def start_server() -> "object | None":
     """`prefect server start` (a real server: the temporary one runs no scheduler), unless one answers."""
-    import subprocess
+    from .prefect_api import start_prefect_server
 
     host = os.environ.setdefault("PREFECT_SERVER_API_HOST", "127.0.0.1")
     port = os.environ.setdefault("PREFECT_SERVER_API_PORT", "4200")
@@ -245,14 +245,10 @@ def start_server() -> "object | None":
         return None
     log = Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")) / "server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", host,
-                             "--port", port], stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not _healthy(url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit(f"error: prefect server did not start at {url} (log: {log})")
-        time.sleep(0.5)
+    try:
+        proc = start_prefect_server(host, port, log)
+    except RuntimeError as e:
+        raise SystemExit(f"error: {e}") from None
     print(f"fixlab: started prefect server at {url} (UI http://{host}:{port}, log {log})", file=sys.stderr)
     return proc
 

@@ -49,6 +49,33 @@ def ensure_prefect_api() -> str:
     return _server.api_url
 
 
+def start_prefect_server(host: str, port: int | str, log_path, env: dict | None = None, timeout_s: float = 120):
+    """A real `prefect server start` (the one nightly schedules need; the tests share one per session), in its own
+    session so its whole process group can be stopped; returns the process once /health answers."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    url = f"http://{host}:{port}/api"
+    log = open(log_path, "a")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", str(host),
+                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    log.close()  # the child holds its own copy
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).read()
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"prefect server did not start at {url} (log: {log_path})") from None
+            time.sleep(0.5)
+
+
 def stop_prefect_api() -> None:
     """Stop the temporary server now (a clean exit or Ctrl-C; SIGKILL is covered by the kernel)."""
     global _server

@@ -66,31 +66,20 @@ def free_port() -> int:
 def prefect_api(tmp_path_factory):
     """One real `prefect server start` on a free loopback port for the whole session: every evaluate
     subprocess would otherwise start its own temporary server (12-25 s each on 2 cores)."""
-    import time
-    import urllib.request
+    from flows.prefect_api import start_prefect_server
 
     home = tmp_path_factory.mktemp("prefect-server")
     port = free_port()
     env = base_env(home)
     env.update(PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(port),
                PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_UI_ENABLED="false")
-    log = open(home / "server.log", "w")
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        proc = start_prefect_server("127.0.0.1", port, home / "server.log", env=env)
+    except RuntimeError as e:
+        pytest.fail(f"{e}: {(home / 'server.log').read_text()[-2000:]}")
     url = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).read()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.5)
     yield url
     stop_group(proc)
-    log.close()
 
 
 @pytest.fixture
