@@ -223,24 +223,14 @@ def _api_url() -> str:
     return os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value() or ""
 
 
-def _healthy(url: str) -> bool:
-    import urllib.request
-
-    try:
-        urllib.request.urlopen(url.rstrip("/") + "/health", timeout=2).read()
-        return True
-    except OSError:
-        return False
-
-
 def start_server() -> "object | None":
     """`prefect server start` (a real server: the temporary one runs no scheduler), unless one answers."""
-    from .prefect_api import start_prefect_server
+    from .prefect_api import healthy, start_prefect_server
 
     host = os.environ.setdefault("PREFECT_SERVER_API_HOST", "127.0.0.1")
     port = os.environ.setdefault("PREFECT_SERVER_API_PORT", "4200")
     url = os.environ.setdefault("PREFECT_API_URL", f"http://{host}:{port}/api")
-    if _healthy(url):
+    if healthy(url):
         print(f"fixlab: using the Prefect server at {url}", file=sys.stderr)
         return None
     log = Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")) / "server.log"
@@ -266,8 +256,10 @@ def serve(overrides: list[str]) -> None:
 def trigger(overrides: list[str], wait: bool) -> int:
     from prefect.deployments import run_deployment
 
+    from .prefect_api import healthy
+
     url = _api_url()
-    if not url or not _healthy(url):
+    if not url or not healthy(url):
         print(f"error: no Prefect server answers at {url or '(PREFECT_API_URL unset)'}: start `make nightly` first",
               file=sys.stderr)
         return 2

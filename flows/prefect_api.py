@@ -49,13 +49,23 @@ def ensure_prefect_api() -> str:
     return _server.api_url
 
 
+def healthy(url: str) -> bool:
+    """Whether a Prefect API answers at `url` (its /health endpoint)."""
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url.rstrip("/") + "/health", timeout=2).read()
+        return True
+    except OSError:
+        return False
+
+
 def start_prefect_server(host: str, port: int | str, log_path, env: dict | None = None, timeout_s: float = 120):
     """A real `prefect server start` (the one nightly schedules need; the tests share one per session), in its own
     session so its whole process group can be stopped; returns the process once /health answers."""
     import subprocess
     import sys
     import time
-    import urllib.request
     from pathlib import Path
 
     url = f"http://{host}:{port}/api"
@@ -65,15 +75,12 @@ def start_prefect_server(host: str, port: int | str, log_path, env: dict | None 
                             start_new_session=True)
     log.close()  # the child holds its own copy
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).read()
-            return proc
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"prefect server did not start at {url} (log: {log_path})") from None
-            time.sleep(0.5)
+    while not healthy(url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"prefect server did not start at {url} (log: {log_path})")
+        time.sleep(0.5)
+    return proc
 
 
 def stop_prefect_api() -> None:

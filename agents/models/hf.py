@@ -179,7 +179,8 @@ class TransformersModel:
         if self.weights == "int8":
             from .int8 import quantize_int8
 
-            quantize_int8(self.model, skip=tuple(cfg.get("int8_skip", ("lm_head",)) or ()))
+            skip = cfg.get("int8_skip")  # null: the default; []: lm_head in int8 too
+            quantize_int8(self.model, skip=("lm_head",) if skip is None else tuple(skip))
         if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.get("skinny_matmul", True):
             # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
             from .engine import use_skinny_matmul

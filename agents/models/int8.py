@@ -7,8 +7,9 @@ The product is torch._int_mm (oneDNN; VNNI where the CPU has it), exact in int32
 Why this scheme: a row's result depends only on that row (integer sums are exact and the scales are
 per row and per channel), so batching, padding and prefix reuse change no bits, as in fp32. torch's dynamic
 quantization uses one scale per tensor, which ties a row's rounding to whatever shares its batch.
-Measured on 2 cores (Xeon, AVX-512 VNNI, torch 2.13), 1536x8960: int8 520 GFLOP/s at 16 rows and 1137 at
-256 rows, against 29 and 122 for fp32 (benchmarks/results/int8-matmul-*.json). Weights in memory: 1/4 of fp32.
+Measured on 2 cores (Xeon, AVX-512 VNNI, torch 2.13), one 1536x8960 matmul: int8 520 GFLOP/s at 16 rows and
+1137 at 256 rows, against 29 and 122 for fp32 (a probe); the whole model: benchmarks/weights.py. Weights in
+memory: 1/4 of fp32.
 lm_head stays in the model's dtype: the argmax over 150k logits is where rounding would flip tokens.
 """
 from __future__ import annotations

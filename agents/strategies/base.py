@@ -52,10 +52,10 @@ class Strategy:
                     self.ctx.execute(a)
             judged.append(a)
             if a.decision == "tested" and (a.visible_result or a.result).passed:
-                break
-        passed = [i for i, a in enumerate(judged) if a.decision == "tested" and (a.visible_result or a.result).passed]
-        tested = [i for i, a in enumerate(judged) if a.decision == "tested"]
-        keep = (passed or tested or [0])[0]
+                break  # only the last judged candidate can have passed
+        last = judged[-1]
+        passed = last.decision == "tested" and (last.visible_result or last.result).passed
+        keep = len(judged) - 1 if passed else next((i for i, a in enumerate(judged) if a.decision == "tested"), 0)
         kept = judged[keep]
         kept.calls = [c for i, c in enumerate(calls) if i != keep] + [calls[keep]]  # calls[-1] is the kept answer
         kept.candidate = keep
