@@ -24,7 +24,8 @@ class JobSettings:
     resume: str | None
     raw: dict
     cache: bool = True
-    cache_dir: str | None = None  # the whole resolved config, logged as MLflow params
+    cache_dir: str | None = None
+    run_ahead: int = 0  # a budget sweep's largest budget: each task runs to it once and the cache holds it (flows/core.py)
 
     @property
     def run_name(self) -> str:
@@ -125,4 +126,16 @@ def settings_from(cfg: dict) -> JobSettings:
         agent=agent, model=model, sandbox=sandbox, dataset=dict(cfg.get("dataset") or {}), runner=runner,
         tracking=dict(cfg.get("tracking") or {}), samples=_int(cfg, "samples", 1), offline=offline,
         resume=cfg.get("resume"), raw=cfg, cache=_bool(cfg, "cache"), cache_dir=cfg.get("cache_dir"),
+        run_ahead=sweep_budget() if cfg.get("sweep_ahead", True) is not False else 0,
     )
+
+
+SWEEP_ITERS_ENV = "FIXLAB_SWEEP_MAX_ITERS"  # set by flows/sweep.py for the jobs of a `-m` sweep over iters
+
+
+def sweep_budget() -> int:
+    """The largest budget of the `-m` sweep this job belongs to (0 outside a sweep over iters)."""
+    import os
+
+    v = os.environ.get(SWEEP_ITERS_ENV, "")
+    return int(v) if v.isdigit() else 0

@@ -28,18 +28,25 @@ Job = tuple[Task, int]  # a task and the index of its independent sample
 
 
 # ---------------------------------------------------------------- one task
-def repair(task: Task, sample: int, agent: AgentConfig, model, sandbox, cache=None) -> Trajectory:
+def repair(task: Task, sample: int, agent: AgentConfig, model, sandbox, cache=None, run_ahead: int = 0) -> Trajectory:
     """One trajectory: cut from a cached longer one, continued from a cached shorter one, or run afresh. A crash
-    becomes an error trajectory (the run goes on; resume runs that task again)."""
+    becomes an error trajectory (the run goes on; resume runs that task again).
+
+    run_ahead > iters (a sweep's largest budget, with a cache): run the task to that budget now and cut this
+    budget's rounds from it. A sweep `iters=0,1,2,3 -m` then decodes each task once, as one conversation (the
+    engine's prefix reuse sees every round), and the later jobs only read the cache; without it each job would
+    re-prefill the rounds the previous job ended on."""
     try:
         cfg = dataclasses.replace(agent, sample=sample)
         prior = cache.get(task, sample) if cache else None
         if prior is not None and prior.budget >= cfg.iters:
             return agent_loop.truncate(prior, cfg.iters)  # a longer cached run holds this budget's rounds
-        traj = agent_loop.run_agent(task, model, sandbox, cfg, prior=prior)
+        ahead = cache is not None and run_ahead > cfg.iters
+        traj = agent_loop.run_agent(task, model, sandbox, dataclasses.replace(cfg, iters=run_ahead) if ahead else cfg,
+                                    prior=prior)
         if cache:
             cache.put(traj, task)
-        return traj
+        return agent_loop.truncate(traj, cfg.iters) if ahead else traj
     except Exception as e:  # never let one task kill the run
         return error_trajectory(task, sample, agent, e)
 

@@ -19,6 +19,7 @@ import time
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from .config import SWEEP_ITERS_ENV
 from .neutral import result_neutral
 from .tracking import PARENT_ENV, RunTracker, git_state
 
@@ -41,6 +42,9 @@ class SweepParentRun(Callback):
             **git_state(), "fixlab.kind": "sweep", "sweep.overrides": " ".join(overrides)[:5000]})
         self.run_id = run.info.run_id
         os.environ[PARENT_ENV] = self.run_id
+        budgets = swept_budgets(overrides)
+        if len(budgets) > 1:  # each task runs to the largest budget once; the other jobs cut it (flows/core.py)
+            os.environ[SWEEP_ITERS_ENV] = str(max(budgets))
         self.t0 = time.perf_counter()
         atexit.register(self._abandon)  # a job that ends the process (bad config) must not leave it RUNNING
         print(f"fixlab: sweep parent run {self.run_id}", file=sys.stderr, flush=True)
@@ -53,6 +57,7 @@ class SweepParentRun(Callback):
             self.tracker.client.set_terminated(self.run_id, status="FINISHED")
         finally:
             os.environ.pop(PARENT_ENV, None)
+            os.environ.pop(SWEEP_ITERS_ENV, None)
             self.run_id = None
 
     def _abandon(self) -> None:
@@ -61,6 +66,20 @@ class SweepParentRun(Callback):
                 self.tracker.client.set_terminated(self.run_id, status="FAILED")
             except Exception:
                 pass
+
+
+def swept_budgets(overrides: list[str]) -> list[int]:
+    """The budgets an `iters=...` sweep override lists (iters=0,1,2,3, iters=range(0,4)...); [] when iters is not swept
+    or the override cannot be read (the sweep then simply runs each budget on its own)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        for o in OverridesParser.create().parse_overrides([o for o in overrides if o.split("=")[0].lstrip("+~") == "iters"]):
+            if o.is_sweep_override():
+                return sorted({int(v) for v in o.sweep_iterator()})
+    except Exception:
+        pass
+    return []
 
 
 def job_labels(children) -> dict[str, str]:

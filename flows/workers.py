@@ -60,7 +60,7 @@ def repair_in_process(task: Task, sample: int, settings: JobSettings) -> Traject
         from .core import error_trajectory
 
         return error_trajectory(task, sample, settings.agent, e)
-    return repair(task, sample, settings.agent, model, sandbox, cache)
+    return repair(task, sample, settings.agent, model, sandbox, cache, run_ahead=settings.run_ahead)
 
 
 def close_all() -> None:

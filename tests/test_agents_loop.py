@@ -342,3 +342,37 @@ def test_candidates_are_refused_for_react_and_below_one():
     for bad in (AgentConfig(strategy="react", candidates=2), AgentConfig(candidates=0)):
         with pytest.raises(ValueError, match="candidates"):
             check_config(bad)
+
+
+def test_sweep_runs_each_task_ahead_to_its_largest_budget_once(tmp_path):
+    """iters=0,1,2,3 -m: the first job runs the task to budget 3 (one conversation) and reports its round 0; the
+    later jobs only cut the cached trajectory, with no model call, and every job equals a fresh run at its budget."""
+    from flows.cache import TrajectoryCache
+    from flows.core import repair
+
+    kw = dict(strategy="reflection", temperature_schedule="rising", temperature=0.1)
+    cache = TrajectoryCache(tmp_path, {"name": "m", "backend": "transformers", "dtype": "float32"},
+                            AgentConfig(**kw), {"backend": "local"})
+    first = ScriptedModel(SCRIPT)
+    job0 = repair(task(2), 0, AgentConfig(iters=0, **kw), first, sandbox(), cache, run_ahead=3)
+    assert len(first.requests) == 4 and cache.get(task(2), 0).budget == 3
+    fresh0, _ = run(SCRIPT, iters=0, **kw)
+    assert view(job0) == view(fresh0) and job0.budget == 0 and job0.first_pass_round is None
+    for iters in (1, 2, 3):
+        none = ScriptedModel([])
+        job = repair(task(2), 0, AgentConfig(iters=iters, **kw), none, sandbox(), cache, run_ahead=3)
+        fresh, _ = run(SCRIPT, iters=iters, **kw)
+        assert none.requests == [] and view(job) == view(fresh) and job.first_pass_round == fresh.first_pass_round
+    # without a cache there is nothing to run ahead for: the job runs its own budget
+    alone = ScriptedModel(SCRIPT)
+    repair(task(2), 0, AgentConfig(iters=1, **kw), alone, sandbox(), None, run_ahead=3)
+    assert len(alone.requests) == 2
+
+
+def test_sweep_budgets_are_read_from_the_iters_override():
+    from flows.sweep import swept_budgets
+
+    assert swept_budgets(["model=x", "iters=0,1,2,3"]) == [0, 1, 2, 3]
+    assert swept_budgets(["iters=range(0,4)"]) == [0, 1, 2, 3]
+    assert swept_budgets(["iters=3", "strategy=single_shot,reflection"]) == []  # budget not swept: nothing ahead
+    assert swept_budgets(["iters=a,b"]) == []  # unreadable: each job runs its own budget (and fails on its own)
