@@ -138,7 +138,7 @@ class Context:
 
     def ensure_feedback(self, attempt: Attempt) -> None:
         """Feedback on a failed visible run; computed on every round (also the last: a continuation reads it)."""
-        visible = attempt.visible_result or attempt.result
+        visible = attempt.visible
         if attempt.feedback is not None or visible is None or visible.passed or attempt.code is None:
             return
         cfg = self.cfg

@@ -93,7 +93,7 @@ def stop_reason(attempts: list[Attempt], iters: int, fallback: str | None) -> st
     """Why an episode ended, from its attempts alone (so a truncated and a fresh run agree)."""
     last = attempts[-1] if attempts else None
     if last is not None:
-        visible = last.visible_result or last.result
+        visible = last.visible
         if last.decision == "submitted":
             return "submitted"
         if last.decision == "tested" and visible is not None and visible.passed:

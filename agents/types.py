@@ -117,6 +117,16 @@ class Attempt:
     steps: list[dict] = field(default_factory=list)  # react: one dict per model turn (action, decision, ...)
     candidate: int | None = None  # candidates > 1: index of the kept answer among the round's drafts
 
+    @property
+    def visible(self) -> ExecResult | None:
+        """The run the agent sees: the visible tests' run under docs/hidden, else the full verdict."""
+        return self.visible_result or self.result
+
+    @property
+    def passed_visible(self) -> bool:
+        """The agent believes this candidate is done (a tested run of what it sees passed)."""
+        return self.decision == "tested" and self.visible is not None and self.visible.passed
+
     @classmethod
     def from_dict(cls, d: dict) -> "Attempt":
         a = dict(d)

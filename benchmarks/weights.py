@@ -8,6 +8,7 @@ per row, fixed length, no EOS; the prompts come from the prefix store, so this i
 
     .venv/bin/python benchmarks/weights.py                 # rows: dtype, int8, int8+head (lm_head too), llamacpp
     .venv/bin/python benchmarks/weights.py --rows int8 --batches 1 16
+    .venv/bin/python benchmarks/weights.py --rows int8-sep,int8 --batches 1 16 32   # stacked q/k/v, gate/up vs not
 
 Writes benchmarks/results/weights-<UTC time>.json and prints a table.
 """
@@ -47,6 +48,7 @@ def weight_bytes(model) -> int:
 
 
 ROWS = {"dtype": {"weights": "dtype"}, "int8": {"weights": "int8"},
+        "int8-sep": {"weights": "int8", "int8_fuse": False},  # q/k/v and gate/up as separate matmuls (before fusing)
         "int8+head": {"weights": "int8", "int8_skip": []},  # int8+head: lm_head in int8 too
         "llamacpp": None}  # the same GGUF served by llama.cpp (xllamacpp, Q4_K_M as is), slots = largest batch
 

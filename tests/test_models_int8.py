@@ -14,7 +14,7 @@ from transformers import Qwen2Config  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.hf import BadModelConfig, TransformersModel  # noqa: E402
-from agents.models.int8 import Int8Linear, quantize_int8  # noqa: E402
+from agents.models.int8 import Int8Linear, StackedSlice, quantize_int8  # noqa: E402
 from test_models_engine import msgs, run_concurrently  # noqa: E402
 from tiny_models import make_random_model  # noqa: E402
 
@@ -58,7 +58,9 @@ def tiny_int8(tmp_path_factory):
 
 def test_int8_model_answers_the_same_batched_and_alone(tiny_int8):
     m = tiny_int8
-    assert sum(isinstance(x, Int8Linear) for x in m.model.modules()) == 2 * 7  # q k v o gate up down per layer
+    # per layer: o and down alone, q/k/v and gate/up as two stacked matmuls
+    assert sum(isinstance(x, Int8Linear) for x in m.model.modules()) == 2 * 4
+    assert sum(isinstance(x, StackedSlice) for x in m.model.modules()) == 2 * 5
     assert type(m.model.lm_head) is torch.nn.Linear
     reqs = [GenRequest(messages=msgs(k), max_new_tokens=6 + 3 * k) for k in range(1, 7)]
     alone = [m.generate(r) for r in reqs]
@@ -67,6 +69,32 @@ def test_int8_model_answers_the_same_batched_and_alone(tiny_int8):
         assert not isinstance(b, Exception), b
         assert a.text == b.text and a.completion_tokens == b.completion_tokens
     assert m.engine.stats["max_rows"] == 3
+
+
+def test_stacked_qkv_and_gate_up_are_bit_equal_to_separate_matmuls(tmp_path):
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    cfg = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      initializer_range=0.2, tie_word_embeddings=False)
+    base = AutoModelForCausalLM.from_pretrained(make_random_model(cfg, tmp_path / "m"), dtype=torch.float32).eval()
+    separate, stacked = copy.deepcopy(base), copy.deepcopy(base)
+    assert quantize_int8(separate, fuse=False) == quantize_int8(stacked) == 2 * 7
+    assert isinstance(stacked.model.layers[0].self_attn.k_proj, StackedSlice)
+    ids = torch.randint(0, 256, (3, 17))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0  # a left-padded row
+    with torch.no_grad():
+        a = separate(input_ids=ids, attention_mask=mask).logits
+        b = stacked(input_ids=ids, attention_mask=mask).logits
+        # a member called out of order or with another input recomputes: still exact
+        x = torch.randn(2, 64)
+        layer = stacked.model.layers[1].self_attn
+        assert torch.equal(layer.v_proj(x), separate.model.layers[1].self_attn.v_proj(x))
+        assert torch.equal(layer.v_proj(x), layer.v_proj(x.clone()))
+    assert torch.equal(a, b)
 
 
 def test_weights_auto_is_int8_on_cpu_only():

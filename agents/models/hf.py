@@ -180,7 +180,8 @@ class TransformersModel:
             from .int8 import quantize_int8
 
             skip = cfg.get("int8_skip")  # null: the default; []: lm_head in int8 too
-            quantize_int8(self.model, skip=("lm_head",) if skip is None else tuple(skip))
+            quantize_int8(self.model, skip=("lm_head",) if skip is None else tuple(skip),
+                          fuse=bool(cfg.get("int8_fuse", True)))
         if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.get("skinny_matmul", True):
             # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
             from .engine import use_skinny_matmul

@@ -11,6 +11,10 @@ Measured on 2 cores (Xeon, AVX-512 VNNI, torch 2.13), one 1536x8960 matmul: int8
 1137 at 256 rows, against 29 and 122 for fp32 (a probe); the whole model: benchmarks/weights.py. Weights in
 memory: 1/4 of fp32.
 lm_head stays in the model's dtype: the argmax over 150k logits is where rounding would flip tokens.
+
+Linears that read the same input (q/k/v of attention, gate/up of the MLP) are fused (`fuse`, default on): one
+input rounding and one matmul over their stacked weights, each linear then handed its columns. Integer sums are
+exact and the scales per row and per channel, so the fused outputs are bit-equal to the separate ones (test).
 """
 from __future__ import annotations
 
@@ -45,12 +49,81 @@ class Int8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row x per-channel"
 
 
-def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",)) -> int:
-    """Replace every nn.Linear whose name does not end with one of `skip` by an Int8Linear, in place.
-    Returns how many were replaced."""
+class _Stacked(torch.nn.Module):
+    """Linears that read one input, as one Int8Linear over their stacked weights. The first member called with an
+    input computes every member's output; the others, called with that same tensor, take theirs. A member called
+    with another input (or twice) recomputes, so a caller with another call order still gets exact answers."""
+
+    def __init__(self, linears: list[torch.nn.Linear]):
+        super().__init__()
+        stacked = torch.nn.Linear(linears[0].in_features, sum(m.out_features for m in linears),
+                                  bias=any(m.bias is not None for m in linears))
+        with torch.no_grad():
+            stacked.weight.copy_(torch.cat([m.weight.detach().float() for m in linears]))
+            if stacked.bias is not None:
+                stacked.bias.copy_(torch.cat([m.bias.detach().float() if m.bias is not None
+                                              else torch.zeros(m.out_features) for m in linears]))
+        self.inner = Int8Linear(stacked)
+        self.splits = [m.out_features for m in linears]
+        self._x: torch.Tensor | None = None
+        self._outs: tuple = ()
+        self._left: set[int] = set()
+
+    def output(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        if x is not self._x or i not in self._left:
+            self._outs = self.inner(x).split(self.splits, dim=-1)
+            self._x, self._left = x, set(range(len(self.splits)))
+        self._left.discard(i)
+        out = self._outs[i]
+        if not self._left:
+            self._x, self._outs = None, ()  # drop the reference: the next layer's input is another tensor
+        return out
+
+
+class StackedSlice(torch.nn.Module):
+    """One member of a _Stacked group (q_proj of q/k/v...): its columns of the group's product."""
+
+    def __init__(self, group: _Stacked, index: int):
+        super().__init__()
+        object.__setattr__(self, "group", group)  # not a submodule: the parent holds the group once
+        self.index = index
+        self.in_features, self.out_features = group.inner.in_features, group.splits[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.output(self.index, x)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 stacked #{self.index}"
+
+
+# Linears of one parent module that transformers' decoder layers call on the same input, in this order.
+SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = True) -> int:
+    """Replace every nn.Linear whose name does not end with one of `skip` by int8 (an Int8Linear, or with `fuse` a
+    slice of a stacked group for q/k/v and gate/up), in place. Returns how many linears were replaced."""
     targets = [(name, mod) for name, mod in model.named_modules()
                if type(mod) is torch.nn.Linear and not any(name == s or name.endswith("." + s) for s in skip)]
+    done = set()
+    if fuse:
+        chosen = {name for name, _ in targets}
+        for parent_name, parent in list(model.named_modules()):
+            for g, names in enumerate(SHARED_INPUT):
+                full = [f"{parent_name}.{n}" if parent_name else n for n in names]
+                if not all(f in chosen for f in full):
+                    continue
+                members = [getattr(parent, n) for n in names]
+                if len({m.in_features for m in members}) != 1:
+                    continue
+                group = _Stacked(members)
+                parent.add_module(f"int8_stacked{g}", group)
+                for i, n in enumerate(names):
+                    setattr(parent, n, StackedSlice(group, i))
+                done.update(full)
     for name, mod in targets:
+        if name in done:
+            continue
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attr, Int8Linear(mod))

@@ -51,16 +51,16 @@ class Strategy:
                     ran[key] = i
                     self.ctx.execute(a)
             judged.append(a)
-            if a.decision == "tested" and (a.visible_result or a.result).passed:
+            if a.passed_visible:
                 break  # only the last judged candidate can have passed
         last = judged[-1]
-        passed = last.decision == "tested" and (last.visible_result or last.result).passed
+        passed = last.passed_visible
         keep = len(judged) - 1 if passed else next((i for i, a in enumerate(judged) if a.decision == "tested"), 0)
         kept = judged[keep]
         kept.calls = [c for i, c in enumerate(calls) if i != keep] + [calls[keep]]  # calls[-1] is the kept answer
         kept.candidate = keep
         kept.rejected = [{"call": i, "decision": a.decision, "code": a.code,
-                          "status": (a.visible_result or a.result).status if a.result is not None else None,
+                          "status": a.visible.status if a.visible is not None else None,
                           "same_as": a.same_as_candidate if a.same_as_candidate is not None else a.same_as_round}
                          for i, a in enumerate(judged) if i != keep]
         kept.rejected += [{"call": i, "decision": "not_read", "code": None, "status": None, "same_as": None}  # a pass came first
@@ -74,6 +74,5 @@ class Strategy:
         if attempt.decision == "tested" and attempt.code is not None:
             state.seen[normalise(attempt.code)] = attempt.round
             state.feedback[attempt.round] = attempt.feedback
-            visible = attempt.visible_result or attempt.result
-            if visible is not None and visible.passed:
+            if attempt.visible is not None and attempt.visible.passed:
                 state.done = "solved"  # the agent believes it is done; under "hidden" the verdict may differ

@@ -155,8 +155,7 @@ class ReactStrategy(Strategy):
         msgs = [{"role": "assistant", "content": content}]
         obs = step.get("observation")
         if obs is None and step.get("decision") == "tested":
-            visible = attempt.visible_result or attempt.result
-            passed = visible is not None and visible.passed
+            passed = attempt.visible is not None and attempt.visible.passed
             obs = render("react_observation.txt", kind="passed" if passed else "failed",
                          feedback=attempt.feedback or "", task=self.ctx.task)
         if obs is None:
