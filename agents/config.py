@@ -52,6 +52,9 @@ class AgentConfig:
     # the first one that ran. Each run counts in sandbox_runs and every call in the tokens. Not for react.
     candidates: int = 1
     candidate_temperature: float = 0.8  # for candidates 2..k (the first follows the round's temperature)
+    # An answer already known to fail (a repeat of a tested one, or the buggy code handed back) is drawn again
+    # from the same prompt at candidate_temperature, up to this many times, before it spends the round. Not react.
+    redraws: int = 0
     # reflection
     history_rounds: int = 1  # earlier (answer, feedback) pairs kept in the prompt (at least the last one)
     diagnose: bool = False  # ask for a one- or two-sentence diagnosis of the failing input before the code
@@ -101,6 +104,11 @@ def check_config(cfg: AgentConfig) -> None:
     round_temperature(cfg, 0)
     if cfg.candidates < 1:
         raise ValueError(f"candidates must be >= 1, got {cfg.candidates}")
+    if cfg.redraws < 0:
+        raise ValueError(f"redraws must be >= 0, got {cfg.redraws}")
+    if cfg.redraws and (cfg.candidates > 1 or cfg.strategy == "react"):
+        raise ValueError("redraws is for one answer per round (candidates=1) and not for react: "
+                         "set redraws=0 or candidates=1")
     if cfg.candidates > 1 and cfg.strategy == "react":
         raise ValueError("candidates > 1 is for single_shot and reflection: react makes one call per turn")
     if cfg.sample > 0 and round_temperature(cfg, 0) == 0:

@@ -30,6 +30,7 @@ class JobSettings:
     @property
     def run_name(self) -> str:
         k = f"-k{self.agent.candidates}" if self.agent.candidates > 1 else ""  # several answers per round
+        k += f"-rd{self.agent.redraws}" if self.agent.redraws else ""  # known failures drawn again
         return self.tracking.get("run_name") or f"{self.model['name']}-{self.agent.strategy}{k}-iters{self.agent.iters}"
 
 

@@ -376,3 +376,27 @@ def test_sweep_budgets_are_read_from_the_iters_override():
     assert swept_budgets(["iters=range(0,4)"]) == [0, 1, 2, 3]
     assert swept_budgets(["iters=3", "strategy=single_shot,reflection"]) == []  # budget not swept: nothing ahead
     assert swept_budgets(["iters=a,b"]) == []  # unreadable: each job runs its own budget (and fails on its own)
+
+
+def test_redraws_replace_answers_known_to_fail_before_they_spend_the_round():
+    # round 0 hands the bug back: drawn again at once (not run), the new answer passes in round 0
+    traj, model = run([fenced(BUGGY), fenced(FIX)], strategy="reflection", iters=2, redraws=2,
+                      candidate_temperature=0.9)
+    a = traj.attempts[0]
+    assert traj.first_pass_round == 0 and len(traj.attempts) == 1 and len(model.requests) == 2
+    assert model.requests[1].messages == model.requests[0].messages  # same prompt, another draw
+    assert model.requests[1].temperature == 0.9 and model.requests[1].seed != model.requests[0].seed
+    assert a.candidate == 1 and a.calls[-1].output == fenced(FIX) and a.sandbox_runs == 1
+    assert a.rejected == [{"call": 0, "decision": "unchanged", "code": a.rejected[0]["code"], "status": None,
+                           "same_as": None}]
+    # round 1 repeats round 0: redrawn; the new answer runs and spends round 1
+    traj, model = run([fenced(WRONG_A), fenced(WRONG_A), fenced(WRONG_B), fenced(FIX)], strategy="reflection",
+                      iters=2, redraws=1)
+    r1 = traj.attempts[1]
+    assert r1.decision == "tested" and r1.code.strip() == WRONG_B.strip() and r1.rejected[0]["same_as"] == 0
+    assert traj.first_pass_round == 2 and len(model.requests) == 4
+    # redraws used up: the round is a repeat as without them, with every draw counted
+    traj, model = run([fenced(WRONG_A)] * 3, strategy="reflection", iters=1, redraws=1)
+    assert traj.attempts[1].decision == "repeat" and len(traj.attempts[1].calls) == 2
+    with pytest.raises(ValueError, match="redraws"):
+        run([fenced(FIX)], strategy="reflection", redraws=1, candidates=2)

@@ -23,10 +23,35 @@ class Strategy:
 
     def produce(self, state: State, rnd: int) -> Attempt:
         stop = CODE_STOP if self.ctx.cfg.stop_after_code else ()
-        calls = self.ctx.calls(self.messages(state), rnd, self.ctx.cfg.candidates, stop=stop)
-        if len(calls) == 1:
-            return self._judged(calls[0], rnd, state)
-        return self._pick(calls, rnd, state)
+        messages = self.messages(state)
+        calls = self.ctx.calls(messages, rnd, self.ctx.cfg.candidates, stop=stop)
+        if len(calls) > 1:
+            return self._pick(calls, rnd, state)
+        if self.ctx.cfg.redraws:
+            return self._redrawn(calls[0], messages, rnd, state, stop)
+        return self._judged(calls[0], rnd, state)
+
+    def _redrawn(self, call, messages: list[dict], rnd: int, state: State, stop: tuple) -> Attempt:
+        """`redraws`: an answer known to fail before it runs (a repeat, the bug handed back) teaches nothing and
+        would spend the round: draw again from the same prompt (candidate_temperature, its own seed; the prompt's
+        KV is reused) and keep the first other answer. Every call counts in the tokens; calls[-1] is the kept one."""
+        cfg, drawn = self.ctx.cfg, []
+        while True:
+            attempt = self._judged(call, rnd, state, run=False)
+            known = attempt.decision == "repeat" or (attempt.decision == "tested" and attempt.unchanged)
+            if not known or len(drawn) == cfg.redraws:
+                break
+            drawn.append(attempt)
+            call = self.ctx.call(messages, rnd, turn=len(drawn), stop=stop, temperature=cfg.candidate_temperature)
+        if attempt.decision == "tested":
+            self.ctx.execute(attempt)
+        if drawn:
+            attempt.calls = [a.calls[0] for a in drawn] + attempt.calls
+            attempt.candidate = len(drawn)
+            attempt.rejected = [{"call": i, "decision": "repeat" if a.decision == "repeat" else "unchanged",
+                                 "code": a.code, "status": None, "same_as": a.same_as_round}
+                                for i, a in enumerate(drawn)]
+        return attempt
 
     def _judged(self, call, rnd: int, state: State, run: bool = True) -> Attempt:
         attempt = Attempt(round=rnd, decision="tested", calls=[call])
