@@ -2,6 +2,7 @@
 benchmarks/results/fullsize-<name>-<UTC date>.json, then print the README's table rows.
 
     .venv/bin/python benchmarks/fullsize.py RUN_ID [RUN_ID ...] --name default --command "make eval"
+    .venv/bin/python benchmarks/fullsize.py RUN_ID --name x --against benchmarks/results/fullsize-y.json:RUN_ID
 
 Per run: pass@1 after each round with its 95% Wilson interval, the same on the tuning sample (Python/0-23, where
 prompts and knobs were shaped) and on the other 140 tasks apart, pass@1 by bug type, cost (tokens sent and
@@ -20,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from flows.compare import compare, load_runs  # noqa: E402
+from flows.compare import compare, load_runs, paired_verdicts  # noqa: E402
 from flows.stats import wilson  # noqa: E402
 from flows.tracking import tracking_uri  # noqa: E402
 
@@ -53,7 +54,33 @@ def record(run: dict) -> dict:
         "cost": {k: m[k] for k in COST if k in m},
         "per_task_mean": {k: round(m[k] / len(rows), 1) for k in ("prompt_tokens", "completion_tokens", "model_calls",
                                                                  "sandbox_runs", "wall_s") if k in m and rows},
+        # outcomes only (no trajectories): what a later session needs to pair a new run against this one
+        "first_pass_round": {f"{r['task_id']}#{r.get('sample', 0)}": r["first_pass_round"] if r["passed"] else None
+                             for r in rows},
     }
+
+
+def from_file(spec: str) -> dict:
+    """FILE:RUN_ID_PREFIX -> that run's record from an earlier results file, in paired_verdicts' shape."""
+    path, _, prefix = spec.rpartition(":")
+    if not path:
+        raise SystemExit(f"fullsize: --against wants FILE:RUN_ID (got {spec!r})")
+    recs = [r for r in json.loads(Path(path).read_text())["runs"] if r["run_id"].startswith(prefix)]
+    if len(recs) != 1 or "first_pass_round" not in recs[0]:
+        raise SystemExit(f"fullsize: {path} has no single run {prefix!r} with per-task outcomes; record it again "
+                         "with this script")
+    r = recs[0]
+    label = f"{r['params'].get('strategy.name', '?')} iters={r['params'].get('iters', '?')} ({r['run_id'][:8]}, {Path(path).name})"
+    return {"label": label, "iters": int(r["params"].get("iters", 0)), "first_pass_round": r["first_pass_round"]}
+
+
+def pair_with_earlier(base: dict, rec: dict) -> dict:
+    """A new run's record against an earlier one (from_file) as the baseline, on the tasks both have."""
+    keys = set(base["first_pass_round"]) & set(rec["first_pass_round"])
+    mine = {"label": f"{rec['params'].get('strategy.name', '?')} iters={rec['params'].get('iters', '?')} ({rec['run_id'][:8]})",
+            "iters": int(rec["params"].get("iters", 0)), "first_pass_round": {k: rec["first_pass_round"][k] for k in keys}}
+    theirs = dict(base, first_pass_round={k: base["first_pass_round"][k] for k in keys})
+    return paired_verdicts([theirs, mine])[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_ids", nargs="+")
     ap.add_argument("--name", required=True, help="what the runs are, for the file name (e.g. default, strategies)")
     ap.add_argument("--command", default="", help="the command that made the runs, kept in the file")
+    ap.add_argument("--against", action="append", default=[], metavar="FILE:RUN_ID",
+                    help="also pair each run against a run recorded in an earlier results file (repeatable)")
     ap.add_argument("--tracking-uri", default=tracking_uri({}))
     args = ap.parse_args(argv)
+    earlier = [from_file(spec) for spec in args.against]
 
     import mlflow
 
@@ -73,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         cmp = compare(runs)
         out["common_tasks"] = cmp["tasks"]
         out["paired"] = cmp["paired"]
+    for base in earlier:
+        for rec in out["runs"]:
+            out.setdefault("paired_with_earlier", []).append(pair_with_earlier(base, rec))
     dest = REPO / "benchmarks" / "results" / f"fullsize-{args.name}-{time.strftime('%Y%m%d', time.gmtime())}.json"
     dest.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {dest.relative_to(REPO)}")
@@ -86,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         t, r = rec["tuning_sample_0_23"], rec["other_tasks"]
         print(f"  tuning sample {t['passed']}/{t['total']}; other tasks {r['passed']}/{r['total']} "
               f"({r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}); status {rec['status']}")
-    for p in out.get("paired", []):
+    for p in out.get("paired", []) + out.get("paired_with_earlier", []):
         print(f"- {p['verdict']}")
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import mlflow
+import pytest
 
 from flows.compare import compare, load_runs, table
 
@@ -55,3 +56,40 @@ def test_compare_a_finished_run_with_a_stopped_one(tmp_path):
                                                               stopped.info.run_id]))["runs"]]
     assert labels == ["strategy=reflection strategy.history_rounds=1",
                       "strategy=reflection strategy.history_rounds=2", "strategy=react (unfinished)"]
+
+
+def test_fullsize_pairs_a_new_run_against_one_recorded_in_an_earlier_results_file(tmp_path):
+    """benchmarks/fullsize.py keeps each task's outcome, so a later session (whose MLflow store is gone) can still
+    pair a new run against the recorded one: only the tasks both have count."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fullsize.py"
+    spec = importlib.util.spec_from_file_location("fullsize", path)
+    fullsize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fullsize)
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("fs", artifact_location=(tmp_path / "artifacts").as_uri())
+    ids = []
+    for outcomes in ([0, None, None, None], [0, 1, 0, None, 1]):  # the second run has one task more
+        run = client.create_run(exp)
+        for k, v in {"strategy.name": "single_shot", "iters": "1"}.items():
+            client.log_param(run.info.run_id, k, v)
+        rows = [row(f"Python/{i}", f, ["tested"]) for i, f in enumerate(outcomes)]
+        client.log_text(run.info.run_id, "\n".join(json.dumps(r) for r in rows) + "\n", "results.jsonl")
+        client.set_terminated(run.info.run_id, "FINISHED")
+        ids.append(run.info.run_id)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"runs": [fullsize.record(r) for r in load_runs(client, ids[:1])]}))
+    assert fullsize.record(load_runs(client, ids[:1])[0])["first_pass_round"] == {
+        "Python/0#0": 0, "Python/1#0": None, "Python/2#0": None, "Python/3#0": None}
+
+    base = fullsize.from_file(f"{old}:{ids[0][:8]}")
+    new = fullsize.record(load_runs(client, ids[1:])[0])
+    verdict = fullsize.pair_with_earlier(base, new)
+    assert (verdict["only_a"], verdict["only_b"], verdict["diff"]) == (2, 0, 0.5)  # Python/4 is not shared
+    assert [r["only_a"] for r in verdict["by_round"]] == [1, 2]
+    with pytest.raises(SystemExit, match="no single run"):
+        fullsize.from_file(f"{old}:ffffffff")
