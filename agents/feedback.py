@@ -11,38 +11,14 @@ import ast
 import difflib
 import re
 import textwrap
-from dataclasses import dataclass
 
 from sandboxes import build_program
 from sandboxes.base import ExecResult, Sandbox
+from sandboxes.frames import Frame, parse_frames
 from . import pyast
 
 _ACTUAL_TAG = "__FIXLAB_VALUE__"
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\s*$')
 STYLES = ("shaped", "raw", "verdict")
-
-
-@dataclass
-class Frame:
-    file: str
-    line: int
-    func: str
-    source: str | None
-
-
-def parse_frames(stderr: str) -> list[Frame]:
-    """Traceback frames, outermost first, with the source line the traceback printed (if any)."""
-    lines = stderr.splitlines()
-    frames = []
-    for i, line in enumerate(lines):
-        m = _FRAME.match(line)
-        if not m:
-            continue
-        src = lines[i + 1].strip() if i + 1 < len(lines) else ""
-        if not src or _FRAME.match(lines[i + 1]) or set(src) <= set("^~ "):
-            src = None
-        frames.append(Frame(m.group("file"), int(m.group("line")), m.group("func"), src))
-    return frames
 
 
 def program_frames(frames: list[Frame], program: str) -> list[Frame]:
@@ -238,7 +214,7 @@ def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandb
     program = build_program(candidate, test)
     cand_lo, cand_hi = _line_span(program, candidate)
     test_lo, test_hi = _line_span(program, test, last=True)
-    frames = program_frames(parse_frames(result.stderr), program)
+    frames = program_frames([f for f in parse_frames(result.stderr) if f.func], program)
     test_frame = next((f for f in reversed(frames) if test_lo <= f.line <= test_hi), None)
     cand_frame = next((f for f in reversed(frames) if cand_lo <= f.line <= cand_hi), None)
     stmt = statement_at(program, test_frame.line) if test_frame else None

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from .config import ConfigError
-from .core import safe_name
+from .core import safe_name, task_order
 from .neutral import result_neutral
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -189,11 +189,6 @@ class RunTracker:
 
 
 # ---------------------------------------------------------------- traces
-def task_order(task_id: str):
-    tail = task_id.rsplit("/", 1)[-1]
-    return (0, int(tail), "") if tail.isdigit() else (1, 0, tail)
-
-
 def verdict(t: dict) -> str:
     return "error" if t.get("error") else ("passed" if t.get("first_pass_round") is not None else "failed")
 

@@ -15,6 +15,13 @@ Status = Literal["passed", "failed", "timeout", "error"]
 OUTPUT_CAP_BYTES = 64 * 1024
 
 
+def tail_note(text: str, total: int, cap: int) -> tuple[str, bool]:
+    """The kept tail of a stream, headed by a note when `total` bytes were more than `cap`; and whether it was cut."""
+    if total <= cap:
+        return text, False
+    return "[... output cut: %d bytes in all, the last %d kept ...]\n" % (total, cap) + text, True
+
+
 @dataclass(frozen=True)
 class ExecResult:
     """Verdict of one program run.

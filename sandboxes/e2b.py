@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 
-from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable
+from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable, tail_note
 from .local import parse_failure
 
 log = logging.getLogger("sandboxes.e2b")
@@ -103,12 +103,6 @@ def __fixlab_run(payload):
                        "stderr_total": totals["err"]})
 __fixlab_run(%r)
 '''
-
-
-def _tail_note(text: str, total: int, cap: int) -> tuple[str, bool]:
-    if total <= cap:
-        return text, False
-    return "[... output cut: %d bytes in all, the last %d kept ...]\n" % (total, cap) + text, True
 
 
 class E2BSandbox:
@@ -221,8 +215,8 @@ class E2BSandbox:
         except (ValueError, SyntaxError, TypeError) as e:
             return ExecResult(status="error", stderr=f"e2b: unreadable runner result: {e}", backend=self.name,
                               duration_s=duration)
-        stdout, out_cut = _tail_note(rep["stdout"], rep["stdout_total"], OUTPUT_CAP_BYTES)
-        stderr, err_cut = _tail_note(rep["stderr"], rep["stderr_total"], OUTPUT_CAP_BYTES)
+        stdout, out_cut = tail_note(rep["stdout"], rep["stdout_total"], OUTPUT_CAP_BYTES)
+        stderr, err_cut = tail_note(rep["stderr"], rep["stderr_total"], OUTPUT_CAP_BYTES)
         details = {"remote_duration_s": rep["duration_s"], "dropped_to_nobody": rep["dropped_to_nobody"],
                    "sandbox_id": getattr(sbx, "sandbox_id", None)}
         if rep["timed_out"]:

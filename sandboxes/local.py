@@ -28,7 +28,8 @@ import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable
+from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable, tail_note
+from .frames import parse_frames
 from .procs import processes_of_uids
 
 log = logging.getLogger("sandboxes.local")
@@ -74,7 +75,6 @@ def probe_bwrap(bwrap: str = "bwrap") -> str | None:
         return reason
 
 
-_TB_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)')
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(:|$)")
 _EXC_SUFFIXES = ("Error", "Exception", "Exit", "Interrupt", "Iteration", "Warning")
 
@@ -83,12 +83,9 @@ def parse_failure(stderr: str, program_path: str, program: str) -> tuple[str | N
     """(source line of the innermost program frame, exception type) from a Python traceback."""
     lines = program.splitlines()
     failing = None
-    for line in stderr.splitlines():
-        m = _TB_LINE.match(line)
-        if m and os.path.basename(m.group("file")) == os.path.basename(program_path):
-            n = int(m.group("line"))
-            if 1 <= n <= len(lines):
-                failing = lines[n - 1].strip()
+    for f in parse_frames(stderr):
+        if os.path.basename(f.file) == os.path.basename(program_path) and 1 <= f.line <= len(lines):
+            failing = lines[f.line - 1].strip()
     error_type = None
     tail = stderr.strip().splitlines()
     for line in reversed(tail):
@@ -122,10 +119,7 @@ class _Tail:
             del self.buf[: -self.cap]
 
     def result(self) -> tuple[str, bool]:
-        data = bytes(self.buf[-self.cap:]).decode("utf-8", "replace")
-        if self.total <= self.cap:
-            return data, False
-        return "[... output cut: %d bytes in all, the last %d kept ...]\n" % (self.total, self.cap) + data, True
+        return tail_note(bytes(self.buf[-self.cap:]).decode("utf-8", "replace"), self.total, self.cap)
 
 
 _spawn_q: "queue.Queue" = queue.Queue()

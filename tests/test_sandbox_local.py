@@ -65,6 +65,7 @@ def test_result_fields(sbx):
     assert name.error_type == "NameError" and name.failing_line == "return a + c"
     syn = sbx.run(build_program("def add(a, b)\n    return a + b\n", TEST), 10)
     assert syn.status == "failed" and syn.error_type == "SyntaxError"
+    assert syn.failing_line == "def add(a, b)"  # a SyntaxError's frame has no `in func`: still read
 
 
 def test_stderr_is_capped_with_a_note(sbx):
@@ -234,3 +235,18 @@ LEGIT = {
 def test_legitimate_idioms_pass_under_the_defences(sbx, name):
     r = sbx.run(LEGIT[name], 20)
     assert r.status == "passed", r.stderr
+
+
+def test_the_jail_preloads_every_module_of_the_import_helper():
+    """The jail is stdlib-only and cannot import sandboxes.program, so it names the helper's modules itself; a module
+    the helper gains must be preloaded (and guarded) there too, or programs start cold and may rebind it unseen."""
+    import ast
+
+    from sandboxes.program import IMPORT_HELPER
+
+    def modules(tree):
+        return {a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import) for a in n.names} | \
+            {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module}
+
+    jail = modules(ast.parse((Path(local_mod.__file__).parent / "_jail.py").read_text()))
+    assert modules(ast.parse(IMPORT_HELPER)) <= jail

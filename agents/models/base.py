@@ -42,3 +42,21 @@ class Model(Protocol):
 
 class ModelUnavailable(RuntimeError):
     """The model cannot be loaded here (missing weights, no network...). Message is one line."""
+
+
+# Shared by every backend: one request's context check and stop-string trimming.
+class RequestError(RuntimeError):
+    """This request cannot be generated (too long for the context, failed forward). One line."""
+
+
+def too_long(n: int, max_context: int) -> RequestError | None:
+    """The error for a prompt of n tokens that leaves no room to answer in the context, else None."""
+    if n >= max_context:
+        return RequestError(f"prompt has {n} tokens but the model context is {max_context}: shorten the prompt")
+    return None
+
+
+def cut_at_stop(text: str, stops) -> tuple[str, bool]:
+    """The text up to the first stop string (not included), and whether one was found."""
+    cuts = [text.find(s) for s in stops if s in text]
+    return (text[: min(cuts)], True) if cuts else (text, False)

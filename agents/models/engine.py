@@ -38,13 +38,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Generation, GenRequest
+from .base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
-
-
-class RequestError(RuntimeError):
-    """This request cannot be generated (too long for the context, failed forward). One line."""
 
 
 @dataclass
@@ -107,19 +103,6 @@ class PrefixStore:
             return 0, None
         self._entries.move_to_end(best_key)
         return best, self._entries[best_key][1]
-
-
-def too_long(n: int, max_context: int) -> RequestError | None:
-    """The error for a prompt of n tokens that leaves no room to answer in the context, else None."""
-    if n >= max_context:
-        return RequestError(f"prompt has {n} tokens but the model context is {max_context}: shorten the prompt")
-    return None
-
-
-def cut_at_stop(text: str, stops) -> tuple[str, bool]:
-    """The text up to the first stop string (not included), and whether one was found."""
-    cuts = [text.find(s) for s in stops if s in text]
-    return (text[: min(cuts)], True) if cuts else (text, False)
 
 
 def _first_line(e: BaseException) -> str:

@@ -229,7 +229,7 @@ class TransformersModel:
         import torch
         from transformers import GenerationConfig
 
-        from .engine import cut_at_stop, too_long
+        from .base import cut_at_stop, too_long
 
         n = len(ids)
         if too_long(n, self.max_context):

@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from .base import Generation, GenRequest, ModelUnavailable
+from .base import Generation, GenRequest, ModelUnavailable, cut_at_stop
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
@@ -127,9 +127,8 @@ class OpenAIModel:
             raise OpenAIError(f"unexpected response from {self.base_url}: {r.text[:200]!r}") from None
         text = msg.get("content") or ""
         finish = choice.get("finish_reason") or "stop"
-        for s in req.stop[4:]:  # stops beyond the API's 4
-            if s in text:
-                text, finish = text[: text.find(s)], "stop"
+        text, cut = cut_at_stop(text, req.stop[4:])  # stops beyond the API's 4
+        finish = "stop" if cut else finish
         usage = d.get("usage") or {}
         calls = [c for c in (msg.get("tool_calls") or []) if isinstance(c, dict)]
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
