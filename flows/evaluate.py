@@ -245,6 +245,9 @@ def _leave_after_grace(fd: int) -> None:
     try:
         if _Stop.mark_killed is not None:
             _Stop.mark_killed()
+        from .sweep import SweepParentRun
+
+        SweepParentRun.mark_stopped()
     except Exception:
         pass
     print("fixlab: stopped; the run is marked KILLED and `resume=last` continues it", file=sys.stderr)

@@ -27,6 +27,8 @@ from .tracking import PARENT_ENV, RunTracker, git_state
 
 
 class SweepParentRun(Callback):
+    live: "SweepParentRun | None" = None  # the sweep of this process, for a stop that cannot unwind (flows/evaluate.py)
+
     def __init__(self) -> None:
         self.tracker: RunTracker | None = None
         self.run_id: str | None = None
@@ -47,6 +49,7 @@ class SweepParentRun(Callback):
             os.environ[SWEEP_ITERS_ENV] = str(max(budgets))
         self.t0 = time.perf_counter()
         atexit.register(self._abandon)  # a job that ends the process (bad config) must not leave it RUNNING
+        SweepParentRun.live = self
         print(f"fixlab: sweep parent run {self.run_id}", file=sys.stderr, flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
@@ -60,12 +63,19 @@ class SweepParentRun(Callback):
             os.environ.pop(SWEEP_ITERS_ENV, None)
             self.run_id = None
 
-    def _abandon(self) -> None:
+    def _abandon(self, status: str = "FAILED") -> None:
         if self.run_id:
             try:
-                self.tracker.client.set_terminated(self.run_id, status="FAILED")
+                self.tracker.client.set_terminated(self.run_id, status=status)
             except Exception:
                 pass
+            self.run_id = None
+
+    @classmethod
+    def mark_stopped(cls) -> None:
+        """SIGTERM/Ctrl-C leave through os._exit, past atexit: mark the sweep's parent run KILLED, as its job is."""
+        if cls.live is not None:
+            cls.live._abandon("KILLED")
 
 
 def swept_budgets(overrides: list[str]) -> list[int]:

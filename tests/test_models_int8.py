@@ -58,9 +58,9 @@ def tiny_int8(tmp_path_factory):
 
 def test_int8_model_answers_the_same_batched_and_alone(tiny_int8):
     m = tiny_int8
-    # per layer: o and down alone, q/k/v and gate/up as two stacked matmuls
-    assert sum(isinstance(x, Int8Linear) for x in m.model.modules()) == 2 * 4
-    assert sum(isinstance(x, StackedSlice) for x in m.model.modules()) == 2 * 5
+    # per layer: q, k, v, o, gate, up, down each an int8 matmul (stacking is off by default: no gain measured)
+    assert sum(isinstance(x, Int8Linear) for x in m.model.modules()) == 2 * 7
+    assert not any(isinstance(x, StackedSlice) for x in m.model.modules())
     assert type(m.model.lm_head) is torch.nn.Linear
     reqs = [GenRequest(messages=msgs(k), max_new_tokens=6 + 3 * k) for k in range(1, 7)]
     alone = [m.generate(r) for r in reqs]
@@ -81,7 +81,7 @@ def test_stacked_qkv_and_gate_up_are_bit_equal_to_separate_matmuls(tmp_path):
                       initializer_range=0.2, tie_word_embeddings=False)
     base = AutoModelForCausalLM.from_pretrained(make_random_model(cfg, tmp_path / "m"), dtype=torch.float32).eval()
     separate, stacked = copy.deepcopy(base), copy.deepcopy(base)
-    assert quantize_int8(separate, fuse=False) == quantize_int8(stacked) == 2 * 7
+    assert quantize_int8(separate) == quantize_int8(stacked, fuse=True) == 2 * 7
     assert isinstance(stacked.model.layers[0].self_attn.k_proj, StackedSlice)
     ids = torch.randint(0, 256, (3, 17))
     mask = torch.ones_like(ids)

@@ -160,3 +160,27 @@ def test_a_stopped_job_leaves_nothing_behind_and_resumes(tmp_path, sig, prefect_
     assert p.returncode == 0, p.stderr[-3000:]
     resumed = json.loads(next(l for l in p.stdout.splitlines() if l.startswith("{")))
     assert resumed["run_id"] == run_id and resumed["passed"] == N
+
+
+@needs_data
+def test_sigterm_during_a_sweep_marks_its_parent_run_killed_too(tmp_path, prefect_api):
+    """A stop leaves through os._exit (tasks in flight cannot hold it), past atexit: the sweep's parent run must
+    not be left RUNNING beside its KILLED job."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = [a for a in ARGS if not a.startswith("iters=")]
+    cmd = [sys.executable, "-m", "flows.evaluate", f"tracking.uri={uri}", f"tracking.artifacts={tmp_path}/artifacts",
+           f"hydra.sweep.dir={tmp_path}/multirun", *args, "model.delay_s=8", "iters=0,1", "-m"]
+    env = base_env(tmp_path)
+    env["PREFECT_API_URL"] = prefect_api
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    state = tmp_path / "state"
+    deadline = time.monotonic() + 240
+    while not (state.exists() and list(state.glob("*/tasks/*.json"))):
+        assert proc.poll() is None, f"run ended before it could be stopped: {proc.stderr.read()[-2000:]}"
+        assert time.monotonic() < deadline, "no task finished in time"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 130
+    runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("humanevalfix").experiment_id])
+    kinds = {r.data.tags.get("fixlab.kind", "job"): r.info.status for r in runs}
+    assert kinds == {"sweep": "KILLED", "job": "KILLED"}, kinds

@@ -181,7 +181,7 @@ class TransformersModel:
 
             skip = cfg.get("int8_skip")  # null: the default; []: lm_head in int8 too
             quantize_int8(self.model, skip=("lm_head",) if skip is None else tuple(skip),
-                          fuse=bool(cfg.get("int8_fuse", True)))
+                          fuse=bool(cfg.get("int8_fuse", False)))  # no measured gain (conf/model/qwen1.5b-coder-q4.yaml)
         if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.get("skinny_matmul", True):
             # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
             from .engine import use_skinny_matmul

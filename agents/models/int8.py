@@ -12,9 +12,10 @@ Measured on 2 cores (Xeon, AVX-512 VNNI, torch 2.13), one 1536x8960 matmul: int8
 memory: 1/4 of fp32.
 lm_head stays in the model's dtype: the argmax over 150k logits is where rounding would flip tokens.
 
-Linears that read the same input (q/k/v of attention, gate/up of the MLP) are fused (`fuse`, default on): one
+Linears that read the same input (q/k/v of attention, gate/up of the MLP) can be fused (`fuse`, `model.int8_fuse`): one
 input rounding and one matmul over their stacked weights, each linear then handed its columns. Integer sums are
 exact and the scales per row and per channel, so the fused outputs are bit-equal to the separate ones (test).
+Off by default: on a 2-core EPYC it bought nothing measurable (benchmarks/weights.py rows int8-sep vs int8).
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ class StackedSlice(torch.nn.Module):
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
-def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = True) -> int:
+def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = False) -> int:
     """Replace every nn.Linear whose name does not end with one of `skip` by int8 (an Int8Linear, or with `fuse` a
     slice of a stacked group for q/k/v and gate/up), in place. Returns how many linears were replaced."""
     targets = [(name, mod) for name, mod in model.named_modules()
