@@ -90,7 +90,7 @@ def test_child_run_tags_bug_type_metrics_and_results_table(sweep):
     client = sweep["client"]
     run = client.get_run(sweep["summaries"]["buggy"]["run_id"])
     tags = run.data.tags
-    assert (tags["model"], tags["strategy"], tags["protocol"]) == ("buggy", "reflection", "tests")
+    assert (tags["model"], tags["strategy"], tags["protocol"]) == ("buggy", "single_shot", "tests")
     assert len(tags["git_commit"]) == 40 and tags["git_dirty"] in ("true", "false")
     by_bug = sweep["summaries"]["buggy"]["pass@1_by_bug_type"]
     assert by_bug and all(run.data.metrics["pass_at_1_" + b.replace(" ", "_")] == 0.0 for b in by_bug)
@@ -186,6 +186,6 @@ def test_ui_serves_runs_over_rest_and_renders_run_page_in_chromium(sweep, ui):
     subprocess.run([*common, f"--screenshot={shot}", page], capture_output=True, text=True, timeout=120)
     # The single-page app rendered the run: its name, its metrics and its tags are in the live DOM.
     assert canonical["info"]["run_name"] in dom, dom[-2000:]
-    assert "pass_at_1" in dom and "reflection" in dom
+    assert "pass_at_1" in dom and "single_shot" in dom
     assert shot.exists() and shot.stat().st_size > 20_000
     print(f"run page screenshot: {shot}; UI started in {ui['startup_s']:.1f} s")
