@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from flows.compare import compare, load_runs, paired_verdicts  # noqa: E402
-from flows.stats import wilson  # noqa: E402
+from flows.stats import paired, wilson  # noqa: E402
 from flows.tracking import tracking_uri  # noqa: E402
 
 TUNING = {f"Python/{i}" for i in range(24)}  # the tuning sample: never report a claim from it alone
@@ -60,6 +60,33 @@ def record(run: dict) -> dict:
     }
 
 
+def overfit_gap(client, run: dict) -> dict | None:
+    """Under `docs`/`hidden` the agent is judged by tests it never saw: how often its final answer passed what it was
+    shown (visible) but not the hidden verdict. Read from the per-task trajectories (results.jsonl keeps no visible
+    verdict). The gap is visible pass rate minus hidden pass rate, paired on the same tasks (Newcombe interval)."""
+    if run["params"].get("protocol", "tests") == "tests":
+        return None
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="fixlab-fullsize-") as tmp:
+        trajs = [json.loads(p.read_text()) for p in Path(client.download_artifacts(run["run_id"], "tasks", tmp)).glob("*.json")]
+    trajs = [t for t in trajs if t.get("sample", 0) == 0]
+
+    def visible(t: dict) -> bool:
+        return any(((a.get("visible_result") or a.get("result") or {}).get("status") == "passed") for a in t["attempts"])
+
+    vis = [visible(t) for t in trajs]
+    hid = [t["first_pass_round"] is not None for t in trajs]
+    gap = paired(vis, hid)
+    return {"visible_passed": sum(vis), "hidden_passed": sum(hid), "total": len(trajs), "gap": round(gap.diff, 4),
+            "ci95": [round(gap.low, 4), round(gap.high, 4)], "visible_only": gap.only_a, "hidden_only": gap.only_b}
+
+
+def _name(params: dict) -> str:
+    return (f"{params.get('model.name', '?')} {params.get('strategy.name', '?')} protocol={params.get('protocol', 'tests')} "
+            f"iters={params.get('iters', '?')}")
+
+
 def from_file(spec: str) -> dict:
     """FILE:RUN_ID_PREFIX -> that run's record from an earlier results file, in paired_verdicts' shape."""
     path, _, prefix = spec.rpartition(":")
@@ -70,14 +97,14 @@ def from_file(spec: str) -> dict:
         raise SystemExit(f"fullsize: {path} has no single run {prefix!r} with per-task outcomes; record it again "
                          "with this script")
     r = recs[0]
-    label = f"{r['params'].get('strategy.name', '?')} iters={r['params'].get('iters', '?')} ({r['run_id'][:8]}, {Path(path).name})"
+    label = f"{_name(r['params'])} ({r['run_id'][:8]}, {Path(path).name})"
     return {"label": label, "iters": int(r["params"].get("iters", 0)), "first_pass_round": r["first_pass_round"]}
 
 
 def pair_with_earlier(base: dict, rec: dict) -> dict:
     """A new run's record against an earlier one (from_file) as the baseline, on the tasks both have."""
     keys = set(base["first_pass_round"]) & set(rec["first_pass_round"])
-    mine = {"label": f"{rec['params'].get('strategy.name', '?')} iters={rec['params'].get('iters', '?')} ({rec['run_id'][:8]})",
+    mine = {"label": f"{_name(rec['params'])} ({rec['run_id'][:8]})",
             "iters": int(rec["params"].get("iters", 0)), "first_pass_round": {k: rec["first_pass_round"][k] for k in keys}}
     theirs = dict(base, first_pass_round={k: base["first_pass_round"][k] for k in keys})
     return paired_verdicts([theirs, mine])[0]
@@ -99,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = load_runs(mlflow.MlflowClient(args.tracking_uri), args.run_ids)
     out = {"command": args.command, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "runs": [record(r) for r in runs]}
+    for rec, run in zip(out["runs"], runs):
+        gap = overfit_gap(mlflow.MlflowClient(args.tracking_uri), run)
+        if gap:
+            rec["overfit_gap"] = gap
     if len(runs) > 1:
         cmp = compare(runs)
         out["common_tasks"] = cmp["tasks"]
@@ -119,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         t, r = rec["tuning_sample_0_23"], rec["other_tasks"]
         print(f"  tuning sample {t['passed']}/{t['total']}; other tasks {r['passed']}/{r['total']} "
               f"({r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}); status {rec['status']}")
+        if "overfit_gap" in rec:
+            g = rec["overfit_gap"]
+            print(f"  overfit gap: visible {g['visible_passed']}/{g['total']} - hidden {g['hidden_passed']}/{g['total']} = "
+                  f"{g['gap'] * 100:+.1f} points (95% CI {g['ci95'][0] * 100:+.1f} to {g['ci95'][1] * 100:+.1f})")
     for p in out.get("paired", []) + out.get("paired_with_earlier", []):
         print(f"- {p['verdict']}")
     return 0

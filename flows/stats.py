@@ -72,11 +72,11 @@ class Paired:
     def verdict(self, a: str = "A", b: str = "B", alpha: float = 0.05) -> str:
         if self.n == 0:
             return f"{a} and {b} share no tasks"
-        if self.p_value < alpha:
-            better, worse = (a, b) if self.diff > 0 else (b, a)
-            return (f"{better} beats {worse} by {abs(self.diff) * 100:.1f} points (95% CI {self.low * 100:+.1f} to "
-                    f"{self.high * 100:+.1f}; {self.only_a} vs {self.only_b} tasks fixed by one only; exact McNemar "
-                    f"p = {self.p_value:.3g})")
+        if self.p_value < alpha:  # said from the winner's side: its lead, its interval, its tasks first
+            better, worse, low, high, won, lost = ((a, b, self.low, self.high, self.only_a, self.only_b) if self.diff > 0
+                                                   else (b, a, -self.high, -self.low, self.only_b, self.only_a))
+            return (f"{better} beats {worse} by {abs(self.diff) * 100:.1f} points (95% CI {low * 100:+.1f} to "
+                    f"{high * 100:+.1f}; {won} vs {lost} tasks fixed by one only; exact McNemar p = {self.p_value:.3g})")
         return (f"no significant difference between {a} and {b}: {self.diff * 100:+.1f} points (95% CI "
                 f"{self.low * 100:+.1f} to {self.high * 100:+.1f}; {self.only_a} vs {self.only_b} tasks fixed by one "
                 f"only; exact McNemar p = {self.p_value:.3g})")

@@ -44,6 +44,9 @@ def test_paired_counts_difference_and_verdict():
     assert (q.diff, q.low, q.high) == pytest.approx((-p.diff, -p.high, -p.low))
     strong = paired([True] * 30 + [False] * 10, [False] * 30 + [False] * 10)
     assert strong.p_value < 1e-6 and strong.verdict("A", "B").startswith("A beats B by 75.0 points")
+    # the loser named first: the verdict still speaks from the winner's side, interval and counts included
+    mirrored = paired([False] * 30 + [False] * 10, [True] * 30 + [False] * 10).verdict("A", "B")
+    assert mirrored.startswith("B beats A by 75.0 points (95% CI +") and "30 vs 0 tasks" in mirrored
 
 
 @pytest.mark.parametrize("value", [True, False])
