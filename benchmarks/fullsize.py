@@ -123,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import mlflow
 
-    runs = load_runs(mlflow.MlflowClient(args.tracking_uri), args.run_ids)
+    client = mlflow.MlflowClient(args.tracking_uri)
+    runs = load_runs(client, args.run_ids)
     out = {"command": args.command, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "runs": [record(r) for r in runs]}
     for rec, run in zip(out["runs"], runs):
-        gap = overfit_gap(mlflow.MlflowClient(args.tracking_uri), run)
+        gap = overfit_gap(client, run)
         if gap:
             rec["overfit_gap"] = gap
     if len(runs) > 1:
