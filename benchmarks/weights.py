@@ -10,6 +10,7 @@ per row, fixed length, no EOS; the prompts come from the prefix store, so this i
     .venv/bin/python benchmarks/weights.py --rows int8 --batches 1 16
     .venv/bin/python benchmarks/weights.py --rows int8-sep,int8-fused --batches 1 16 32   # stacked q/k/v, gate/up vs not
     .venv/bin/python benchmarks/weights.py --rows int8-fp32,int8-bf16 --batches 1 16 32   # on a CPU with bf16
+    .venv/bin/python benchmarks/weights.py --rows int8-bf16-sdpa,int8-fp32-sdpa,int8 --batches 1 16 32 --context 1000
 
 Writes benchmarks/results/weights-<UTC time>.json and prints a table.
 """
@@ -54,6 +55,9 @@ ROWS = {"dtype": {"weights": "dtype"}, "int8": {"weights": "int8"},
         "int8+head": {"weights": "int8", "int8_skip": []},  # int8+head: lm_head in int8 too
         # int8 with the rest (activations, norms, attention, lm_head) in fp32 or bf16, whatever `dtype: auto` picks here
         "int8-fp32": {"weights": "int8", "dtype": "float32"}, "int8-bf16": {"weights": "int8", "dtype": "bfloat16"},
+        # decode attention: fixlab's grouped fp32 path (agents/models/cpu_attention.py, the default) against SDPA
+        "int8-fp32-sdpa": {"weights": "int8", "dtype": "float32", "cpu_attention": False},
+        "int8-bf16-sdpa": {"weights": "int8", "dtype": "bfloat16", "cpu_attention": False},
         "llamacpp": None}  # the same GGUF served by llama.cpp (xllamacpp, Q4_K_M as is), slots = largest batch
 
 
@@ -92,9 +96,19 @@ def _concurrently(m, reqs):
         return list(pool.map(m.generate, reqs))
 
 
-def row(name: str, batches: list[int], msgs: list[list[dict]], ref: list[list[int]] | None) -> tuple[dict, list]:
+def decode_ids(ids: list[int], i: int, context: int) -> list[int]:
+    """Row i's decode prompt: its task prompt repeated or cut to about `context` tokens, rows 0-199 tokens apart
+    (a real batch is padded to its longest row)."""
+    n = max(16, context - (i * 37) % min(200, context))
+    while len(ids) < n:
+        ids = ids + ids
+    return ids[:n]
+
+
+def row(name: str, batches: list[int], msgs: list[list[dict]], ref: list[list[int]] | None,
+        context: int = 200) -> tuple[dict, list]:
     m = TransformersModel({"name": f"qwen1.5b-{name}", "backend": "transformers", "pack": "qwen1.5b-coder-q4",
-                           **ROWS[name], "max_batch": max(batches), "gather_ms": 200, "prefix_cache_mib": 2048,
+                           **ROWS[name], "max_batch": max(batches), "gather_ms": 200, "prefix_cache_mib": 4096,
                            "draft_tokens": 0})
     out = {"weights": name, "dtype": str(m.dtype).replace("torch.", ""), "weight_gib": round(weight_bytes(m.model) / 2**30, 2)}
     try:
@@ -109,7 +123,9 @@ def row(name: str, batches: list[int], msgs: list[list[dict]], ref: list[list[in
         new = 32
         for b in batches:
             eng.eos_ids = set()  # fixed-length answers
-            reqs = [(GenRequest(messages=(), max_new_tokens=new), m.prompt_ids(GenRequest(messages=msgs[i % len(msgs)]))[:200])
+            reqs = [(GenRequest(messages=(), max_new_tokens=new),
+                     m.prompt_ids(GenRequest(messages=msgs[i % len(msgs)]))[:200] if context == 200 else
+                     decode_ids(m.prompt_ids(GenRequest(messages=msgs[i % len(msgs)])), i, context))
                     for i in range(b)]
             futs = [eng.submit(r, i) for r, i in reqs]
             [f.result() for f in futs]  # prefills the prompts into the prefix store: the timed pass decodes
@@ -140,6 +156,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="dtype,int8,int8+head,llamacpp")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16])
+    ap.add_argument("--context", type=int, default=200,
+                    help="decode rows' context in tokens (200: every row the same 200; else rows up to 199 apart)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     msgs = prompts(8)
@@ -150,7 +168,7 @@ def main() -> None:
         if w == "llamacpp":
             r = llamacpp_row(args.batches, msgs)
         else:
-            r, greedy = row(w, args.batches, msgs, ref)
+            r, greedy = row(w, args.batches, msgs, ref, args.context)
             ref = ref if ref is not None else greedy
         rows.append(r)
         print(json.dumps(r), flush=True)
@@ -159,7 +177,7 @@ def main() -> None:
         r["speedup_vs_first"] = {k: round(r[k] / base[k], 2) for k in r if k.endswith("_tok_s") and base.get(k)}
     result = {"benchmark": "weights", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": {"cpu": platform.processor() or _cpu_name(), "threads": torch.get_num_threads(),
-                          "torch": torch.__version__, "load_avg_start": os.getloadavg()}, "rows": rows}
+                          "torch": torch.__version__, "load_avg_start": os.getloadavg()}, "decode_context": args.context, "rows": rows}
     out = Path(args.out or REPO / "benchmarks" / "results" / f"weights-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     out.write_text(json.dumps(result, indent=1) + "\n")
     cols = ["weights", "dtype", "weight_gib", "prefill_tok_s"] + [f"batch{b}_tok_s" for b in args.batches]

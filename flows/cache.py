@@ -45,10 +45,15 @@ def model_identity(model: dict) -> dict:
     """The model config keys that change answers, with `dtype: auto` replaced by what it resolves to here (bf16
     or fp32 on a CPU depends on its instructions, so one config can mean two numerics on two machines)."""
     ident = without_neutral("model", model)
-    if ident.get("backend", "transformers") == "transformers" and str(ident.get("dtype") or "auto") == "auto":
-        from agents.models.hf import resolve_device, resolve_dtype
+    if ident.get("backend", "transformers") == "transformers":
+        from agents.models.hf import resolve_device, resolve_dtype, resolve_weights
 
-        ident["dtype"] = str(resolve_dtype("auto", resolve_device(ident.get("device")))).replace("torch.", "")
+        device = resolve_device(ident.get("device"))
+        if str(ident.get("dtype") or "auto") == "auto":
+            weights = resolve_weights(ident.get("weights"), device)
+            ident["dtype"] = str(resolve_dtype("auto", device, weights)).replace("torch.", "")
+        if device.type == "cpu":
+            ident.setdefault("cpu_attention", True)  # fixlab's fp32 decode attention: same answers to ~1e-6, not bit-equal
     return ident
 
 

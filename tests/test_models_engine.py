@@ -408,3 +408,50 @@ def test_same_prompt_sent_together_is_prefilled_once_with_the_same_answers(tiny)
     assert eng.stats["prefills"] - before["prefills"] == 1
     assert eng.stats["reused_tokens"] - before["reused_tokens"] == 3 * len(ids)
     assert sorted(g.prefill_tokens for g in together) == [0, 0, 0, len(ids)]
+
+
+def test_grouped_decode_attention_matches_sdpa():
+    """agents/models/cpu_attention.py against torch's SDPA: 1 and 3 query tokens, left padding, no mask."""
+    import torch.nn.functional as F
+
+    from agents.models.cpu_attention import grouped_attention
+
+    class Layer:
+        num_key_value_groups, is_causal = 3, True
+
+    g = torch.Generator().manual_seed(0)
+    B, H, KV, L, D = 4, 6, 2, 37, 16
+    key, value = torch.randn(B, KV, L, D, generator=g), torch.randn(B, KV, L, D, generator=g)
+    for Q in (1, 3):
+        query = torch.randn(B, H, Q, D, generator=g)
+        keep = torch.ones(Q, L, dtype=torch.bool).tril(L - Q).expand(B, 1, Q, L).clone()
+        keep[1, :, :, :5] = False  # rows 1 and 3 are left-padded
+        keep[3, :, :, :20] = False
+        for mask in (keep, None):
+            ours, _ = grouped_attention(Layer(), query, key, value, mask)
+            causal = torch.ones(Q, L, dtype=torch.bool).tril(L - Q)  # no mask: the last Q positions are the queries
+            ref = F.scaled_dot_product_attention(query, key.repeat_interleave(3, 1), value.repeat_interleave(3, 1),
+                                                 attn_mask=causal if mask is None else mask)
+            assert ours.shape == (B, Q, H, D)
+            assert torch.allclose(ours, ref.transpose(1, 2), atol=1e-5), (Q, mask is None)
+    # other dtypes and long queries (prefill) are SDPA's: the same function answers them unchanged
+    q16 = torch.randn(B, H, 1, D, generator=g).bfloat16()
+    ours, _ = grouped_attention(Layer(), q16, key.bfloat16(), value.bfloat16(), keep[:, :, -1:])
+    assert ours.dtype == torch.bfloat16
+
+
+def test_grouped_attention_is_on_by_default_and_keeps_greedy_answers(tiny, tmp_path):
+    batched, _ = tiny
+    assert batched.model.config._attn_implementation == "fixlab_cpu"
+    path = make_random_model(ARCHS["qwen2"](), tmp_path / "m")
+    sdpa = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(path), "max_batch": 3,
+                              "gather_ms": 50, "dtype": "float32", "cpu_attention": False})
+    ours = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(path), "max_batch": 3,
+                              "gather_ms": 50, "dtype": "float32"})
+    try:
+        assert sdpa.model.config._attn_implementation == "sdpa"
+        reqs = [GenRequest(messages=msgs(k), max_new_tokens=10 + 2 * k) for k in range(1, 6)]
+        assert [g.text for g in run_concurrently(ours, reqs)] == [g.text for g in run_concurrently(sdpa, reqs)]
+    finally:
+        sdpa.close()
+        ours.close()

@@ -60,15 +60,19 @@ def cpu_has_native_bf16() -> bool:
     return False
 
 
-def resolve_dtype(name: str | None, device):
-    """auto: bf16 on CUDA (fp16 where bf16 is unsupported); on CPU bf16 where the CPU has bf16 instructions,
-    else fp32 (emulated bf16 is several times slower than fp32)."""
+def resolve_dtype(name: str | None, device, weights: str = "dtype"):
+    """auto: bf16 on CUDA (fp16 where bf16 is unsupported). On CPU with int8 weights fp32: the int8 matmuls do the
+    heavy work, and the rest (attention, norms, lm_head) ran slower in bf16 (decode attention over a padded batch:
+    SDPA 906 ms a step in bf16 against 146 in fp32 and 100 on fixlab's fp32 path, agents/models/cpu_attention.py).
+    Otherwise on CPU bf16 where the CPU has bf16 instructions, else fp32 (emulated bf16 is several times slower)."""
     import torch
 
     name = (name or "auto").strip().lower()
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device.type == "cpu" and weights == "int8":
+            return torch.float32
         return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else torch.float32
     if name not in DTYPES:
         raise BadModelConfig(f"unknown dtype {name!r}: use auto, {', '.join(sorted(set(DTYPES.values())))}")
@@ -121,8 +125,8 @@ class TransformersModel:
         self.cfg = dict(cfg)
         self.name = cfg.get("name") or cfg.get("model") or cfg.get("pack") or "transformers"
         self.device = resolve_device(cfg.get("device"))
-        self.dtype = resolve_dtype(cfg.get("dtype"), self.device)
         self.weights = resolve_weights(cfg.get("weights"), self.device)
+        self.dtype = resolve_dtype(cfg.get("dtype"), self.device, self.weights)
         t0 = time.perf_counter()
         self._load(cfg)
         self.load_seconds = time.perf_counter() - t0
@@ -193,6 +197,10 @@ class TransformersModel:
             # the GQA kernel takes masks and was 10x faster for Qwen2.5's 14:2 heads (same results). Process-wide
             # switch, read at call time; not set for CUDA, where a mask + GQA falls back to the math kernel.
             os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+        if self.device.type == "cpu" and cfg.get("cpu_attention", True):
+            from .cpu_attention import use_grouped_attention
+
+            use_grouped_attention(self.model)  # decode steps in fp32: grouped heads as batched matmuls
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
