@@ -455,3 +455,61 @@ def test_grouped_attention_is_on_by_default_and_keeps_greedy_answers(tiny, tmp_p
     finally:
         sdpa.close()
         ours.close()
+
+
+def test_growing_cache_layer_moves_rows_and_columns_like_plain_tensors():
+    """The engine's KV layer (in-place appends, row compaction, left drops, joins into spare rows) holds exactly
+    what torch.cat / index_select / left padding would."""
+    from agents.models.engine import _GrowingLayer, _left_pad
+
+    g = torch.Generator().manual_seed(0)
+
+    def kv(b, t):
+        return torch.randn(b, 2, t, 4, generator=g), torch.randn(b, 2, t, 4, generator=g)
+
+    layer = _GrowingLayer()
+    k, v = kv(3, 5)
+    layer.update(k, v)
+    ref = [k.clone(), v.clone()]
+
+    def check():
+        assert torch.equal(layer.keys, ref[0]) and torch.equal(layer.values, ref[1])
+        assert layer.get_seq_length() == ref[0].shape[-2]
+
+    def step():
+        k1, v1 = kv(ref[0].shape[0], 1)
+        layer.update(k1, v1)
+        ref[:] = [torch.cat([ref[0], k1], -2), torch.cat([ref[1], v1], -2)]
+        check()
+
+    def join(b, t):
+        kb, vb = kv(b, t)
+        T = max(ref[0].shape[-2], t)
+        layer.append_rows(kb, vb)
+        ref[:] = [torch.cat([_left_pad(a, T - a.shape[-2], -2), _left_pad(x, T - t, -2)]) for a, x in zip(ref, (kb, vb))]
+        check()
+
+    def select(idx):
+        layer.batch_select_indices(torch.tensor(idx))
+        ref[:] = [r[idx] for r in ref]
+        check()
+
+    step()
+    join(2, 9)  # longer rows join: the held ones grow to the left (a new buffer)
+    step()
+    join(4, 3)  # shorter rows join, into spare rows
+    for _ in range(70):  # past the spare columns: regrow
+        step()
+    select([0, 8, 2, 7, 4])  # holes filled from the tail, in place
+    select([1, 0, 2])  # an order that must copy
+    layer.drop_left(3)
+    ref[:] = [r[..., 3:, :] for r in ref]
+    check()
+    join(2, 80)  # longer by a few columns: uses the room on the left
+    step()
+    select([4])
+    step()
+    buf = layer._kbuf
+    join(3, 2)  # shorter rows into spare rows: no new buffer
+    assert layer._kbuf is buf
+    step()
