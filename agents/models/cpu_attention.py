@@ -11,7 +11,7 @@ and softmax runs in fp32.
 Only fp32 steps with at most SMALL_QUERY query tokens take this path (decode, prompt-lookup drafts); prefill and
 other dtypes go to transformers' SDPA. bf16 scores would be rounded before the softmax (8 bits of mantissa on
 logits up to ~30), so bf16 stays on SDPA. Numerics: fp32 results agree with SDPA to about 1e-6
-(tests/test_engine.py checks greedy answers are identical batched and alone, with prefix reuse on and off).
+(tests/test_models_engine.py: against SDPA, and greedy answers with this path on and off).
 """
 from __future__ import annotations
 

@@ -637,8 +637,7 @@ def _growing_layer_class():
             if self.get_seq_length() == 0:
                 return
             idx = [int(i) for i in indices]
-            written: set[int] = set()
-            if any(j in written or written.add(i) for i, j in enumerate(idx) if i != j):
+            if not _in_place_order(idx):
                 self.set(self.keys[indices], self.values[indices])
                 return
             s, n = self._s, self._n
@@ -696,6 +695,17 @@ def _GrowingLayer():
 
 
 _GROWING = None
+
+
+def _in_place_order(idx: list[int]) -> bool:
+    """Whether copying row idx[i] to row i, for i in order, never reads a row already overwritten."""
+    written: set[int] = set()
+    for i, j in enumerate(idx):
+        if i != j:
+            if j in written:
+                return False
+            written.add(i)
+    return True
 
 
 def _split_copies(rows: list) -> tuple[list, dict]:
