@@ -62,6 +62,10 @@ class AgentConfig:
     # react
     max_turns: int = 12  # model turns per task (thoughts, invalid calls and repeats cost turns, not rounds)
     tool_format: str = "auto"  # auto (native when the chat template has tools) | native | text
+    # A run_tests of code already known to fail is dropped from the conversation and the next turn is drawn at
+    # candidate_temperature. Kept in, a small model copies its own answer turn after turn (Python/0-23: 3 of the
+    # first 12 tasks repeated one answer 11 times at temperature 0.2, each copy making the next more likely).
+    repeat_redraw: bool = True
     extra: dict = field(default_factory=dict)
 
 

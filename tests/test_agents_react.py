@@ -63,7 +63,7 @@ def test_thoughts_bad_code_and_repeats_cost_turns_not_rounds():
                act("run_tests", WRONG_A),  # round 0
                act("run_tests", "# again\n" + WRONG_A),  # repeat
                act("run_tests", FIX)]  # round 1
-    traj, model = run(outputs, iters=3)
+    traj, model = run(outputs, iters=3, repeat_redraw=False)
     assert steps(traj) == [(None, "no_action"), ("run_tests", "syntax_error"), ("run_tests", "tested"),
                            ("run_tests", "repeat"), ("run_tests", "tested")]
     assert [a.round for a in traj.attempts] == [0, 1] and traj.first_pass_round == 1
@@ -72,6 +72,24 @@ def test_thoughts_bad_code_and_repeats_cost_turns_not_rounds():
     assert "already ran this same code" in model.requests[4].messages[-1]["content"]
     seeds = [r.seed for r in model.requests]
     assert len(set(seeds)) == len(seeds)  # every turn samples with its own seed
+
+
+def test_a_repeat_is_dropped_and_the_next_turn_drawn_hotter():
+    outputs = [act("run_tests", WRONG_A), act("run_tests", "# again\n" + WRONG_A),
+               act("run_tests", "# and again\n" + WRONG_A), act("run_tests", FIX)]
+    traj, model = run(outputs, iters=3, temperature_schedule="rising")  # repeat_redraw is on by default
+    assert steps(traj) == [("run_tests", "tested"), ("run_tests", "repeat"), ("run_tests", "repeat"),
+                           ("run_tests", "tested")]
+    assert traj.first_pass_round == 1 and traj.attempts[1].steps[0]["dropped"]
+    # the repeats leave no trace: turns 2 and 3 see exactly the conversation turn 1 saw
+    assert model.requests[2].messages == model.requests[1].messages == model.requests[3].messages
+    assert not any("already ran" in m["content"] for m in model.requests[3].messages)
+    # rising schedule: round 1 is 0.2; after a repeat the turn draws at candidate_temperature
+    assert [r.temperature for r in model.requests] == [0.0, 0.2, 0.8, 0.8]
+    assert len({r.seed for r in model.requests}) == 4
+    # the next round's conversation holds the tested answer and its observation, not the repeats
+    traj2, model2 = run(outputs[:3] + [act("run_tests", WRONG_B), act("run_tests", FIX)], iters=3)
+    assert sum(m["role"] == "assistant" for m in model2.requests[-1].messages) == 2
 
 
 def test_a_model_that_never_submits_runs_out_of_turns():

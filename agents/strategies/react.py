@@ -8,6 +8,8 @@ skip the action line.
 
 Budgets: a round is one sandbox execution (a new candidate tested or submitted), so `iters` compares with
 the other strategies; thoughts, unusable calls and repeats cost model turns (`max_turns` per task), not rounds.
+With `repeat_redraw` a repeated run_tests leaves no trace in the conversation (the model would copy it again)
+and the next turn is drawn at `candidate_temperature`.
 A visible pass ends the task as in the other strategies (the agent's answer is the passing code).
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from ..config import round_temperature
 from ..context import CODE_STOP, Context, State, render
 from ..toolcalls import TOOL_CALL_TEXT, from_tool_json, tool_args
 from ..types import Attempt, ModelCall
@@ -89,10 +92,13 @@ class ReactStrategy(Strategy):
         attempt = Attempt(round=rnd, decision="out_of_turns")
         steps: list[dict] = []
         turn_msgs: list[dict] = []
+        redraw = False  # the last turn repeated known-failing code: draw this one hotter, from the same conversation
         while state.turns + len(attempt.calls) < cfg.max_turns:
             turn = state.turns + len(attempt.calls)
             call = ctx.call(state.messages + turn_msgs, rnd, turn, tools=self.tools,
-                            stop=(() if self.native else TEXT_STOP) + (CODE_STOP if cfg.stop_after_code else ()))
+                            stop=(() if self.native else TEXT_STOP) + (CODE_STOP if cfg.stop_after_code else ()),
+                            temperature=max(cfg.candidate_temperature, round_temperature(cfg, rnd)) if redraw else None)
+            redraw = False
             attempt.calls.append(call)
             if call.error:
                 attempt.decision = "model_error"
@@ -126,6 +132,8 @@ class ReactStrategy(Strategy):
                     step.update(decision="repeat", same_as_round=same,
                                 observation=render("react_observation.txt", kind="repeat",
                                                    unchanged=trial.unchanged, task=ctx.task))
+                    if cfg.repeat_redraw:
+                        step["dropped"] = redraw = True
                 elif verdict == "repeat":  # submitting code already known to fail: no new run, the task ends
                     attempt.decision, attempt.code = "submitted", trial.code
                     attempt.same_as_round = trial.same_as_round
@@ -144,7 +152,7 @@ class ReactStrategy(Strategy):
 
     def turn_messages(self, call: ModelCall, step: dict, attempt: Attempt) -> list[dict]:
         """The conversation messages one turn adds: the model's answer and what it observed."""
-        if step.get("decision") == "model_error":
+        if step.get("decision") == "model_error" or step.get("dropped"):
             return []  # the next turn asks again from the same conversation
         content = call.output
         if call.tool_calls and "<tool_call>" not in content:  # show the template the call it parsed away
