@@ -12,7 +12,7 @@ from agents.strategies.react import parse_action, supports_tools
 from agents.types import ModelCall
 from agents_fixtures import sandbox, task
 from conftest import needs_data
-from test_agents_loop import FIX, SIG, WRONG_A, WRONG_B, requests, view
+from test_agents_loop import BUGGY, FIX, SIG, WRONG_A, WRONG_B, requests, view
 
 pytestmark = needs_data
 
@@ -90,6 +90,31 @@ def test_a_repeat_is_dropped_and_the_next_turn_drawn_hotter():
     # the next round's conversation holds the tested answer and its observation, not the repeats
     traj2, model2 = run(outputs[:3] + [act("run_tests", WRONG_B), act("run_tests", FIX)], iters=3)
     assert sum(m["role"] == "assistant" for m in model2.requests[-1].messages) == 2
+
+
+def test_rewrite_when_stuck_restarts_the_conversation_without_the_buggy_body():
+    # The bug handed back and run, then a repeat: each starts a new conversation (system + a from-scratch request
+    # with the header, the tests and how the old code failed), and the turn after a repeat draws hot.
+    outputs = [act("run_tests", BUGGY), act("run_tests", WRONG_A), act("run_tests", "# again\n" + WRONG_A),
+               act("run_tests", FIX)]
+    traj, model = run(outputs, iters=3, temperature_schedule="rising", rewrite_when_stuck=True)
+    assert steps(traj) == [("run_tests", "tested"), ("run_tests", "tested"), ("run_tests", "repeat"),
+                           ("run_tests", "tested")]
+    assert [a.round for a in traj.attempts] == [0, 1, 2] and traj.first_pass_round == 2
+    for req, failed in ((model.requests[1], "returned 1.5"), (model.requests[3], "returned -0.5")):
+        assert [m["role"] for m in req.messages] == ["system", "user"]
+        fresh = req.messages[1]["content"]
+        assert "from scratch" in fresh and SIG.strip() in fresh and "call run_tests" in fresh
+        assert "number % 1.0 + 1.0" not in fresh  # the buggy body is not shown again
+        assert f"`truncate_number(3.5)` {failed}, but the expected value is 0.5." in fresh
+    assert "Action: run_tests" in model.requests[3].messages[0]["content"]  # the same tools
+    # round 1's answer is revised in the new conversation as usual
+    assert [m["role"] for m in model.requests[2].messages] == ["system", "user", "assistant", "user"]
+    assert "returned -0.5" in model.requests[2].messages[-1]["content"]
+    assert [r.temperature for r in model.requests] == [0.0, 0.2, 0.4, 0.8]
+    # off, the same answers keep one conversation
+    _, plain = run(outputs, iters=3, temperature_schedule="rising")
+    assert len(plain.requests[1].messages) == 4
 
 
 def test_a_model_that_never_submits_runs_out_of_turns():

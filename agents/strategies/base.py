@@ -101,3 +101,17 @@ class Strategy:
             state.feedback[attempt.round] = attempt.feedback
             if attempt.visible is not None and attempt.visible.passed:
                 state.done = "solved"  # the agent believes it is done; under "hidden" the verdict may differ
+
+
+def header(ctx: Context) -> str:
+    """What precedes the buggy body in the agent's view (imports, signature, docstring): kept in a rewrite."""
+    view, task = ctx.view, ctx.task
+    head = view.code[: len(view.code) - len(task.buggy_solution)] if view.code.endswith(task.buggy_solution) \
+        else task.declaration
+    return head.strip("\n")
+
+
+def without_unchanged_note(feedback: str | None) -> str | None:
+    """The rewrite and repeat prompts say 'unchanged' themselves; keep only what the tests showed."""
+    note = render("unchanged.txt").strip()
+    return feedback[len(note):].strip() if feedback and feedback.startswith(note) else feedback

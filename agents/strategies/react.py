@@ -9,7 +9,8 @@ skip the action line.
 Budgets: a round is one sandbox execution (a new candidate tested or submitted), so `iters` compares with
 the other strategies; thoughts, unusable calls and repeats cost model turns (`max_turns` per task), not rounds.
 With `repeat_redraw` a repeated run_tests leaves no trace in the conversation (the model would copy it again)
-and the next turn is drawn at `candidate_temperature`.
+and the next turn is drawn at `candidate_temperature`. With `rewrite_when_stuck` (as in reflection) the bug handed
+back unchanged or a repeat starts a new conversation instead, without the buggy body: write it from scratch.
 A visible pass ends the task as in the other strategies (the agent's answer is the passing code).
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..config import round_temperature
 from ..context import CODE_STOP, Context, State, render
 from ..toolcalls import TOOL_CALL_TEXT, from_tool_json, tool_args
 from ..types import Attempt, ModelCall
-from .base import Strategy
+from .base import Strategy, header, without_unchanged_note
 
 _ACTION = re.compile(r"^[\s*#>]*Action\s*\**\s*:\s*\**\s*`?(run_tests|submit)\b", re.I | re.M)
 TOOLS = ("run_tests", "submit")
@@ -93,9 +94,10 @@ class ReactStrategy(Strategy):
         steps: list[dict] = []
         turn_msgs: list[dict] = []
         redraw = False  # the last turn repeated known-failing code: draw this one hotter, from the same conversation
+        base = state.messages
         while state.turns + len(attempt.calls) < cfg.max_turns:
             turn = state.turns + len(attempt.calls)
-            call = ctx.call(state.messages + turn_msgs, rnd, turn, tools=self.tools,
+            call = ctx.call(base + turn_msgs, rnd, turn, tools=self.tools,
                             stop=(() if self.native else TEXT_STOP) + (CODE_STOP if cfg.stop_after_code else ()),
                             temperature=max(cfg.candidate_temperature, round_temperature(cfg, rnd)) if redraw else None)
             redraw = False
@@ -132,6 +134,10 @@ class ReactStrategy(Strategy):
                     step.update(decision="repeat", same_as_round=same,
                                 observation=render("react_observation.txt", kind="repeat",
                                                    unchanged=trial.unchanged, task=ctx.task))
+                    if cfg.rewrite_when_stuck:  # start over; the hot draw keeps a greedy round from looping
+                        step["restart"] = redraw = True
+                        base, turn_msgs = self.restart_messages(state.feedback.get(same)), []
+                        continue
                     if cfg.repeat_redraw:
                         step["dropped"] = redraw = True
                 elif verdict == "repeat":  # submitting code already known to fail: no new run, the task ends
@@ -150,9 +156,16 @@ class ReactStrategy(Strategy):
         attempt.steps = steps
         return attempt
 
+    def restart_messages(self, feedback: str | None) -> list[dict]:
+        """A new conversation without the buggy body: the header, the visible tests and how the old code failed."""
+        ctx = self.ctx
+        return [self.first_messages()[0],
+                {"role": "user", "content": render("react_rewrite.txt", task=ctx.task, header=header(ctx),
+                                                   tests=ctx.view.tests, feedback=without_unchanged_note(feedback))}]
+
     def turn_messages(self, call: ModelCall, step: dict, attempt: Attempt) -> list[dict]:
         """The conversation messages one turn adds: the model's answer and what it observed."""
-        if step.get("decision") == "model_error" or step.get("dropped"):
+        if step.get("decision") == "model_error" or step.get("dropped") or step.get("restart"):
             return []  # the next turn asks again from the same conversation
         content = call.output
         if call.tool_calls and "<tool_call>" not in content:  # show the template the call it parsed away
@@ -176,9 +189,15 @@ class ReactStrategy(Strategy):
 
     def absorb(self, state: State, attempt: Attempt) -> None:
         for call, step in zip(attempt.calls, attempt.steps):
-            state.messages += self.turn_messages(call, step, attempt)
+            if step.get("restart"):
+                state.messages = self.restart_messages(state.feedback.get(step.get("same_as_round")))
+            else:
+                state.messages = state.messages + self.turn_messages(call, step, attempt)
         state.turns += len(attempt.calls)
         super().absorb(state, attempt)  # seen candidates; a visible pass ends the task
+        if (self.ctx.cfg.rewrite_when_stuck and attempt.decision == "tested" and attempt.unchanged
+                and not state.done):  # the bug handed back and run: start over from scratch
+            state.messages = self.restart_messages(attempt.feedback)
         if attempt.decision == "tested" and attempt.code is not None:
             state.last_tested = (attempt.code, attempt.round)
         if attempt.decision == "submitted":

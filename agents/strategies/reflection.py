@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..context import State, render
 from ..types import Attempt
-from .base import Strategy
+from .base import Strategy, header, without_unchanged_note
 
 
 class Reflection(Strategy):
@@ -24,13 +24,10 @@ class Reflection(Strategy):
             # A small model that hands the bug back keeps copying what it is shown: start a new conversation
             # without the buggy body, from the signature, the visible tests and how the old code failed.
             seen_fb = attempt.feedback if attempt.decision == "tested" else state.feedback.get(attempt.same_as_round)
-            view = self.ctx.view
-            header = view.code[: len(view.code) - len(task.buggy_solution)] if view.code.endswith(task.buggy_solution) \
-                else task.declaration
             state.messages = [{"role": "system", "content": render("system.txt")},
-                              {"role": "user", "content": render("rewrite.txt", task=task, header=header.strip("\n"),
-                                                                 tests=view.tests,
-                                                                 feedback=_without_unchanged_note(seen_fb))}]
+                              {"role": "user", "content": render("rewrite.txt", task=task, header=header(self.ctx),
+                                                                 tests=self.ctx.view.tests,
+                                                                 feedback=without_unchanged_note(seen_fb))}]
             state.prefix = len(state.messages)
             return
         if attempt.decision in ("no_code", "syntax_error"):
@@ -39,15 +36,10 @@ class Reflection(Strategy):
             # The same code fails the same way: restate what its run showed (the answer alone taught nothing).
             same = attempt.same_as_round
             reply = render("repeat.txt", task=task, unchanged=attempt.unchanged, same_round=same,
-                           feedback=_without_unchanged_note(state.feedback.get(same)), diagnose=diagnose)
+                           feedback=without_unchanged_note(state.feedback.get(same)), diagnose=diagnose)
         else:
             reply = render("revise.txt", task=task, code=(attempt.code or "").strip("\n"),
                            feedback=attempt.feedback or "The tests failed.", diagnose=diagnose)
         state.messages += [{"role": "assistant", "content": attempt.calls[-1].output},
                            {"role": "user", "content": reply}]
 
-
-def _without_unchanged_note(feedback: str | None) -> str | None:
-    """The repeat prompt says 'unchanged' itself; keep only what the tests showed."""
-    note = render("unchanged.txt").strip()
-    return feedback[len(note):].strip() if feedback and feedback.startswith(note) else feedback
