@@ -160,13 +160,13 @@ class ReactStrategy(Strategy):
         """A new conversation without the buggy body: the header, the visible tests and how the old code failed."""
         ctx = self.ctx
         return [self.first_messages()[0],
-                {"role": "user", "content": render("react_rewrite.txt", task=ctx.task, header=header(ctx),
+                {"role": "user", "content": render("rewrite.txt", react=True, task=ctx.task, header=header(ctx),
                                                    tests=ctx.view.tests, feedback=without_unchanged_note(feedback))}]
 
     def turn_messages(self, call: ModelCall, step: dict, attempt: Attempt) -> list[dict]:
         """The conversation messages one turn adds: the model's answer and what it observed."""
         if step.get("decision") == "model_error" or step.get("dropped") or step.get("restart"):
-            return []  # the next turn asks again from the same conversation
+            return []  # the next turn asks again from the same conversation (a restart: from the new one)
         content = call.output
         if call.tool_calls and "<tool_call>" not in content:  # show the template the call it parsed away
             for tc in call.tool_calls:

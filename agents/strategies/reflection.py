@@ -25,8 +25,8 @@ class Reflection(Strategy):
             # without the buggy body, from the signature, the visible tests and how the old code failed.
             seen_fb = attempt.feedback if attempt.decision == "tested" else state.feedback.get(attempt.same_as_round)
             state.messages = [{"role": "system", "content": render("system.txt")},
-                              {"role": "user", "content": render("rewrite.txt", task=task, header=header(self.ctx),
-                                                                 tests=self.ctx.view.tests,
+                              {"role": "user", "content": render("rewrite.txt", react=False, task=task,
+                                                                 header=header(self.ctx), tests=self.ctx.view.tests,
                                                                  feedback=without_unchanged_note(seen_fb))}]
             state.prefix = len(state.messages)
             return
