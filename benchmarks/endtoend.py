@@ -111,7 +111,7 @@ def table(rows: list[dict]) -> str:
 
 def machine() -> dict:
     """What the rows ran on: bf16 instructions decide the engine's dtype (auto), so they belong with the figures."""
-    from agents.models.hf import cpu_has_native_bf16
+    from agents.serving.hf import cpu_has_native_bf16
 
     model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                  platform.processor())

@@ -41,9 +41,9 @@ import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
-from agents.models.cores import usable_cores  # noqa: E402
-from agents.models.engine import BatchEngine, use_skinny_matmul  # noqa: E402
-from agents.models.hf import resolve_device, resolve_dtype  # noqa: E402
+from agents.serving.cores import usable_cores  # noqa: E402
+from agents.serving.engine import BatchEngine, use_skinny_matmul  # noqa: E402
+from agents.serving.hf import resolve_device, resolve_dtype  # noqa: E402
 
 CONFIGS = ROOT / "benchmarks" / "configs"
 
@@ -169,7 +169,7 @@ def pack_prompts(tok, n: int) -> list[list[int]]:
 def run_pack(name: str, args, results) -> None:
     """A real registry pack (real weights and tokenizer): same modes as above, EOS ignored so every request
     makes exactly --new-tokens tokens."""
-    from agents.models.hf import TransformersModel
+    from agents.serving.hf import TransformersModel
 
     t0 = time.perf_counter()
     os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "0"  # TransformersModel would set it; the baseline runs stock

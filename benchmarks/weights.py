@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from agents.context import Context  # noqa: E402
 from agents.config import AgentConfig  # noqa: E402
 from agents.models.base import GenRequest  # noqa: E402
-from agents.models.hf import TransformersModel  # noqa: E402
+from agents.serving.hf import TransformersModel  # noqa: E402
 from agents.strategies import REGISTRY  # noqa: E402
 from agents.tasks import load_tasks  # noqa: E402
 
@@ -55,7 +55,7 @@ ROWS = {"dtype": {"weights": "dtype"}, "int8": {"weights": "int8"},
         "int8+head": {"weights": "int8", "int8_skip": []},  # int8+head: lm_head in int8 too
         # int8 with the rest (activations, norms, attention, lm_head) in fp32 or bf16, whatever `dtype: auto` picks here
         "int8-fp32": {"weights": "int8", "dtype": "float32"}, "int8-bf16": {"weights": "int8", "dtype": "bfloat16"},
-        # decode attention: fixlab's grouped fp32 path (agents/models/cpu_attention.py, the default) against SDPA
+        # decode attention: fixlab's grouped fp32 path (agents/serving/cpu_attention.py, the default) against SDPA
         "int8-fp32-sdpa": {"weights": "int8", "dtype": "float32", "cpu_attention": False},
         "int8-bf16-sdpa": {"weights": "int8", "dtype": "bfloat16", "cpu_attention": False},
         "llamacpp": None}  # the same GGUF served by llama.cpp (xllamacpp, Q4_K_M as is), slots = largest batch
@@ -64,7 +64,7 @@ ROWS = {"dtype": {"weights": "dtype"}, "int8": {"weights": "int8"},
 def llamacpp_row(batches: list[int], msgs: list[list[dict]]) -> dict:
     """The peer: fixlab's llamacpp backend (embedded server, OpenAI API), same chat prompts (the GGUF carries the
     same tokenizer and template) and the same measurements."""
-    from agents.models.llamacpp import LlamaCppModel
+    from agents.serving.llamacpp import LlamaCppModel
 
     m = LlamaCppModel({"name": "qwen1.5b-llamacpp", "pack": "qwen1.5b-coder-q4", "slots": max(batches),
                        "context_per_slot": 1024})

@@ -17,7 +17,7 @@ import os
 import threading
 from pathlib import Path
 
-from agents.models.packs import cache_root
+from agents.serving.packs import cache_root
 from agents.types import Task, Trajectory
 
 from .neutral import without_neutral
@@ -31,10 +31,10 @@ def default_cache_dir() -> Path:
 
 
 def _agent_code_digest() -> str:
-    """Prompt templates and agent code (not the model backends) as one digest."""
+    """Prompt templates and agent code (not the model backends or the serving stack) as one digest."""
     h = hashlib.sha256()
     files = sorted(p for p in AGENTS.rglob("*") if p.is_file() and p.suffix in (".py", ".txt", ".md", ".j2")
-                   and "models" not in p.relative_to(AGENTS).parts and "__pycache__" not in p.parts)
+                   and not {"models", "serving"} & set(p.relative_to(AGENTS).parts) and "__pycache__" not in p.parts)
     for p in files:
         h.update(str(p.relative_to(AGENTS)).encode())
         h.update(p.read_bytes())
@@ -46,7 +46,7 @@ def model_identity(model: dict) -> dict:
     or fp32 on a CPU depends on its instructions, so one config can mean two numerics on two machines)."""
     ident = without_neutral("model", model)
     if ident.get("backend", "transformers") == "transformers":
-        from agents.models.hf import resolve_device, resolve_dtype, resolve_weights
+        from agents.serving.hf import resolve_device, resolve_dtype, resolve_weights
 
         device = resolve_device(ident.get("device"))
         if str(ident.get("dtype") or "auto") == "auto":

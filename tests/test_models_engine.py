@@ -15,8 +15,8 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, Qwen2Config  # noqa: E402
 
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
-from agents.models.engine import BatchEngine, RequestError  # noqa: E402
-from agents.models.hf import BadModelConfig, TransformersModel, parse_tool_calls  # noqa: E402
+from agents.serving.engine import BatchEngine, RequestError  # noqa: E402
+from agents.serving.hf import BadModelConfig, TransformersModel, parse_tool_calls  # noqa: E402
 from tiny_models import make_random_model  # noqa: E402
 
 # initializer_range well above the default: random logits then have clear winners, so a greedy comparison
@@ -215,7 +215,7 @@ def test_parse_tool_calls():
 
 
 def test_skinny_matmul_matches_linear():
-    from agents.models.engine import _SKINNY_MAX_ROWS, use_skinny_matmul
+    from agents.serving.engine import _SKINNY_MAX_ROWS, use_skinny_matmul
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(48, 96), torch.nn.Linear(96, 40, bias=False))
@@ -233,7 +233,7 @@ def test_skinny_matmul_matches_linear():
 def test_long_generation_grows_cache_in_place(tiny):
     """150 new tokens: the in-place KV buffer regrows several times; rows of different lengths, one leaving
     early, still match transformers' own greedy ids."""
-    from agents.models.engine import _GrowingLayer
+    from agents.serving.engine import _GrowingLayer
 
     batched, _ = tiny
     prompts = [batched.prompt_ids(GenRequest(messages=msgs(k))) for k in (1, 3)]
@@ -256,7 +256,7 @@ def test_long_generation_grows_cache_in_place(tiny):
 def _row(ids):
     from concurrent.futures import Future
 
-    from agents.models.engine import _Row
+    from agents.serving.engine import _Row
 
     return _Row(GenRequest(messages=()), ids, 4, Future(), 0.0)
 
@@ -308,7 +308,7 @@ def test_prefix_reuse_gives_the_same_answers_and_prefills_only_the_new_turn(tiny
 
 
 def test_prefix_store_keeps_the_longest_match_within_its_budget():
-    from agents.models.engine import PrefixStore
+    from agents.serving.engine import PrefixStore
 
     kv = lambda n: [(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4))]  # noqa: E731  32 bytes a token
     store = PrefixStore(max_bytes=32 * 100, min_tokens=4)
@@ -411,10 +411,10 @@ def test_same_prompt_sent_together_is_prefilled_once_with_the_same_answers(tiny)
 
 
 def test_grouped_decode_attention_matches_sdpa():
-    """agents/models/cpu_attention.py against torch's SDPA: 1 and 3 query tokens, left padding, no mask."""
+    """agents/serving/cpu_attention.py against torch's SDPA: 1 and 3 query tokens, left padding, no mask."""
     import torch.nn.functional as F
 
-    from agents.models.cpu_attention import grouped_attention
+    from agents.serving.cpu_attention import grouped_attention
 
     class Layer:
         num_key_value_groups, is_causal = 3, True
@@ -460,7 +460,7 @@ def test_grouped_attention_is_on_by_default_and_keeps_greedy_answers(tiny, tmp_p
 def test_growing_cache_layer_moves_rows_and_columns_like_plain_tensors():
     """The engine's KV layer (in-place appends, row compaction, left drops, joins into spare rows) holds exactly
     what torch.cat / index_select / left padding would."""
-    from agents.models.engine import _GrowingLayer, _left_pad
+    from agents.serving.engine import _GrowingLayer, _left_pad
 
     g = torch.Generator().manual_seed(0)
 

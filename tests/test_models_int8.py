@@ -13,8 +13,8 @@ import torch  # noqa: E402
 from transformers import Qwen2Config  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
-from agents.models.hf import BadModelConfig, TransformersModel  # noqa: E402
-from agents.models.int8 import Int8Linear, StackedSlice, quantize_int8  # noqa: E402
+from agents.serving.hf import BadModelConfig, TransformersModel  # noqa: E402
+from agents.serving.int8 import Int8Linear, StackedSlice, quantize_int8  # noqa: E402
 from test_models_engine import msgs, run_concurrently  # noqa: E402
 from tiny_models import make_random_model  # noqa: E402
 
@@ -98,7 +98,7 @@ def test_stacked_qkv_and_gate_up_are_bit_equal_to_separate_matmuls(tmp_path):
 
 
 def test_weights_auto_is_int8_on_cpu_only():
-    from agents.models.hf import resolve_weights
+    from agents.serving.hf import resolve_weights
 
     assert resolve_weights("auto", torch.device("cpu")) == "int8"
     assert resolve_weights("auto", torch.device("cuda")) == "dtype"

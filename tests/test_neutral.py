@@ -35,7 +35,7 @@ def test_what_changes_answers_changes_the_cache_key(tmp_path):
 
 
 def test_dtype_auto_is_keyed_by_what_it_resolves_to(tmp_path, monkeypatch):
-    import agents.models.hf as hf
+    import agents.serving.hf as hf
 
     keys = {}
     for native in (True, False):

@@ -20,11 +20,11 @@ def build_model(cfg: dict, dataset: dict | None = None) -> Model:
 
         return ScriptedModel(cfg.get("outputs", []), name=cfg.get("name", "scripted"))
     if backend == "transformers":
-        from .hf import TransformersModel
+        from ..serving.hf import TransformersModel
 
         return TransformersModel(cfg)
     if backend == "llamacpp":
-        from .llamacpp import LlamaCppModel
+        from ..serving.llamacpp import LlamaCppModel
 
         return LlamaCppModel(cfg)
     if backend == "openai":

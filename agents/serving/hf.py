@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ..toolcalls import parse_tool_calls
-from .base import Generation, GenRequest, ModelUnavailable
+from ..models.base import Generation, GenRequest, ModelUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def cpu_has_native_bf16() -> bool:
 def resolve_dtype(name: str | None, device, weights: str = "dtype"):
     """auto: bf16 on CUDA (fp16 where bf16 is unsupported). On CPU with int8 weights fp32: the int8 matmuls do the
     heavy work, and the rest (attention, norms, lm_head) ran slower in bf16 (decode attention over a padded batch:
-    SDPA 906 ms a step in bf16 against 146 in fp32 and 100 on fixlab's fp32 path, agents/models/cpu_attention.py).
+    SDPA 906 ms a step in bf16 against 146 in fp32 and 100 on fixlab's fp32 path, agents/serving/cpu_attention.py).
     Otherwise on CPU bf16 where the CPU has bf16 instructions, else fp32 (emulated bf16 is several times slower)."""
     import torch
 
@@ -83,7 +83,7 @@ WEIGHTS = ("auto", "dtype", "int8")
 
 
 def resolve_weights(name: str | None, device) -> str:
-    """dtype: weights kept in the model's dtype; int8: decoder matmuls in int8 on CPU (agents/models/int8.py);
+    """dtype: weights kept in the model's dtype; int8: decoder matmuls in int8 on CPU (agents/serving/int8.py);
     auto: int8 on CPU, dtype elsewhere."""
     name = str(name or "dtype").strip().lower()
     if name not in WEIGHTS:
@@ -140,7 +140,7 @@ class TransformersModel:
         self._cores = None
         if self.device.type == "cpu":
             # torch defaults to the physical cores of the machine, which can exceed what this process may use,
-            # and two processes that take every core starve each other: a fair share (agents/models/cores.py).
+            # and two processes that take every core starve each other: a fair share (agents/serving/cores.py).
             from .cores import claim_threads
 
             self._cores = claim_threads(cfg.get("threads"))
@@ -237,7 +237,7 @@ class TransformersModel:
         import torch
         from transformers import GenerationConfig
 
-        from .base import cut_at_stop, too_long
+        from ..models.base import cut_at_stop, too_long
 
         n = len(ids)
         if too_long(n, self.max_context):

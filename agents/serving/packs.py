@@ -32,7 +32,7 @@ from typing import Callable
 
 from filelock import FileLock, Timeout
 
-from .base import ModelUnavailable
+from ..models.base import ModelUnavailable
 
 _CHUNK = 8 << 20
 DONE_MARKER = "fixlab_pack.json"  # written last inside the converted folder; its presence means "complete"
@@ -310,7 +310,7 @@ def ensure_pack(name: str, install: bool | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m agents.models.packs [PACK ...]: prepare packs ahead of a run and print their folders."""
+    """python -m agents.serving.packs [PACK ...]: prepare packs ahead of a run and print their folders."""
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)

@@ -13,9 +13,9 @@ import logging
 import socket
 import threading
 
-from .base import Generation, GenRequest, ModelUnavailable
+from ..models.base import Generation, GenRequest, ModelUnavailable
 from .cores import claim_threads
-from .openai_backend import OpenAIModel
+from ..models.openai_backend import OpenAIModel
 
 log = logging.getLogger(__name__)
 SPECULATIVE = ("none", "ngram")

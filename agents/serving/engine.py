@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
+from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 

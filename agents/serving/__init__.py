@@ -1,0 +1,1 @@
+"""The local serving stack (transformers with fixlab's batching engine, llama.cpp) behind agents.models' Model protocol."""
