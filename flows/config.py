@@ -26,6 +26,13 @@ class JobSettings:
     cache: bool = True
     cache_dir: str | None = None
     run_ahead: int = 0  # a budget sweep's largest budget: each task runs to it once and the cache holds it (flows/core.py)
+    stream: tuple[int, int] | None = None  # a candidates x budgets sweep's stream (K a round, N answers): flows/stream.py
+
+    @property
+    def stream_applies(self) -> bool:
+        from .stream import applies
+
+        return applies(self.agent, self.stream)
 
     @property
     def run_name(self) -> str:
@@ -105,9 +112,19 @@ def settings_from(cfg: dict) -> JobSettings:
     offline = cfg.get("offline")
     if offline not in ("auto", True, False):
         raise ConfigError(f"offline must be auto, true or false, got {offline!r}")
+    knobs = _strategy_knobs(strategy)
+    iters = _int(cfg, "iters", 0)
+    if cfg.get("answers") is not None:  # answers per task, candidates a round: the budget follows
+        from .stream import iters_for_answers
+
+        try:
+            iters = iters_for_answers(_int(cfg, "answers", 1), knobs.get("candidates", 1))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        cfg = {**cfg, "iters": iters}  # what the run logs is the budget that ran
     agent = AgentConfig(
         strategy=name,
-        iters=_int(cfg, "iters", 0),
+        iters=iters,
         protocol=protocol,
         temperature=_num(cfg, "temperature", 0.0, hi=5.0),
         max_new_tokens=_int(cfg, "max_new_tokens", 1),
@@ -115,7 +132,7 @@ def settings_from(cfg: dict) -> JobSettings:
         timeout_s=_num(sandbox, "timeout_s", 0.001, "sandbox.timeout_s"),
         audit_passes=_bool({"sandbox.audit": sandbox.get("audit", True)}, "sandbox.audit"),
         strict=_bool({"sandbox.strict": sandbox.get("strict", False)}, "sandbox.strict"),
-        **_strategy_knobs(strategy),
+        **knobs,
     )
     try:
         check_config(agent)  # schedules, feedback styles, tool formats: one line here, not one error per task
@@ -128,6 +145,7 @@ def settings_from(cfg: dict) -> JobSettings:
         tracking=dict(cfg.get("tracking") or {}), samples=_int(cfg, "samples", 1), offline=offline,
         resume=cfg.get("resume"), raw=cfg, cache=_bool(cfg, "cache"), cache_dir=cfg.get("cache_dir"),
         run_ahead=sweep_budget() if cfg.get("sweep_ahead", True) is not False else 0,
+        stream=sweep_stream() if cfg.get("sweep_ahead", True) is not False else None,
     )
 
 
@@ -140,3 +158,12 @@ def sweep_budget() -> int:
 
     v = os.environ.get(SWEEP_ITERS_ENV, "")
     return int(v) if v.isdigit() else 0
+
+
+def sweep_stream() -> tuple[int, int] | None:
+    """(K, N): the answer stream a `-m` sweep over candidates and budgets cuts its single_shot points from."""
+    import os
+
+    from .stream import STREAM_ENV, parse_plan
+
+    return parse_plan(os.environ.get(STREAM_ENV))

@@ -28,16 +28,25 @@ Job = tuple[Task, int]  # a task and the index of its independent sample
 
 
 # ---------------------------------------------------------------- one task
-def repair(task: Task, sample: int, agent: AgentConfig, model, sandbox, cache=None, run_ahead: int = 0) -> Trajectory:
+def repair(task: Task, sample: int, agent: AgentConfig, model, sandbox, cache=None, run_ahead: int = 0,
+           stream: tuple | None = None) -> Trajectory:
     """One trajectory: cut from a cached longer one, continued from a cached shorter one, or run afresh. A crash
     becomes an error trajectory (the run goes on; resume runs that task again).
 
     run_ahead > iters (a sweep's largest budget, with a cache): run the task to that budget now and cut this
     budget's rounds from it. A sweep `iters=0,1,2,3 -m` then decodes each task once, as one conversation (the
     engine's prefix reuse sees every round), and the later jobs only read the cache; without it each job would
-    re-prefill the rounds the previous job ended on."""
+    re-prefill the rounds the previous job ended on.
+
+    stream = ((K, N), cache): single_shot's point cut from the task's answer stream of N answers, K a round
+    (flows/stream.py), run first when the cache does not hold it."""
     try:
         cfg = dataclasses.replace(agent, sample=sample)
+        if stream is not None:
+            from .stream import repair_from_stream
+
+            plan, stream_cache = stream
+            return repair_from_stream(task, cfg, model, sandbox, stream_cache, plan)
         prior = cache.get(task, sample) if cache else None
         if prior is not None and prior.budget >= cfg.iters:
             return agent_loop.truncate(prior, cfg.iters)  # a longer cached run holds this budget's rounds

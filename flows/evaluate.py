@@ -116,6 +116,8 @@ def run_job(cfg: dict) -> dict:
         # A resumed run (or a failed upload) may lack some tasks' trajectory files and traces: add them.
         tracker.complete_tasks([t.to_dict() for t in trajs])
         tracker.log_results_table([t.to_dict() for t in trajs])
+        if settings.stream_applies:  # cut from single_shot's answer stream (flows/stream.py)
+            summary["stream"] = {"candidates": settings.stream[0], "answers": settings.stream[1]}
         if resume:
             summary["resumed"] = True
         status = "FINISHED"
@@ -144,6 +146,8 @@ def open_run(tracker: RunTracker, settings) -> tuple[str, str | None]:
             raise ConfigError("resume=last: no earlier run in this experiment to resume")
     tags = {"model": settings.model["name"], "strategy": settings.agent.strategy,
             "protocol": settings.agent.protocol, "iters": str(settings.agent.iters)}
+    if settings.stream_applies:  # its trajectories are cut from a stream of K answers a round, N in all
+        tags["fixlab.stream"] = f"candidates={settings.stream[0]} answers={settings.stream[1]}"
     try:
         return tracker.start(settings.run_name, settings.raw, tags, resume_run_id=resume), resume
     except ConfigError:

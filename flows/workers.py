@@ -7,6 +7,7 @@ task reaches them. `repair_in_process` is that Prefect task's body: importable b
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -50,17 +51,30 @@ def trajectory_cache(settings: JobSettings) -> TrajectoryCache | None:
                                          settings.model, settings.agent, settings.sandbox))
 
 
+def stream_cache(settings: JobSettings) -> TrajectoryCache | None:
+    """The cache of single_shot's answer streams (flows/stream.py): keyed without `candidates`, which only groups
+    the stream's answers into rounds."""
+    if not settings.cache or not TrajectoryCache.applies(settings.model):
+        return None
+    agent = dataclasses.replace(settings.agent, candidates=1)
+    return _once(["stream-cache", settings.cache_dir, settings.model, settings.sandbox, repr(agent)],
+                 lambda: TrajectoryCache(Path(settings.cache_dir) if settings.cache_dir else default_cache_dir(),
+                                         settings.model, agent, settings.sandbox))
+
+
 def repair_in_process(task: Task, sample: int, settings: JobSettings) -> Trajectory:
     """One task with this process's model, sandbox and cache (core.repair turns a crash into an error trajectory;
     so does a model that cannot be built in a worker)."""
     try:
         model, sandbox = model_and_sandbox(settings)
         cache = trajectory_cache(settings)
+        scache = stream_cache(settings) if settings.stream_applies else None
     except Exception as e:
         from .core import error_trajectory
 
         return error_trajectory(task, sample, settings.agent, e)
-    return repair(task, sample, settings.agent, model, sandbox, cache, run_ahead=settings.run_ahead)
+    return repair(task, sample, settings.agent, model, sandbox, cache, run_ahead=settings.run_ahead,
+                  stream=(settings.stream, scache) if scache is not None else None)
 
 
 def close_all() -> None:
