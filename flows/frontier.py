@@ -234,31 +234,32 @@ def _identity(r: Record, keys: list[str]) -> tuple:
             tuple((k, r.params.get(k, ABSENT)) for k in keys))
 
 
-def _labels(records: list[Record]) -> dict[str, tuple[str, str, dict]]:
-    """run id -> (label, family, knobs). A strategy's knobs count against runs of the same strategy only (react's
-    max_turns is not a difference from single_shot); a knob is named on the runs whose value is not the usual one
-    for that strategy (e.g. `candidates=2`), so the plain label is the common setting."""
-    strategy_of = {r.run_id: r.params.get("strategy.name", "?") for r in records}
+def _labels(records: list[Record]) -> dict[int, tuple[str, str, dict]]:
+    """id(record) -> (label, family, knobs); by record, not run id, as one run may hold several points. A strategy's
+    knobs count against runs of the same strategy only (react's max_turns is not a difference from single_shot); a
+    knob is named on the runs whose value is not the usual one for that strategy (e.g. `candidates=2`), so the plain
+    label is the common setting."""
+    strategy_of = {id(r): r.params.get("strategy.name", "?") for r in records}
     keys = sorted({k for r in records for k in r.params if _is_knob(k)})
-    knobs: dict[str, dict[str, str]] = {r.run_id: {} for r in records}  # every knob that differs in its scope
-    shown: dict[str, list[str]] = {r.run_id: [] for r in records}  # those not at their usual value
+    knobs: dict[int, dict[str, str]] = {id(r): {} for r in records}  # every knob that differs in its scope
+    shown: dict[int, list[str]] = {id(r): [] for r in records}  # those not at their usual value
     for k in keys:
         groups: dict[str, list[Record]] = {}
         for r in records:
-            groups.setdefault(strategy_of[r.run_id] if k.startswith("strategy.") else "", []).append(r)
+            groups.setdefault(strategy_of[id(r)] if k.startswith("strategy.") else "", []).append(r)
         for rs in groups.values():
             vals = Counter(r.params.get(k, ABSENT) for r in rs)
             if len(vals) < 2:
                 continue
             usual = max(sorted(vals), key=lambda v: (vals[v], v != ABSENT))
             for r in rs:
-                knobs[r.run_id][k] = r.params.get(k, ABSENT)
-                if knobs[r.run_id][k] != usual:
-                    shown[r.run_id].append(k)
+                knobs[id(r)][k] = r.params.get(k, ABSENT)
+                if knobs[id(r)][k] != usual:
+                    shown[id(r)].append(k)
     out = {}
     for r in records:
-        family = " ".join([strategy_of[r.run_id]] + [f"{_knob_name(k)}={knobs[r.run_id][k]}" for k in shown[r.run_id]])
-        out[r.run_id] = (f"{family} iters={int(r.params.get('iters', 0))}", family, knobs[r.run_id])
+        family = " ".join([strategy_of[id(r)]] + [f"{_knob_name(k)}={knobs[id(r)][k]}" for k in shown[id(r)]])
+        out[id(r)] = (f"{family} iters={int(r.params.get('iters', 0))}", family, knobs[id(r)])
     return out
 
 
@@ -286,11 +287,14 @@ def configurations(records: list[Record], use: tuple[str, ...] = ()) -> tuple[li
     """One Config per configuration (reruns collapsed to the newest record, or the one --use names), and notes
     on what was left out or collapsed."""
     notes = []
-    by_id: dict[str, Record] = {}
-    for r in records:  # one run recorded in two files: the newer record
-        if r.run_id not in by_id or (r.recorded, r.order) > (by_id[r.run_id].recorded, by_id[r.run_id].order):
-            by_id[r.run_id] = r
-    records = list(by_id.values())
+    # One run recorded in two files: the newer record. Keyed by run and params, as one run may hold several points
+    # (a grid over candidates x budgets recorded from one run, each point with its own params).
+    seen: dict[tuple, Record] = {}
+    for r in records:
+        key = (r.run_id, tuple(sorted(r.params.items())))
+        if key not in seen or (r.recorded, r.order) > (seen[key].recorded, seen[key].order):
+            seen[key] = r
+    records = list(seen.values())
     unfinished = [r for r in records if r.status != "FINISHED"]
     for r in unfinished:
         notes.append(f"left out {r.run_id[:8]} ({r.source}): status {r.status}, not a finished run")
@@ -307,7 +311,7 @@ def configurations(records: list[Record], use: tuple[str, ...] = ()) -> tuple[li
                      f"{full} tasks, so pass@1 there is not comparable")
     records = [r for r in records if r.total == full]
     labels = _labels(records)
-    keys = sorted({k for r in records for k in labels[r.run_id][2]})
+    keys = sorted({k for r in records for k in labels[id(r)][2]})
     groups: dict[tuple, list[Record]] = {}
     for r in records:
         groups.setdefault(_identity(r, keys), []).append(r)
@@ -316,7 +320,7 @@ def configurations(records: list[Record], use: tuple[str, ...] = ()) -> tuple[li
         rs.sort(key=lambda r: (r.recorded, r.order), reverse=True)
         picked = [r for r in rs if any(r.run_id.startswith(u) for u in use)]
         chosen = picked[0] if picked else rs[0]
-        label, family, knobs = labels[chosen.run_id]
+        label, family, knobs = labels[id(chosen)]
         others = [f"{r.run_id[:8]} ({r.source}, {r.passed}/{r.total})" for r in rs if r is not chosen]
         if others:
             how = "chosen with --use" if picked else "the newest record"

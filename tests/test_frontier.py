@@ -109,9 +109,12 @@ def test_reruns_partial_runs_unpaired_runs_and_mixes(tmp_path, capsys):
     unpaired["params"]["strategy.history_rounds"] = "2"
     for key in ("first_pass_round", "task_seconds", "machine", "machine_source"):
         del unpaired[key]
+    grid = json.loads(json.dumps(doc["runs"][0]))  # a second point of A's run (one run, a grid of points)
+    grid["params"]["strategy.candidates"] = "2"
+    grid["cost"]["completion_tokens"] = 4000  # twice A's, for the same 4 tasks: beaten by A
     older = tmp_path / "fullsize-older.json"
     older.write_text(json.dumps({"command": "rerun on a 2-core Xeon", "recorded": "2026-01-01T00:00:00Z",
-                                 "runs": [rerun, partial, unpaired]}))
+                                 "runs": [rerun, partial, unpaired, grid]}))
     records = fl.records_from_file(FIXTURE) + fl.records_from_file(older, order=1)
     fr = fl.frontier(records)
     assert fr.config(B).run_id == "b" * 32 and fr.config(B).passed == 10  # the newest record of B
@@ -122,6 +125,8 @@ def test_reruns_partial_runs_unpaired_runs_and_mixes(tmp_path, capsys):
     lone = next(c for c in fr.configs if c.run_id == "8" * 32)
     assert lone.label == "reflection history_rounds=2 iters=1" and not lone.on_token_frontier
     assert lone.machine == "Intel Xeon (file text)"
+    # the grid point is a configuration of its own, though it shares A's run id
+    assert [c.run_id for c in fr.configs if c.label in (A, "single_shot candidates=2 iters=0")] == ["a" * 32] * 2
     assert fr.token_frontier == [A, B, D, E]
     assert f"| {lone.label} |" in fr.markdown() and "not placed (unpaired)" in fr.markdown()
     # --use picks the other rerun; --paired-only drops the unpaired run from the table
