@@ -4,7 +4,7 @@
     python -m flows.report --check    # exit 1, naming the command that fixes it, where either differs from the files
 
 Which results file feeds which table is declared once, in the registry below (SWEEPS, PAIRS, SPEED): a new results
-file is one more line there. Every figure in the output is read from a file or computed from one (pass@1 intervals
+file is one more entry there. Every figure in the output is read from a file or computed from one (pass@1 intervals
 and paired tests with flows.stats, on the per-task outcomes benchmarks/fullsize.py records); the text in this module
 carries no figure, and a results file no table names fails `--check` (tests/test_report.py).
 """
@@ -15,6 +15,7 @@ import json
 import re
 import sys
 import textwrap
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,7 @@ COMMAND = "python -m flows.report"
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The registry: which file feeds which table. One line per results file.
+# The registry: which file feeds which table. One entry per results file.
 # ---------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Sweep:
@@ -44,7 +45,8 @@ class Sweep:
 
 
 # The CPUs behind the machine names above (the fullsize files do not record theirs).
-MACHINES = {"EPYC": "2-core AMD EPYC (AVX-512 VNNI and bf16)", "Xeon": "2-core Xeon (AVX-512 VNNI, no bf16)"}
+MACHINES = {"EPYC": "2-core AMD EPYC (AVX-512 VNNI and bf16)", "Xeon": "2-core Xeon (AVX-512 VNNI, no bf16)",
+            "EPYC-AVX2": "2-core AMD EPYC (AVX2 only)"}
 
 
 SWEEPS: dict[str, Sweep] = {
@@ -56,7 +58,8 @@ SWEEPS: dict[str, Sweep] = {
     "default_grouped": Sweep("fullsize-single_shot-epyc-fp32-grouped-20261125.json", "single_shot, at 63474fc",
                              "EPYC", ("strategies", "speed_history"),
                              change="fp32 beside the int8 weights, fixlab's decode attention (63474fc)"),
-    "default_bf16": Sweep("fullsize-single_shot-epyc-bf16-20261125.json", "single_shot, bf16 beside int8 (before 63474fc)",
+    "default_bf16": Sweep("fullsize-single_shot-epyc-bf16-20261125.json",
+                          "single_shot, bf16 beside int8 (before 63474fc)",
                           "EPYC", ("strategies", "protocols", "speed_history"),
                           change="int8 weights, bf16 elsewhere, SDPA attention (the start)"),
     "default_xeon": Sweep("fullsize-single_shot-budgets-20261125.json", "single_shot", "Xeon", ("strategies",),
@@ -73,7 +76,7 @@ SWEEPS: dict[str, Sweep] = {
                       "react, 12 turns, no rewrite: stopped early, the tasks it finished (not a random sample)", "EPYC",
                       ("strategies",), no_wall="stopped, then logged from the trajectory cache"),
     "reflection_llamacpp_old": Sweep("full-default-20261124.json",
-                                     "reflection through llama.cpp (the default then): stopped early", "EPYC",
+                                     "reflection through llama.cpp (the default then): stopped early", "EPYC-AVX2",
                                      ("strategies",), no_wall="stopped; the file states its wall in words"),
     "llamacpp": Sweep("fullsize-single_shot-llamacpp-32slots-epyc-20261126.json",
                       "single_shot through llama.cpp, 32 slots", "EPYC", ("llamacpp",)),
@@ -87,7 +90,8 @@ SWEEPS: dict[str, Sweep] = {
                         "EPYC", ("small",)),
     "small_k2": Sweep("fullsize-single_shot-k2-0.5b-epyc-fp32-20261126.json",
                       "0.5B single_shot, 2 candidates a round, fp32, 32 rows", "EPYC", ("small",)),
-    "small_early": Sweep("fullsize-single_shot-0.5b-epyc-bf16-20261125.json", "0.5B single_shot, bf16, an earlier sweep over `iters=0,1`",
+    "small_early": Sweep("fullsize-single_shot-0.5b-epyc-bf16-20261125.json",
+                         "0.5B single_shot, bf16, an earlier sweep over `iters=0,1`",
                          "EPYC", ("small",)),
 }
 
@@ -210,6 +214,16 @@ def _read(results: Path, name: str) -> dict:
         raise ReportError(f"{path} is not valid JSON ({e.msg}, line {e.lineno})") from None
 
 
+@contextmanager
+def reading(name: str):
+    """A results file whose shape is not what its table reads is one line naming it, not a traceback."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise ReportError(f"benchmarks/results/{name} lacks what its table reads ({type(e).__name__}: {e}); record it "
+                          "again with the script that wrote it, or fix its line in flows/report.py") from None
+
+
 def _fraction(text: str) -> tuple[int, int]:
     a, b = text.split("/")
     return int(a), int(b)
@@ -217,6 +231,11 @@ def _fraction(text: str) -> tuple[int, int]:
 
 def load_sweep(results: Path, key: str, spec: Sweep) -> LoadedSweep:
     data = _read(results, spec.file)
+    with reading(spec.file):
+        return _sweep_from(data, key, spec)
+
+
+def _sweep_from(data: dict, key: str, spec: Sweep) -> LoadedSweep:
     if "runs" not in data:  # the older shape (full-default-*.json): one stopped run, counts as text
         cost = {k: data[k] for k in ("prompt_tokens", "prefill_tokens", "completion_tokens", "model_calls",
                                      "sandbox_runs") if k in data}
@@ -429,7 +448,8 @@ def pairs_for(sweeps: dict[str, LoadedSweep], table_name: str) -> list[tuple[Pai
             continue
         pr = pair_runs(sweeps[pair.a[0]].at(pair.a[1]), sweeps[pair.b[0]].at(pair.b[1]))
         if pr is None:
-            raise ReportError(f"pair {pair.label!r}: a run has no per-task outcomes; record it with benchmarks/fullsize.py")
+            raise ReportError(f"pair {pair.label!r}: a run has no per-task outcomes; record it again with "
+                              "benchmarks/fullsize.py")
         out.append((pair, pr))
     return out
 
@@ -586,15 +606,27 @@ def _machine(data: dict) -> str:
     return cpu + (f", {m['cpus']} cores" if "cpus" in m else f", {m['threads']} threads" if "threads" in m else "")
 
 
+def speed_files(results: Path, kind: str):
+    """(name, data) of each SPEED file of this kind (callers read each under `reading(name)`)."""
+    for k, name in SPEED:
+        if k == kind:
+            yield name, _read(results, name)
+
+
 def section_speed(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
     out = ["## 7. Speed", "", "Timings from benchmark scripts on this project's shared 2-core machines (other jobs "
            "running beside them; the CPU of each is named). Short benchmarks and whole jobs can disagree: a whole "
            "job keeps many rows decoding, a short one spends its time in the tail.", ""]
+    for part in (speed_llamacpp(sweeps), speed_endtoend(results), speed_sweeps(sweeps, results), speed_history(sweeps),
+                 speed_weights(results), speed_generation(results), speed_sandbox(results)):
+        out += part + [""]
+    return out
 
-    # engine vs llama.cpp at full size
+
+def speed_llamacpp(sweeps: dict[str, LoadedSweep]) -> list[str]:
     rows = tagged(sweeps, "llamacpp")
-    out += ["### fixlab's engine against llama.cpp on the same GGUF, the whole default sweep", ""]
-    out += table(["backend", "machine", "passed (iters=3)", "95% CI", "tokens sent / prefilled / completion",
+    out = ["### fixlab's engine against llama.cpp on the same GGUF, the whole default sweep", ""]
+    out += table(["backend", "machine", "passed (largest budget)", "95% CI", "tokens sent / prefilled / completion",
                   "sweep wall", "completion tokens/s over the sweep", "results file"],
                  [[sw.spec.label, sw.spec.machine, f"{sw.last.passed} / {sw.last.total}",
                    pass_ci(sw.last.passed, sw.last.total),
@@ -605,118 +637,115 @@ def section_speed(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
     walls = [sw.wall_s for sw in rows]
     if len(rows) == 2 and all(walls):
         out += ["", f"{rows[1].spec.label} took {walls[1] / walls[0]:.2f}x the wall time of {rows[0].spec.label}."]
-    out += ["", *pair_table(pairs_for(sweeps, "llamacpp")), ""]
+    return out + ["", *pair_table(pairs_for(sweeps, "llamacpp"))]
 
-    # end-to-end benchmark jobs
-    e2e = []
-    for kind, name in SPEED:
-        if kind != "endtoend":
-            continue
-        d = _read(results, name)
-        for r in d["rows"]:
-            if "wall_s" in r:
-                e2e.append([name, d["strategy"], str(d["iters"]), r["row"], _machine(d), str(r["tasks"]),
-                            f"{r['wall_s']:.0f} s", f"{r['tasks_per_min']:.2f}",
-                            f"{r['passed']} / {r['tasks']} ({pass_ci(r['passed'], r['tasks'])})",
-                            f"{tok(r['prompt_tokens'])} / {tok(r['prefill_tokens'])} / {tok(r['completion_tokens'])}",
-                            f"{r['completion_tok_per_s']:.1f}", ""])
-            else:
-                e2e.append([name, d["strategy"], str(d["iters"]), r["row"], _machine(d), str(r["tasks"]), "-", "-",
-                            f"{r.get('passed_of_finished', '-')} of {r.get('tasks_finished', '-')} finished",
-                            f"{tok(r['prompt_tokens'])} / {tok(r['prefill_tokens'])} / {tok(r['completion_tokens'])}",
-                            "-", r.get("error", "")])
-    out += ["### End to end on fixed tasks outside the tuning sample (`benchmarks/endtoend.py`)", "",
-            "Each row is a real job from a cold start with its own store and no trajectory cache.", ""]
-    out += table(["results file", "strategy", "iters", "backend", "machine", "tasks", "wall", "tasks/min", "passed",
-                  "tokens sent / prefilled / completion", "completion tokens/s", "note"], e2e)
 
-    # sweep wall times and the trajectory cache
-    out += ["", "### Sweep wall times", "",
-            "With the trajectory cache and `sweep_ahead` the first job of a sweep runs every task to the largest "
-            "budget and the later jobs only cut its rounds, so a sweep over budgets costs about one job.", ""]
-    srows = []
+def speed_endtoend(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "endtoend"):
+        with reading(name):
+            for r in d["rows"]:
+                tokens = f"{tok(r['prompt_tokens'])} / {tok(r['prefill_tokens'])} / {tok(r['completion_tokens'])}"
+                head = [name, d["strategy"], str(d["iters"]), r["row"], _machine(d), str(r["tasks"])]
+                if "wall_s" in r:
+                    rows.append(head + [f"{r['wall_s']:.0f} s", f"{r['tasks_per_min']:.2f}",
+                                        f"{r['passed']} / {r['tasks']} ({pass_ci(r['passed'], r['tasks'])})", tokens,
+                                        f"{r['completion_tok_per_s']:.1f}", ""])
+                else:  # stopped at its time limit: what it finished
+                    rows.append(head + ["-", "-", f"{r['passed_of_finished']} of {r['tasks_finished']} finished", tokens,
+                                        "-", r.get("error", "")])
+    return ["### End to end on fixed tasks outside the tuning sample (`benchmarks/endtoend.py`)", "",
+            "Each row is a real job from a cold start with its own store and no trajectory cache.", "",
+            *table(["results file", "strategy", "iters", "backend", "machine", "tasks", "wall", "tasks/min", "passed",
+                    "tokens sent / prefilled / completion", "completion tokens/s", "note"], rows)]
+
+
+def speed_sweeps(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
+    rows = []
     for sw in sweeps.values():
         if sw.wall_s is None:
             continue
         first, rest = sw.runs[0].cost["wall_s"], sum(r.cost["wall_s"] for r in sw.runs[1:])
-        srows.append([sw.spec.label, sw.spec.machine, minutes(first), f"{rest:.0f} s" if rest < 120 else minutes(rest),
-                      minutes(sw.wall_s),
-                      tok(sw.last.cost.get("completion_tokens")), link(sw.spec.file)])
-    out += table(["sweep", "machine", "first job", "later jobs", "sweep", "completion tokens (largest budget)",
-                  "results file"], srows)
-    for kind, name in SPEED:
-        if kind == "sweep_cache":
-            d = _read(results, name)
+        rows.append([sw.spec.label, sw.spec.machine, minutes(first), f"{rest:.0f} s" if rest < 120 else minutes(rest),
+                     minutes(sw.wall_s), tok(sw.last.cost.get("completion_tokens")), link(sw.spec.file)])
+    out = ["### Sweep wall times", "",
+           "With the trajectory cache and `sweep_ahead` the first job of a sweep runs every task to the largest "
+           "budget and the later jobs only cut its rounds, so a sweep over budgets costs about one job (the older "
+           "sweeps with long later jobs ran before `sweep_ahead`, f3ee04e).", "",
+           *table(["sweep", "machine", "first job", "later jobs", "sweep", "completion tokens (largest budget)",
+                   "results file"], rows)]
+    for name, d in speed_files(results, "sweep_cache"):
+        with reading(name):
             out += ["", f"{link(name)}: {d['model']}, {d['strategy']}, {d['tasks']} tasks ({d['machine']}): "
                     f"`iters=3` alone {d['single_iters3_wall_s']:.1f} s, the sweep `iters=0,1,2,3 -m` "
                     f"{d['sweep_0123_wall_s']:.1f} s ({d['ratio']:.2f}x); curves equal: {d['curves_equal']}."]
+    return out
 
-    # how the default sweep got faster
+
+def speed_history(sweeps: dict[str, LoadedSweep]) -> list[str]:
     hist = sorted(tagged(sweeps, "speed_history"), key=lambda sw: -(sw.wall_s or 0))  # slowest (oldest) first
     base = hist[0].wall_s if hist else None
-    out += ["", "### How the default sweep got faster (same EPYC, `make eval`'s job at every budget)", "",
-            "The changes in order; what each one did is in the commit named and in agents/serving/README.md.", ""]
-    out += table(["change", "passed (iters=3)", "sweep wall", "speed-up over the first row", "results file"],
-                 [[sw.spec.change, f"{sw.last.passed} / {sw.last.total}", minutes(sw.wall_s),
-                   f"{base / sw.wall_s:.2f}x", link(sw.spec.file)] for sw in hist])
+    return ["### How the default sweep got faster (same EPYC, `make eval`'s job at every budget)", "",
+            "The changes in order; what each one did is in the commit named and in agents/serving/README.md.", "",
+            *table(["change", "passed (largest budget)", "sweep wall", "speed-up over the first row", "results file"],
+                   [[sw.spec.change, f"{sw.last.passed} / {sw.last.total}", minutes(sw.wall_s),
+                     f"{base / sw.wall_s:.2f}x", link(sw.spec.file)] for sw in hist])]
 
-    # decode and prefill tokens/s
-    wrows = []
-    for kind, name in SPEED:
-        if kind != "weights":
-            continue
-        d = _read(results, name)
-        for r in d["rows"]:
-            batches = sorted((int(k[5:-6]), v) for k, v in r.items() if k.startswith("batch") and k.endswith("_tok_s"))
-            wrows.append([name, _machine(d), str(d.get("decode_context", "")), r["weights"], r["dtype"],
-                          "-" if r.get("weight_gib") is None else f"{r['weight_gib']:.2f}", f"{r['prefill_tok_s']:.1f}",
-                          " / ".join(f"{v:.1f}" for _, v in batches), " / ".join(str(b) for b, _ in batches)])
-    out += ["", "### Prefill and decode tokens/s, 1.5B pack (`benchmarks/weights.py`)", "",
+
+def speed_weights(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "weights"):
+        with reading(name):
+            for r in d["rows"]:
+                batches = sorted((int(k[5:-6]), v) for k, v in r.items() if k.startswith("batch") and k.endswith("_tok_s"))
+                rows.append([name, _machine(d), str(d.get("decode_context", "")), r["weights"], r["dtype"],
+                             "-" if r.get("weight_gib") is None else f"{r['weight_gib']:.2f}", f"{r['prefill_tok_s']:.1f}",
+                             " / ".join(f"{v:.1f}" for _, v in batches), " / ".join(str(b) for b, _ in batches)])
+    return ["### Prefill and decode tokens/s, 1.5B pack (`benchmarks/weights.py`)", "",
             "Rows of one file ran side by side; a decode context, where given, is the tokens of context each row "
-            "decodes at.", ""]
-    out += table(["results file", "machine", "decode context", "weights", "dtype", "GiB", "prefill tokens/s",
-                  "decode tokens/s", "at batch"], wrows)
+            "decodes at.", "",
+            *table(["results file", "machine", "decode context", "weights", "dtype", "GiB", "prefill tokens/s",
+                    "decode tokens/s", "at batch"], rows)]
 
-    grows = []
-    for kind, name in SPEED:
-        if kind != "generation":
-            continue
-        d = _read(results, name)
-        by_arch: dict[str, list[dict]] = {}
-        for r in d["runs"]:
-            by_arch.setdefault(r["arch"], []).append(r)
-        for arch, rs in by_arch.items():
-            alone = [r for r in rs if not r["mode"].startswith("engine")]
-            eng = [r for r in rs if r["mode"].startswith("engine")]
-            top = max(eng, key=lambda r: r["batch"])
-            grows.append([name, arch, str(rs[0].get("layers", "")), d["meta"]["dtype"],
-                          f"{alone[0]['decode_tps']:.1f}" if alone else "-",
-                          " / ".join(f"{r['decode_tps']:.1f}" for r in eng), " / ".join(str(r["batch"]) for r in eng),
-                          f"{top['decode_tps'] / alone[0]['decode_tps']:.1f}x" if alone else "-",
-                          "yes" if all(r["exact"] for r in rs) else "no"])
-    out += ["", "### The batching engine against one prompt at a time (`benchmarks/generation.py`)", "",
-            "Real architectures with random weights (`pack:` rows: the real packs), cut to the layers given, CPU.", ""]
-    out += table(["results file", "architecture", "layers", "dtype", "one at a time: decode tokens/s",
-                  "engine: decode tokens/s", "at batch", "largest batch vs one at a time",
-                  "greedy output identical batched and alone"], grows)
 
-    srows = []
-    for kind, name in SPEED:
-        if kind != "sandbox":
-            continue
-        d = _read(results, name)
-        a, b = d["a_fresh_interpreter"], d["b_warm_fork"]
-        srows.append([name, _machine(d), str(d["programs"]), f"{a['programs_per_s']:.2f}", f"{b['programs_per_s']:.2f}",
-                      f"{d['speedup_b_over_a']:.1f}x", "yes" if d["identical_verdicts"] else "no",
-                      f"{b['canonical_passed']} / {b['buggy_not_passed']}", str(len(b["looping"])),
-                      str(b["leftover_processes"])])
-    out += ["", "### Sandbox throughput (`benchmarks/sandbox.py`)", "",
+def speed_generation(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "generation"):
+        with reading(name):
+            by_arch: dict[str, list[dict]] = {}
+            for r in d["runs"]:
+                by_arch.setdefault(r["arch"], []).append(r)
+            for arch, rs in by_arch.items():
+                alone = [r for r in rs if not r["mode"].startswith("engine")]
+                eng = [r for r in rs if r["mode"].startswith("engine")]
+                top = max(eng, key=lambda r: r["batch"])
+                rows.append([name, arch, str(rs[0].get("layers", "")), d["meta"]["dtype"],
+                             f"{alone[0]['decode_tps']:.1f}" if alone else "-",
+                             " / ".join(f"{r['decode_tps']:.1f}" for r in eng), " / ".join(str(r["batch"]) for r in eng),
+                             f"{top['decode_tps'] / alone[0]['decode_tps']:.1f}x" if alone else "-",
+                             "yes" if all(r["exact"] for r in rs) else "no"])
+    return ["### The batching engine against one prompt at a time (`benchmarks/generation.py`)", "",
+            "Real architectures with random weights (`pack:` rows: the real packs), cut to the layers given, CPU.", "",
+            *table(["results file", "architecture", "layers", "dtype", "one at a time: decode tokens/s",
+                    "engine: decode tokens/s", "at batch", "largest batch vs one at a time",
+                    "greedy output identical batched and alone"], rows)]
+
+
+def speed_sandbox(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "sandbox"):
+        with reading(name):
+            a, b = d["a_fresh_interpreter"], d["b_warm_fork"]
+            rows.append([name, _machine(d), str(d["programs"]), f"{a['programs_per_s']:.2f}", f"{b['programs_per_s']:.2f}",
+                         f"{d['speedup_b_over_a']:.1f}x", "yes" if d["identical_verdicts"] else "no",
+                         f"{b['canonical_passed']} / {b['buggy_not_passed']}", str(len(b["looping"])),
+                         str(b["leftover_processes"])])
+    return ["### Sandbox throughput (`benchmarks/sandbox.py`)", "",
             "Every canonical and every buggy HumanEvalFix program through the local bubblewrap sandbox, a new "
-            "interpreter per program against warm forked workers (the default).", ""]
-    out += table(["results file", "machine", "programs", "new interpreter: programs/s", "warm fork: programs/s",
-                  "speed-up", "identical verdicts", "canonical passed / buggy not passed", "ended at the timeout",
-                  "processes left"], srows)
-    return out
+            "interpreter per program against warm forked workers (the default).", "",
+            *table(["results file", "machine", "programs", "new interpreter: programs/s", "warm fork: programs/s",
+                    "speed-up", "identical verdicts", "canonical passed / buggy not passed", "ended at the timeout",
+                    "processes left"], rows)]
 
 
 def results_document(results: Path) -> str:
@@ -769,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         missing = unlisted(args.results)
         if missing:
-            raise ReportError(f"{', '.join(missing)} in {args.results} feed no table: add a line for each to the "
+            raise ReportError(f"{', '.join(missing)} in {args.results} feed no table: add an entry for each to the "
                               "registry in flows/report.py")
         doc = results_document(args.results)
         readme = readme_with_headline(args.readme.read_text(), args.results)

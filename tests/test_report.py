@@ -68,12 +68,25 @@ def test_a_results_file_no_table_names_stops_the_report_with_one_line(tmp_path, 
     assert "weights-29991231T000000Z.json" in err and "flows/report.py" in err and len(err.splitlines()) == 1
 
 
-def test_a_missing_results_file_is_one_line_naming_it(tmp_path, capsys):
+@pytest.mark.parametrize("damage", ["missing", "not json", "a field gone", "a speed file's field gone"])
+def test_a_damaged_results_file_is_one_line_naming_it(tmp_path, capsys, damage):
     results, args = _copy_tree(tmp_path)
-    (results / report.SWEEPS["react"].file).unlink()
+    name = "sandbox-20261122T050819Z.json" if damage.startswith("a speed") else report.SWEEPS["react"].file
+    path = results / name
+    if damage == "missing":
+        path.unlink()
+    elif damage == "not json":
+        path.write_text(path.read_text()[:100])
+    else:
+        data = json.loads(path.read_text())
+        if "runs" in data:
+            del data["runs"][-1]["by_round"]
+        else:
+            del data["b_warm_fork"]["programs_per_s"]
+        path.write_text(json.dumps(data))
     assert report.main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert report.SWEEPS["react"].file in err and len(err.splitlines()) == 1
+    assert name in err and len(err.splitlines()) == 1
 
 
 def test_readme_without_the_headline_markers_is_one_line(tmp_path, capsys):
