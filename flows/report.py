@@ -748,6 +748,29 @@ def speed_sandbox(results: Path) -> list[str]:
                     "processes left"], rows)]
 
 
+FRONTIER_MODEL, FRONTIER_PROTOCOL = "qwen1.5b-coder-q4", "tests"  # the frontier the README shows
+PICTURE = REPO / "docs" / "frontier.png"
+
+
+def frontier_of(results: Path):
+    """The cost-accuracy frontier (flows/frontier.py) of the 1.5B pack under `tests` over the fullsize files."""
+    from .frontier import frontier, records_from_files
+
+    return frontier(records_from_files(sorted(results.glob("fullsize-*.json"))), model=FRONTIER_MODEL,
+                    protocol=FRONTIER_PROTOCOL, paired_only=True)
+
+
+def section_frontier(results: Path) -> list[str]:
+    from .frontier import markdown
+
+    return ["## The answer: pass@1 against cost", "",
+            f"Every configuration of {FRONTIER_MODEL} recorded on every task under protocol `{FRONTIER_PROTOCOL}` "
+            "with per-task outcomes, its cost per task, the Pareto set and a paired verdict for each step along it "
+            f"(`python -m flows.frontier --model {FRONTIER_MODEL} --protocol {FRONTIER_PROTOCOL} --paired-only`; "
+            "picture: docs/frontier.png). A step buys something only where the paired test says so.", "",
+            *markdown(frontier_of(results)).rstrip("\n").split("\n")]
+
+
 def results_document(results: Path) -> str:
     sweeps = load_all(results)
     lines = ["# fixlab results", "",
@@ -758,7 +781,7 @@ def results_document(results: Path) -> str:
              "sample per task after each round, with its 95% Wilson interval. Machines: "
              + "; ".join(f"{k} = {v}" for k, v in MACHINES.items()) + ", shared with other work.", "",
              "## Headline", "", *headline_block(sweeps, in_readme=False).split("\n"), ""]
-    for section in (section_strategies(sweeps), section_protocols(sweeps), section_small(sweeps),
+    for section in (section_frontier(results), section_strategies(sweeps), section_protocols(sweeps), section_small(sweeps),
                     section_bug_types(sweeps), section_techniques(sweeps), section_tuning(sweeps),
                     section_speed(sweeps, results)):
         lines += section + [""]
@@ -802,11 +825,15 @@ def main(argv: list[str] | None = None) -> int:
                               "registry in flows/report.py")
         doc = results_document(args.results)
         readme = readme_with_headline(args.readme.read_text(), args.results)
-    except ReportError as e:
+        from .frontier import FrontierError, png_bytes
+
+        picture = png_bytes(frontier_of(args.results))
+    except (ReportError, FrontierError) as e:
         print(f"flows.report: {e}", file=sys.stderr)
         return 2
-    stale = [p for p, text in ((args.doc, doc), (args.readme, readme))
-             if not p.exists() or p.read_text() != text]
+    outputs = ((args.doc, doc), (args.readme, readme), (args.doc.parent / PICTURE.name, picture))
+    stale = [p for p, content in outputs
+             if not p.exists() or (p.read_bytes() if isinstance(content, bytes) else p.read_text()) != content]
     if args.check:
         if stale:
             print(f"flows.report: {' and '.join(str(p) for p in stale)} differ from what {args.results} says: "
@@ -814,10 +841,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"flows.report: {args.doc} and {args.readme}'s headline match {args.results}")
         return 0
-    for p, text in ((args.doc, doc), (args.readme, readme)):
+    for p, content in outputs:
         if p in stale:
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text)
+            p.write_bytes(content) if isinstance(content, bytes) else p.write_text(content)
             print(f"flows.report: wrote {p}")
     if not stale:
         print("flows.report: nothing to change")
