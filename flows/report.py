@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .stats import Paired, paired, wilson
+from .frontier import FrontierError, png_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -825,8 +826,6 @@ def main(argv: list[str] | None = None) -> int:
                               "registry in flows/report.py")
         doc = results_document(args.results)
         readme = readme_with_headline(args.readme.read_text(), args.results)
-        from .frontier import FrontierError, png_bytes
-
         picture = png_bytes(frontier_of(args.results))
     except (ReportError, FrontierError) as e:
         print(f"flows.report: {e}", file=sys.stderr)

@@ -36,6 +36,7 @@ def _copy_tree(tmp_path):
     doc, readme = tmp_path / "RESULTS.md", tmp_path / "README.md"
     shutil.copy(report.DOC, doc)
     shutil.copy(report.README, readme)
+    shutil.copy(report.PICTURE, tmp_path / report.PICTURE.name)  # the frontier picture beside the document
     return results, ["--results", str(results), "--doc", str(doc), "--readme", str(readme)]
 
 
