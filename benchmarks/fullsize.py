@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from flows.compare import compare, load_runs, paired_verdicts  # noqa: E402
-from flows.frontier import run_machine, task_seconds  # noqa: E402
+from flows.frontier import cost_by_round, run_machine, task_seconds  # noqa: E402
 from flows.stats import paired, wilson  # noqa: E402
 from flows.tracking import tracking_uri  # noqa: E402
 
@@ -61,6 +61,8 @@ def record(run: dict) -> dict:
         # the time a run's tasks took, cut to its budget (a budget sweep's later jobs only cut the first job's
         # trajectories, so their wall_s is not their cost): comparable between runs on one kind of machine
         "task_seconds": task_seconds(rows), "machine": machine, "machine_source": machine_source,
+        # each smaller budget's cost per task, summed over tasks (rows that keep per-round costs; None otherwise)
+        "cost_by_round": cost_by_round(rows, iters),
         # outcomes only (no trajectories): what a later session needs to pair a new run against this one
         "first_pass_round": {f"{r['task_id']}#{r.get('sample', 0)}": r["first_pass_round"] if r["passed"] else None
                              for r in rows},

@@ -164,10 +164,15 @@ def _result_rows(trajs: list[Trajectory]):
             "task_id": t.task_id, "sample": t.sample, "bug_type": t.bug_type, "passed": t.passed,
             "first_pass_round": t.first_pass_round, "error": t.error, "seconds": t.seconds,
             "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
+            "derived_from": t.derived_from,
+            # what each round cost: a run's rows give every smaller budget's cost too (flows/frontier.py)
             "attempts": [{"round": a.round, "decision": a.decision, "code": a.code,
                           "status": a.result.status if a.result else None,
                           "test_output": (a.result.stderr[-2000:] if a.result else None),
-                          "feedback": a.feedback} for a in t.attempts],
+                          "feedback": a.feedback, "seconds": a.seconds,
+                          "prompt_tokens": sum(c.prompt_tokens for c in a.calls),
+                          "completion_tokens": sum(c.completion_tokens for c in a.calls),
+                          "model_calls": len(a.calls), "sandbox_runs": a.sandbox_runs} for a in t.attempts],
         }
 
 

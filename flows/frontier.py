@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 COSTS = ("prompt_tokens", "completion_tokens", "model_calls", "sandbox_runs")
 # Params that say which frontier a record belongs to, or where/how much it ran, not what a configuration is.
-NOT_A_KNOB = ("model.name", "protocol", "iters", "strategy.name", "samples", "dataset.")
+NOT_A_KNOB = ("model.name", "protocol", "iters", "answers", "strategy.name", "samples", "dataset.")
 ABSENT = "-"  # a knob a record does not have: the run predates it
 
 
@@ -152,6 +152,34 @@ def task_seconds(rows: list[dict]) -> float | None:
     return round(sum(secs), 3)
 
 
+ROUND_COSTS = ("prompt_tokens", "completion_tokens", "model_calls", "sandbox_runs")
+
+
+def cost_by_round(rows: list[dict], iters: int) -> list[dict] | None:
+    """[cost after round 0, after round 1, ...]: each cost summed over tasks and over the rounds up to that one, and
+    the tasks' seconds the same way (a stream-cut task's seconds are apportioned: `derived_from`). None when the rows
+    keep no per-round cost (runs logged before results.jsonl kept it)."""
+    attempts = [a for r in rows for a in r.get("attempts") or ()]
+    if not attempts or any(k not in a for a in attempts for k in ROUND_COSTS):
+        return None
+    out = []
+    for k in range(iters + 1):
+        upto = [a for r in rows for a in r["attempts"] if a["round"] <= k]
+        c = {key: sum(a[key] for a in upto) for key in ROUND_COSTS}
+        # a cut (derived) trajectory's seconds are the stream's, apportioned: spread them by completion tokens
+        secs = 0.0
+        for r in rows:
+            mine = [a for a in r["attempts"] if a["round"] <= k]
+            if r.get("derived_from"):
+                total = sum(a["completion_tokens"] for a in r["attempts"]) or 1
+                secs += r["seconds"] * sum(a["completion_tokens"] for a in mine) / total
+            else:
+                secs += sum(a.get("seconds") or 0.0 for a in mine)
+        c["task_seconds"] = round(secs, 3)
+        out.append(c)
+    return out
+
+
 def run_machine(run) -> tuple[str, str]:
     """The machine a run ran on: its fixlab.machine tag, else this machine (where its record is being made)."""
     from .tracking import machine_name
@@ -182,16 +210,36 @@ def records_from_file(path: Path, order: int = 0) -> list[Record]:
             secs = r.get("task_seconds")
             machine, src = (r["machine"], r.get("machine_source", "recorded")) if r.get("machine") else \
                 (f"{guess} (file text)", "file text") if guess else ("unknown", "unknown")
-            out.append(Record(
+            rec = Record(
                 run_id=r["run_id"], source=Path(path).name, recorded=str(doc.get("recorded", "")), order=order * 1000 + i,
                 params={k: str(v) for k, v in r["params"].items()}, status=r.get("status", "FINISHED"),
                 passed=int(r["overall"]["passed"]), total=total, cost=_per_task_cost(r, total),
                 outcomes=r.get("first_pass_round"), seconds=round(secs / total, 3) if secs is not None and total
                 else None, machine=machine,
-                machine_source=src))
+                machine_source=src)
+            out += budgets(rec, r.get("cost_by_round"))
         except (KeyError, TypeError, ValueError) as e:
             raise FrontierError(f"{path}: run {i} lacks {e} (run_id, params, overall); record it with "
                                 "benchmarks/fullsize.py") from None
+    return out
+
+
+def budgets(rec: Record, cost_by_round: list[dict] | None) -> list[Record]:
+    """A run with per-round costs holds every smaller budget too (rounds never depend on the budget: agents/loop.py):
+    one record per budget, its outcomes and costs cut to that round. Without them, the run's own budget only."""
+    if not cost_by_round or not rec.outcomes:
+        return [rec]
+    out = []
+    for b, cost in enumerate(cost_by_round):
+        outcomes = {t: f if f is not None and f <= b else None for t, f in rec.outcomes.items()}
+        out.append(Record(
+            run_id=rec.run_id, source=rec.source, recorded=rec.recorded, order=rec.order,
+            params={**rec.params, "iters": str(b)}, status=rec.status,
+            passed=sum(f is not None for f in outcomes.values()), total=rec.total,
+            cost={k: cost[k] / rec.total for k in COSTS if k in cost},
+            outcomes=outcomes, seconds=round(cost["task_seconds"] / rec.total, 3)
+            if cost.get("task_seconds") is not None else None,
+            machine=rec.machine, machine_source=rec.machine_source))
     return out
 
 
@@ -249,7 +297,7 @@ def _labels(records: list[Record]) -> dict[int, tuple[str, str, dict]]:
             groups.setdefault(strategy_of[id(r)] if k.startswith("strategy.") else "", []).append(r)
         for rs in groups.values():
             vals = Counter(r.params.get(k, ABSENT) for r in rs)
-            if len(vals) < 2:
+            if len(set(vals) - {ABSENT}) < 2:  # one value where set: a knob added or retired later is no difference
                 continue
             usual = max(sorted(vals), key=lambda v: (vals[v], v != ABSENT))
             for r in rs:
@@ -665,7 +713,10 @@ def _read_inputs(inputs: list[str], sweep: str | None, uri: str) -> tuple[list[R
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise FrontierError(f"cannot read the runs from {uri}: {first} (check the run ids and --tracking-uri)") from None
         base = len(files) * 1000
-        records += [record_from_run(r, order=base + i) for i, r in enumerate(runs)]
+        records += [rec for i, r in enumerate(runs)
+                    for rec in budgets(record_from_run(r, order=base + i),
+                                       cost_by_round([x for x in r["rows"] if x.get("sample", 0) == 0],
+                                                     int(r["params"].get("iters", 0))))]
     return records, client
 
 

@@ -208,3 +208,33 @@ def test_frontier_from_a_sweep_in_mlflow_is_the_one_from_results_files_and_is_lo
     (tmp_path / "rec.json").write_text(json.dumps({"recorded": "x", "runs": [rec]}))
     again = fl.records_from_file(tmp_path / "rec.json")[0]
     assert (again.seconds, again.machine, again.passed) == (9.0, "Toy CPU, 2 cores", 10)
+
+
+def test_a_run_with_per_round_costs_holds_every_smaller_budget(tmp_path):
+    """A single_shot run to iters=2 whose rows keep each round's cost gives budgets 0, 1 and 2: outcomes cut at the
+    round, costs summed up to it (what a grid cut from the answer stream is recorded as)."""
+    from flows.frontier import budgets, cost_by_round, records_from_file
+
+    def row(task, first, rounds, derived=False):
+        return {"task_id": task, "first_pass_round": first, "passed": first is not None, "seconds": 6.0 * rounds,
+                "derived_from": "stream" if derived else None,
+                "attempts": [{"round": k, "prompt_tokens": 100, "completion_tokens": 10 * (k + 1), "model_calls": 1,
+                              "sandbox_runs": 1, "seconds": 6.0} for k in range(rounds)]}
+    rows = [row("T/0", 0, 1), row("T/1", 2, 3), row("T/2", None, 3, derived=True)]
+    cost = cost_by_round(rows, 2)
+    # round 0: three calls of 10 tokens; round 1 adds 20 for T/1 and T/2; round 2 adds 30 for each
+    assert [c["completion_tokens"] for c in cost] == [30, 70, 130]
+    assert [c["model_calls"] for c in cost] == [3, 5, 7]
+    # T/2 is cut from a stream: its 18 s are spread by completion tokens (10, 30, 60 of 60) instead of per round
+    assert [c["task_seconds"] for c in cost] == [6 + 6 + 3, 6 + 12 + 9, 6 + 18 + 18]
+    assert cost_by_round([{**rows[0], "attempts": [{"round": 0}]}], 0) is None  # rows from before per-round costs
+    rec = {"run_id": "r" * 32, "params": {"model.name": "m", "strategy.name": "single_shot", "iters": "2"},
+           "overall": {"passed": 2, "total": 3}, "cost": {"completion_tokens": 130},
+           "first_pass_round": {"T/0#0": 0, "T/1#0": 2, "T/2#0": None}, "cost_by_round": cost}
+    path = tmp_path / "fullsize-grid.json"
+    path.write_text(json.dumps({"command": "x", "recorded": "2026-11-26T00:00:00Z", "runs": [rec]}))
+    recs = records_from_file(path)
+    assert [(r.params["iters"], r.passed, round(r.cost["completion_tokens"], 2)) for r in recs] == \
+        [("0", 1, 10.0), ("1", 1, 23.33), ("2", 2, 43.33)]
+    assert recs[1].outcomes == {"T/0#0": 0, "T/1#0": None, "T/2#0": None}
+    assert budgets(recs[0], None) == [recs[0]]
