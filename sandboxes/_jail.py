@@ -76,6 +76,8 @@ def main():
     else:  # in the bubblewrap jail: an inherited fd
         sock = socket.socket(fileno=int(sys.argv[1]))
     cfg = json.loads(sys.argv[2])
+    if cfg.get("nice", 0) > os.getpriority(os.PRIO_PROCESS, 0):  # a container starts at 0: the caller's niceness
+        os.setpriority(os.PRIO_PROCESS, 0, cfg["nice"])
     root = cfg["scratch_root"]
     os.makedirs(root, exist_ok=True)
     # kill(-1) is only safe when our parent is pid 1 of our own pid namespace (bwrap, or the container's

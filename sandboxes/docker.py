@@ -31,7 +31,7 @@ _JAIL_IN = "/opt/fixlab/_jail.py"  # sandboxes/_jail.py, bind-mounted read-only:
 _LABEL = "fixlab.sandbox"
 _OPTIONS = {"workers", "mode", "image", "memory_mb", "container_memory_mb", "cpus", "pids_limit", "cpu_s",
             "max_processes", "max_file_mb", "max_open_files", "max_output_mb", "scratch_mb", "allow_fork",
-            "uid_base", "docker", "ready_timeout_s", "output_cap_bytes"}
+            "uid_base", "docker", "cgroup_parent", "ready_timeout_s", "output_cap_bytes"}
 
 
 def _start_time(pid: int) -> str | None:
@@ -43,6 +43,7 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+_container_numbers = itertools.count(1)  # container names are unique per process, across its sandboxes
 _OWNER = f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
 
 
@@ -154,7 +155,9 @@ class _ContainerWorker(_Worker):
         self.listener.bind(self.sock_path)
         self.listener.listen(1)
         self.name = sbx.container_name(self.slot)
-        cmd = sbx.run_command(self.name, self.dir, self._config(_SCRATCH))
+        cfg = self._config(_SCRATCH)
+        cfg["nice"] = os.getpriority(os.PRIO_PROCESS, 0)  # dockerd starts containers at 0: keep the caller's `nice`
+        cmd = sbx.run_command(self.name, self.dir, cfg)
         # Attached (not -d): the client's stderr is the worker's last words, its exit the container's end.
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, start_new_session=True)
@@ -186,6 +189,16 @@ class _ContainerWorker(_Worker):
         self.sock = conn
         return None
 
+    def _stderr_tail(self) -> str:
+        """The docker client's (or the worker's) last meaningful line, not docker's `Run 'docker run --help'`."""
+        try:
+            self.proc.wait(timeout=5)
+            err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+        except Exception:
+            err = ""
+        lines = [x for x in err.strip().splitlines() if x.strip() and not x.startswith(("Run 'docker", "Usage:"))]
+        return lines[-1].strip() if lines else f"exit code {self.proc.returncode}"
+
     def _terminate(self) -> None:
         """Remove the container (SIGKILL to everything in it), unless close() already did for all at once."""
         try:
@@ -200,7 +213,10 @@ class _ContainerWorker(_Worker):
         super().kill()
         if self.proc.poll() is None:  # the client outlived its container: should not happen
             self.proc.kill()
-            self.proc.wait(5)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -218,7 +234,7 @@ class DockerSandbox(_WorkerPool):
                  pids_limit: int = 64, cpu_s: int = 60, max_processes: int = 32, max_file_mb: int = 64,
                  max_open_files: int = 256, max_output_mb: int = 16, scratch_mb: int = 256,
                  allow_fork: bool = False, uid_base: int | None = None, docker: str = "docker",
-                 ready_timeout_s: float = 120.0, output_cap_bytes: int = OUTPUT_CAP_BYTES, **unknown):
+                 cgroup_parent: str | None = None, ready_timeout_s: float = 120.0, output_cap_bytes: int = OUTPUT_CAP_BYTES, **unknown):
         if unknown:
             raise SandboxUnavailable(f"unknown docker sandbox option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
         # uids apart from the local backend's (100000+...): RLIMIT_NPROC counts per uid across the machine.
@@ -233,16 +249,16 @@ class DockerSandbox(_WorkerPool):
             raise SandboxUnavailable(f"sandbox option pids_limit must be an integer of at least 8, got {pids_limit!r}")
         self.image, self.cpus, self.pids_limit = str(image), float(cpus), int(pids_limit)
         self.container_memory_mb = int(container_memory_mb)
+        self.cgroup_parent = cgroup_parent
         why = docker_problem(docker, self.image)
         if why:
             raise SandboxUnavailable(why)
         self.docker = shutil.which(docker)
         remove_stale_containers(self.docker)
-        self._started = itertools.count(1)  # names are unique per process
         _live.add(self)
 
     def container_name(self, slot: int) -> str:
-        return f"fixlab-sbx-{os.getpid()}-{slot}-{next(self._started)}"
+        return f"fixlab-sbx-{os.getpid()}-{slot}-{next(_container_numbers)}"
 
     def run_command(self, name: str, ctl_dir: str, cfg: dict) -> list[str]:
         """`docker run` for one worker container; the limits are sandboxes/README.md's Docker table."""
@@ -256,6 +272,7 @@ class DockerSandbox(_WorkerPool):
                 "--user", "0:0", "--cap-drop", "ALL", *caps, "--security-opt", "no-new-privileges",
                 "--memory", mem, "--memory-swap", mem, "--pids-limit", str(self.pids_limit),
                 "--cpus", f"{self.cpus:g}",
+                *(["--cgroup-parent", self.cgroup_parent] if self.cgroup_parent else []),
                 "--env", "PATH=/usr/local/bin:/usr/bin:/bin", "--env", "LANG=C.UTF-8",
                 "--env", "OPENBLAS_NUM_THREADS=1", "--env", "OMP_NUM_THREADS=1", "--workdir", _SCRATCH,
                 "-v", f"{ctl_dir}:{_CTL_DIR}:ro", "-v", f"{_JAIL}:{_JAIL_IN}:ro",

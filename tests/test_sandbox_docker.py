@@ -147,6 +147,19 @@ def test_pids_limit_stops_a_fork_bomb_the_rlimit_lets_through(docker_ok):
         s.close()
 
 
+def test_two_sandboxes_in_one_process_and_the_callers_niceness(docker_ok):
+    a, b = DockerSandbox(workers=1, uid_base=64800), DockerSandbox(workers=1, uid_base=64900)
+    try:
+        prog = build_program(RIGHT, "import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))\n" + TEST)
+        ra, rb = a.run(prog, 30), b.run(prog, 30)
+        assert ra.passed and rb.passed, (ra, rb)
+        # dockerd starts containers at niceness 0: programs keep the caller's (`nice -n 19 python -m ...`)
+        assert int(ra.stdout) == int(rb.stdout) == os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_fresh_mode_runs_a_container_per_program(docker_ok):
     s = DockerSandbox(mode="fresh", workers=1, uid_base=64400)
     try:
