@@ -16,11 +16,18 @@ def docker_unavailable(image: str = DEFAULT_IMAGE) -> str | None:
     if not _checked:
         why = docker_problem(image=image)
         if why and "daemon is not reachable" in why:
-            proc = start_daemon(os.path.join(tempfile.gettempdir(), f"fixlab-test-dockerd-{os.getpid()}.log"))
-            if isinstance(proc, str):
+            log = os.path.join(tempfile.gettempdir(), f"fixlab-test-dockerd-{os.getpid()}.log")
+            proc = start_daemon(log)
+            if isinstance(proc, str):  # the log stays for a look
                 why = f"sandbox=docker: the Docker daemon is not running and the tests could not start it: {proc}"
             else:
-                atexit.register(stop_daemon, proc)
+                atexit.register(_stop, proc, log)
                 why = docker_problem(image=image)
         _checked.append(why)
     return _checked[0]
+
+
+def _stop(proc, log: str) -> None:
+    stop_daemon(proc)
+    if proc.returncode is not None:
+        os.unlink(log)
