@@ -2,7 +2,8 @@
 
 Host side. The worker (sandboxes/_jail.py) runs in its own pid/net/ipc/uts namespaces with a read-only
 root and a tmpfs scratch; it preloads the import helper and forks a child per program. This process
-owns the per-run secret, the pipes and the clock. Limits and defences: sandboxes/README.md.
+owns the per-run secret, the pipes and the clock. The pool and the host side of a worker (_WorkerPool, _Worker)
+serve the Docker backend too (docker.py: the same worker in a container). Limits and defences: sandboxes/README.md.
 """
 from __future__ import annotations
 
