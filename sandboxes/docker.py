@@ -43,6 +43,8 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+# Socket directories carry their owner (pid, start time): the next sandbox removes those of owners killed before close().
+_DIR_PREFIX = f"fixlab-docker-{os.getpid()}-{_start_time(os.getpid())}-"
 _container_numbers = itertools.count(1)  # container names are unique per process, across its sandboxes
 _OWNER = f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
 
@@ -121,9 +123,15 @@ def stop_daemon(proc: subprocess.Popen, wait_s: float = 30.0) -> None:
         proc.wait(10)
 
 
-def remove_stale_containers(docker: str = "docker") -> list[str]:
-    """Remove sandbox containers left by processes of this machine that are gone (killed before close()).
-    A container whose worker waits on a sleeping program would otherwise stay up forever."""
+def remove_stale(docker: str = "docker") -> list[str]:
+    """Remove sandbox containers (and socket directories) left by processes of this machine that are gone (killed
+    before close()). A container whose worker waits on a sleeping program would otherwise stay up forever."""
+    tmp = tempfile.gettempdir()
+    for d in os.listdir(tmp):
+        pid, _, rest = d.removeprefix("fixlab-docker-").partition("-")
+        started = rest.partition("-")[0]
+        if d.startswith("fixlab-docker-") and pid.isdigit() and started.isdigit() and _start_time(int(pid)) != started:
+            shutil.rmtree(os.path.join(tmp, d), ignore_errors=True)
     try:
         r = _docker(docker, "ps", "-a", "--filter", f"label={_LABEL}", "--format",
                     '{{.Names}}\t{{.Label "fixlab.owner"}}', timeout=30)
@@ -149,7 +157,7 @@ class _ContainerWorker(_Worker):
     def _start(self) -> None:
         sbx = self.sbx
         self.scratch_root, self.sock, self.removed = None, None, False
-        self.dir = tempfile.mkdtemp(prefix="fixlab-docker-")  # 0700: only root (the worker) enters it
+        self.dir = tempfile.mkdtemp(prefix=_DIR_PREFIX)  # 0700: only root (the worker) enters it
         self.sock_path = os.path.join(self.dir, "ctl.sock")
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(self.sock_path)
@@ -254,7 +262,7 @@ class DockerSandbox(_WorkerPool):
         if why:
             raise SandboxUnavailable(why)
         self.docker = shutil.which(docker)
-        remove_stale_containers(self.docker)
+        remove_stale(self.docker)
         _live.add(self)
 
     def container_name(self, slot: int) -> str:

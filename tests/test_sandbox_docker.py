@@ -2,11 +2,13 @@
 cleanup of closed and orphaned containers, the CLI. The attack suite runs on it too (test_sandbox_attacks.py)."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -217,6 +219,7 @@ def test_close_exit_and_a_killed_owner_leave_no_container(docker_ok, tmp_path):
         time.sleep(600)
     """)
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    owner_dirs = lambda: glob.glob(os.path.join(tempfile.gettempdir(), f"fixlab-docker-{owner.pid}-*"))  # noqa: E731
     try:
         names = owner.stdout.readline().split()
         assert len(names) == 2
@@ -228,8 +231,9 @@ def test_close_exit_and_a_killed_owner_leave_no_container(docker_ok, tmp_path):
     while len(set(names) & set(containers())) > 1 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert len(set(names) & set(containers())) == 1  # the idle one ended by itself, the busy one is stuck
+    assert len(owner_dirs()) == 2  # their socket directories
     DockerSandbox(workers=1, uid_base=64700).close()  # removes what dead owners left
-    assert not set(names) & set(containers())
+    assert not set(names) & set(containers()) and owner_dirs() == []
     assert processes_of_uids(range(64600, 64602)) == []
 
 
