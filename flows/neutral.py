@@ -18,7 +18,7 @@ RESULT_NEUTRAL = (
     "model.backoff_s", "model.backoff_max_s", "model.api_keys_env",
     "model.delay_s",  # the oracle test double's answer time
     # sandbox: how programs are started, not what they may do
-    "sandbox.workers", "sandbox.mode", "sandbox.uid_base",
+    "sandbox.workers", "sandbox.mode", "sandbox.uid_base", "sandbox.cgroup_parent",
 )
 
 

@@ -144,8 +144,12 @@ SPEED: list[tuple[str, str]] = [
     ("generation", "generation-cpu-20261122-060607.json"),
     ("sandbox", "sandbox-20261122T045625Z.json"),
     ("sandbox", "sandbox-20261122T050819Z.json"),
+    ("sandbox", "sandbox-20261126T171051Z.json"),
     ("sweep_cache", "sweep.json"),
 ]
+
+# Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
+HARNESS: list[str] = ["fullsize-canonical-buggy-docker-epyc-20261126.json"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -267,7 +271,7 @@ def load_all(results: Path) -> dict[str, LoadedSweep]:
 
 
 def registered() -> set[str]:
-    return {s.file for s in SWEEPS.values()} | {f for _, f in SPEED}
+    return {s.file for s in SWEEPS.values()} | {f for _, f in SPEED} | set(HARNESS)
 
 
 def unlisted(results: Path) -> list[str]:
@@ -732,21 +736,48 @@ def speed_generation(results: Path) -> list[str]:
                     "greedy output identical batched and alone"], rows)]
 
 
+SANDBOX_WAYS = {"a_fresh_interpreter": "local, new interpreter per program",
+                "b_warm_fork": "local, warm forked workers (default)",
+                "c_docker_container_per_program": "docker, new container per program",
+                "d_docker_warm_containers": "docker, warm containers (default)",
+                "e_docker_warm_cgroup_parent_root": "docker, warm containers, `cgroup_parent: /`"}
+
+
 def speed_sandbox(results: Path) -> list[str]:
     rows = []
     for name, d in speed_files(results, "sandbox"):
         with reading(name):
-            a, b = d["a_fresh_interpreter"], d["b_warm_fork"]
-            rows.append([name, _machine(d), str(d["programs"]), f"{a['programs_per_s']:.2f}", f"{b['programs_per_s']:.2f}",
-                         f"{d['speedup_b_over_a']:.1f}x", "yes" if d["identical_verdicts"] else "no",
-                         f"{b['canonical_passed']} / {b['buggy_not_passed']}", str(len(b["looping"])),
-                         str(b["leftover_processes"])])
+            base = d["a_fresh_interpreter"]["programs_per_s"]
+            for key, way in SANDBOX_WAYS.items():
+                if key not in d:
+                    continue
+                w = d[key]
+                rows.append([name, _machine(d), way, str(d["programs"]), f"{w['programs_per_s']:.2f}",
+                             f"{w['programs_per_s'] / base:.1f}x", "yes" if d["identical_verdicts"] else "no",
+                             f"{w['canonical_passed']} / {w['buggy_not_passed']}", str(len(w["looping"])),
+                             str(w["leftover_processes"])])
     return ["### Sandbox throughput (`benchmarks/sandbox.py`)", "",
-            "Every canonical and every buggy HumanEvalFix program through the local bubblewrap sandbox, a new "
-            "interpreter per program against warm forked workers (the default).", "",
-            *table(["results file", "machine", "programs", "new interpreter: programs/s", "warm fork: programs/s",
-                    "speed-up", "identical verdicts", "canonical passed / buggy not passed", "ended at the timeout",
+            "Every canonical and every buggy HumanEvalFix program through each way of running them, in one run per "
+            "file: the local bubblewrap jail (a new interpreter per program, warm forked workers) and, where the file "
+            "has them, Docker (a container per program, warm containers).", "",
+            *table(["results file", "machine", "way", "programs", "programs/s", "vs a new interpreter",
+                    "identical verdicts", "canonical passed / buggy not passed", "ended at the timeout",
                     "processes left"], rows)]
+
+
+def section_harness(results: Path) -> list[str]:
+    rows = []
+    for name in HARNESS:
+        d = _read(results, name)
+        with reading(name):
+            for r in d["runs"]:
+                p, o = r["params"], r["overall"]
+                rows.append([f"`model={p['model.name']} sandbox={p.get('sandbox.backend', 'local')}`",
+                             f"{o['passed']} / {o['total']}", str(int(r["cost"].get("errors", 0))),
+                             minutes(r["cost"].get("wall_s")), r["run_id"][:8], link(name)])
+    return ["## Harness checks", "", "The oracle doubles through the whole path on every task: the canonical solutions "
+            "must all pass and the buggy ones all fail.", "",
+            *table(["job", "passed", "errors", "wall", "run", "results file"], rows)]
 
 
 FRONTIER_MODEL, FRONTIER_PROTOCOL = "qwen1.5b-coder-q4", "tests"  # the frontier the README shows
@@ -784,7 +815,7 @@ def results_document(results: Path) -> str:
              "## Headline", "", *headline_block(sweeps, in_readme=False).split("\n"), ""]
     for section in (section_frontier(results), section_strategies(sweeps), section_protocols(sweeps), section_small(sweeps),
                     section_bug_types(sweeps), section_techniques(sweeps), section_tuning(sweeps),
-                    section_speed(sweeps, results)):
+                    section_harness(results), section_speed(sweeps, results)):
         lines += section + [""]
     return "\n".join(_wrap_prose(lines)).rstrip("\n") + "\n"
 

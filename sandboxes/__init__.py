@@ -13,11 +13,15 @@ def make_sandbox(cfg: dict) -> Sandbox:
         from .local import LocalSandbox
 
         return LocalSandbox(**opts)
+    if backend == "docker":
+        from .docker import DockerSandbox
+
+        return DockerSandbox(**opts)
     if backend == "e2b":
         from .e2b import E2BSandbox
 
         return E2BSandbox(**opts)
-    raise SandboxUnavailable(f"unknown sandbox backend {backend!r}: use sandbox=local or sandbox=e2b")
+    raise SandboxUnavailable(f"unknown sandbox backend {backend!r}: use sandbox=local, sandbox=docker or sandbox=e2b")
 
 
 __all__ = ["ExecResult", "Sandbox", "SandboxUnavailable", "IMPORT_HELPER", "build_program", "make_sandbox"]

@@ -87,7 +87,7 @@ def test_bad_arguments_are_clear_errors(sbx):
     ({"mode": "spawn"}, "mode must be 'fork' or 'fresh'"),
     ({"memory_mb": -1}, "memory_mb must be a positive number"),
     ({"wrkers": 2}, "unknown local sandbox option"),
-    ({"backend": "docker"}, "unknown sandbox backend 'docker'"),
+    ({"backend": "podman"}, "unknown sandbox backend 'podman'"),
 ])
 def test_bad_config_is_a_one_line_error(cfg, msg):
     with pytest.raises(SandboxUnavailable, match=msg) as e:
