@@ -16,8 +16,10 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 from .base import OUTPUT_CAP_BYTES, SandboxUnavailable
 from .local import _JAIL, _WORKER_CAPS, _WorkerPool, _Worker, _live
@@ -31,7 +33,7 @@ _JAIL_IN = "/opt/fixlab/_jail.py"  # sandboxes/_jail.py, bind-mounted read-only:
 _LABEL = "fixlab.sandbox"
 _OPTIONS = {"workers", "mode", "image", "memory_mb", "container_memory_mb", "cpus", "pids_limit", "cpu_s",
             "max_processes", "max_file_mb", "max_open_files", "max_output_mb", "scratch_mb", "allow_fork",
-            "uid_base", "docker", "cgroup_parent", "ready_timeout_s", "output_cap_bytes"}
+            "uid_base", "docker", "cgroup_parent", "ready_timeout_s", "output_cap_bytes", "build_image"}
 
 
 def _start_time(pid: int) -> str | None:
@@ -57,6 +59,25 @@ def _docker(docker: str, *args: str, timeout: float = 60) -> subprocess.Complete
 def _last_line(text: str) -> str:
     lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
     return lines[-1] if lines else ""
+
+
+def build_once(docker: str, image: str) -> str | None:
+    """First use on a machine (as packs are converted on first use): start dockerd if it is installed and not running,
+    and build the image with sandboxes/image/build.sh (a few minutes offline), under a cross-process lock so that
+    concurrent jobs build it once. Returns what is still missing, as docker_problem does."""
+    from filelock import FileLock
+
+    script = Path(__file__).parent / "image" / "build.sh"
+    lock = Path(tempfile.gettempdir()) / "fixlab-docker-image.lock"
+    with FileLock(str(lock)):
+        if docker_problem(docker, image) is None:  # another job built it meanwhile
+            return None
+        print(f"sandbox=docker: first use here: starting dockerd if needed and building image {image} if missing "
+              f"({script.relative_to(Path(__file__).parent.parent)}; a few minutes offline)", file=sys.stderr, flush=True)
+        r = subprocess.run(["bash", str(script)], env={**os.environ, "IMAGE": image}, capture_output=True, text=True)
+        if r.returncode != 0:
+            return f"sandbox=docker: building the image failed ({_last_line(r.stderr or r.stdout)}): run `make docker-image`"
+    return docker_problem(docker, image)
 
 
 def docker_problem(docker: str = "docker", image: str = DEFAULT_IMAGE) -> str | None:
@@ -242,7 +263,8 @@ class DockerSandbox(_WorkerPool):
                  pids_limit: int = 64, cpu_s: int = 60, max_processes: int = 32, max_file_mb: int = 64,
                  max_open_files: int = 256, max_output_mb: int = 16, scratch_mb: int = 256,
                  allow_fork: bool = False, uid_base: int | None = None, docker: str = "docker",
-                 cgroup_parent: str | None = None, ready_timeout_s: float = 120.0, output_cap_bytes: int = OUTPUT_CAP_BYTES, **unknown):
+                 cgroup_parent: str | None = None, ready_timeout_s: float = 120.0, output_cap_bytes: int = OUTPUT_CAP_BYTES,
+                 build_image: bool = True, **unknown):
         if unknown:
             raise SandboxUnavailable(f"unknown docker sandbox option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
         # uids apart from the local backend's (100000+...): RLIMIT_NPROC counts per uid across the machine.
@@ -259,6 +281,8 @@ class DockerSandbox(_WorkerPool):
         self.container_memory_mb = int(container_memory_mb)
         self.cgroup_parent = cgroup_parent
         why = docker_problem(docker, self.image)
+        if why and build_image and ("not found" in why or "not reachable" in why):
+            why = build_once(docker, self.image)
         if why:
             raise SandboxUnavailable(why)
         self.docker = shutil.which(docker)
