@@ -281,7 +281,8 @@ class DockerSandbox(_WorkerPool):
         self.container_memory_mb = int(container_memory_mb)
         self.cgroup_parent = cgroup_parent
         why = docker_problem(docker, self.image)
-        if why and build_image and ("not found" in why or "not reachable" in why):
+        # our own image only: a missing image of the user's is theirs to build
+        if why and build_image and image == DEFAULT_IMAGE and ("not found" in why or "not reachable" in why):
             why = build_once(docker, self.image)
         if why:
             raise SandboxUnavailable(why)

@@ -246,3 +246,29 @@ def test_cli_docker_backend(docker_ok, tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout)["backend"] == "docker", r.stderr
     r = subprocess.run(cmd + [str(bad)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 1 and json.loads(r.stdout)["error_type"] == "AssertionError"
+
+
+def test_first_use_builds_the_missing_default_image_once(monkeypatch):
+    """A fresh machine after `make setup`: the first sandbox=docker job runs sandboxes/image/build.sh (which starts
+    dockerd and builds the image) instead of stopping; another image name is the user's to build."""
+    import subprocess
+
+    import sandboxes.docker as sd
+
+    state = {"built": False, "calls": []}
+    monkeypatch.setattr(sd, "docker_problem", lambda docker="docker", image=sd.DEFAULT_IMAGE: None if state["built"]
+                        else f"sandbox=docker: image {image!r} not found: build it with `make docker-image`")
+
+    def fake_run(cmd, env=None, **kw):
+        state["calls"].append((cmd, env.get("IMAGE")))
+        state["built"] = True
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+    monkeypatch.setattr(sd.subprocess, "run", fake_run)
+    assert sd.build_once("docker", sd.DEFAULT_IMAGE) is None
+    assert sd.build_once("docker", sd.DEFAULT_IMAGE) is None  # already there: no second build
+    assert len(state["calls"]) == 1 and state["calls"][0][0][-1].endswith("sandboxes/image/build.sh")
+    assert state["calls"][0][1] == sd.DEFAULT_IMAGE
+    state["built"] = False
+    with pytest.raises(SandboxUnavailable, match="not found: build it"):
+        sd.DockerSandbox(image="someone-else:tag")
+    assert len(state["calls"]) == 1
