@@ -48,6 +48,9 @@ def artifact_root(tracking: dict) -> str:
 # A write waits this long for the store lock, then goes ahead unlocked (SQLite's own busy handling): a job stopped
 # with Ctrl-Z while it holds the lock must not hang every other job.
 STORE_LOCK_WAIT_S = 120.0
+# A waiting writer retries this often (filelock polls; a write holds the lock ~30 ms): at filelock's default 50 ms
+# 10 processes logging 40 traces each took ~100 s here, at 2 ms ~80 s.
+STORE_LOCK_POLL_S = 0.002
 _store_locks: dict[str, object] = {}
 _store_locks_guard = threading.Lock()
 
@@ -75,7 +78,7 @@ def _holding(lock, what: str):
     from filelock import Timeout
 
     try:
-        lock.acquire(timeout=STORE_LOCK_WAIT_S)
+        lock.acquire(timeout=STORE_LOCK_WAIT_S, poll_interval=STORE_LOCK_POLL_S)
     except Timeout:
         print(f"fixlab: {what}: the store lock {lock.lock_file} is held for over {STORE_LOCK_WAIT_S:.0f} s "
               f"(a stopped job?); writing without it", file=sys.stderr, flush=True)
