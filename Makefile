@@ -40,9 +40,11 @@ docker-image:
 	IMAGE="$(DOCKER_IMAGE)" FROM="$(IMAGE_FROM)" FORCE="$(FORCE)" sandboxes/image/build.sh
 
 # MLflow UI on http://127.0.0.1:$(UI_PORT): one web worker and no job runner start in ~10 s and 0.5 GB
-# (the default starts a 10-process job runner: 20-40 s, 1.9 GB).
+# (the default starts a 10-process job runner: 20-40 s, 1.9 GB). The store is made first under fixlab's store lock
+# (flows/tracking.py), so the server never migrates a fresh store while a job started beside it does the same.
 ui: setup
 	@mkdir -p mlruns/artifacts
+	@$(PY) -m flows.tracking init-store sqlite:///$(CURDIR)/mlruns/mlflow.db
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false DO_NOT_TRACK=true MLFLOW_DISABLE_TELEMETRY=true \
 		$(VENV)/bin/mlflow server --workers 1 \
 		--backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db \
@@ -62,4 +64,4 @@ nightly-now: setup
 	$(NIGHTLY_ENV) $(PY) -m flows.nightly now $(ARGS)
 
 clean-runs:
-	rm -rf mlruns/mlflow.db mlruns/artifacts mlruns/state outputs multirun
+	rm -rf mlruns/mlflow.db mlruns/mlflow.db.lock mlruns/artifacts mlruns/state outputs multirun

@@ -7,6 +7,11 @@ with budget k cuts a cached longer trajectory (`truncate`) or continues a cached
 config, the content of the prompt templates and of the agent code, and the task itself. `cache=false`
 turns it off. Test doubles (oracle, scripted) are never cached: they cost nothing and a cache would hide
 harness changes.
+
+The cache is shared by every job on the machine (a sweep's workers, the nightly flow, someone's run) and written
+while they run: an entry is replaced atomically (temp file + rename, so a reader sees a whole trajectory or the old
+one), and "keep the longest" (read, compare, replace) runs under a cross-process file lock per cache key, so two
+jobs finishing the same task never leave the shorter trajectory in place of the longer one.
 """
 from __future__ import annotations
 
@@ -71,8 +76,11 @@ class TrajectoryCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         ident_file = self.dir / "key.json"
         if not ident_file.exists():
-            ident_file.write_text(json.dumps(ident, indent=1, sort_keys=True, default=str))
-        self._lock = threading.Lock()
+            _write_atomic(ident_file, json.dumps(ident, indent=1, sort_keys=True, default=str))
+        from filelock import FileLock
+
+        # threads of this process and other processes alike (FileLock is exclusive per thread, re-entrant within one)
+        self._lock = FileLock(str(self.dir / ".put.lock"))
 
     @staticmethod
     def applies(model: dict) -> bool:
@@ -100,6 +108,11 @@ class TrajectoryCache:
             old = self.get(task, traj.sample, candidates)
             if old is not None and old.budget >= traj.budget:
                 return
-            tmp = p.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(json.dumps(traj.to_dict(), default=str))
-            os.replace(tmp, p)
+            _write_atomic(p, json.dumps(traj.to_dict(), default=str))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """A reader sees the old file or the whole new one, never a part (temp file in the same folder + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -5,6 +5,13 @@ UI (`make ui`) and MlflowClient read the same runs. Per run: tags (model, strate
 dirty tree), params (the whole resolved config), metrics (pass@1, its curve over rounds, pass@1 per bug
 type, tokens, wall time), artifacts (summary.json, results.jsonl, results_table.json, tasks/<id>.json)
 and one MLflow trace per task (Traces tab: each model call and each sandbox run as a span).
+
+Many jobs on one store at once (a sweep's workers, the nightly flow beside someone's run): SQLite takes one writer at
+a time and MLflow's sqlite store fails a write that waits longer than its 20 s busy timeout ("database is locked",
+lost trace links), and two processes creating a fresh store both run its migrations. So for a sqlite store every
+process makes the store under a cross-process file lock (<db>.lock) and takes the same lock around each MLflow write
+transaction: fixlab's writers queue on the lock instead of racing SQLite's busy handler. Traces are exported
+synchronously and read back (run link, span count), so a failed write is retried, never left half-logged.
 """
 from __future__ import annotations
 
@@ -12,6 +19,10 @@ import json
 import os
 import re
 import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterable
 
@@ -31,6 +42,108 @@ def tracking_uri(tracking: dict) -> str:
 
 def artifact_root(tracking: dict) -> str:
     return Path(tracking.get("artifacts") or MLRUNS / "artifacts").resolve().as_uri()
+
+
+# ---------------------------------------------------------------- one sqlite store, many processes
+# A write waits this long for the store lock, then goes ahead unlocked (SQLite's own busy handling): a job stopped
+# with Ctrl-Z while it holds the lock must not hang every other job.
+STORE_LOCK_WAIT_S = 120.0
+# A waiting writer retries this often (filelock polls; a write holds the lock ~30 ms): at filelock's default 50 ms
+# 10 processes logging 40 traces each took ~100 s here, at 2 ms ~80 s.
+STORE_LOCK_POLL_S = 0.002
+_store_locks: dict[str, object] = {}
+_store_locks_guard = threading.Lock()
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a sqlite:/// tracking URI, None for any other store (a server, a file store)."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def store_lock(db: Path):
+    """The cross-process lock of one sqlite store (one object per store and process: re-entrant per thread,
+    exclusive between threads and processes)."""
+    from filelock import FileLock
+
+    key = str(Path(db).resolve())
+    with _store_locks_guard:
+        if key not in _store_locks:
+            _store_locks[key] = FileLock(key + ".lock")
+        return _store_locks[key]
+
+
+@contextmanager
+def _holding(lock, what: str):
+    """Hold `lock`, or after STORE_LOCK_WAIT_S go ahead without it (one warning line)."""
+    from filelock import Timeout
+
+    try:
+        lock.acquire(timeout=STORE_LOCK_WAIT_S, poll_interval=STORE_LOCK_POLL_S)
+    except Timeout:
+        print(f"fixlab: {what}: the store lock {lock.lock_file} is held for over {STORE_LOCK_WAIT_S:.0f} s "
+              f"(a stopped job?); writing without it", file=sys.stderr, flush=True)
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def open_client(uri: str):
+    """An MlflowClient on `uri`. For a sqlite store: made under the store lock (a fresh store's tables and default
+    experiment are created by one process while the others wait), and every write transaction of this process's
+    store object (MLflow keeps one per URI, shared by the client and the trace exporter) then takes the lock too."""
+    from mlflow.tracking import MlflowClient
+
+    # Export each trace while it is logged, in the logging thread (not by MLflow's pool of 10 background threads):
+    # one writer per job, and a trace is in the store, or visibly not, when log_trace returns (RunTracker checks it).
+    os.environ["MLFLOW_ENABLE_ASYNC_TRACE_LOGGING"] = "false"
+    db = sqlite_path(uri)
+    if db is None:
+        return MlflowClient(uri)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    lock = store_lock(db)
+    with _holding(lock, "creating the MLflow store"):
+        client = MlflowClient(uri)
+    _serialize_writes(client._tracking_client.store, lock)
+    return client
+
+
+def _serialize_writes(store, lock) -> None:
+    """Wrap the store's session factory: write sessions (MLflow marks them read_only=False) hold `lock`."""
+    if getattr(store, "_fixlab_write_lock", None) is lock or not hasattr(store, "ManagedSessionMaker"):
+        return
+    sessions = store.ManagedSessionMaker
+
+    @contextmanager
+    def session(read_only=True):
+        if read_only:
+            with sessions(read_only=True) as s:
+                yield s
+        else:
+            with _holding(lock, "an MLflow write"), sessions(read_only=False) as s:
+                yield s
+
+    store.ManagedSessionMaker = session
+    store._fixlab_write_lock = lock
+
+
+def get_or_create_experiment(client, name: str, artifact_location: str, lock=None) -> str:
+    """The experiment's id, created if missing (under the store lock for sqlite; for a server, a concurrent
+    create that lost the race reads the winner's)."""
+    from mlflow.exceptions import MlflowException
+
+    with _holding(lock, "creating the experiment") if lock is not None else nullcontext():
+        exp = client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            return client.get_experiment_by_name(name).experiment_id
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, str]:
@@ -84,21 +197,18 @@ class RunTracker:
 
     def __init__(self, tracking: dict):
         import mlflow
-        from mlflow.tracking import MlflowClient
 
         self.mlflow = mlflow
         self.uri = tracking_uri(tracking)
-        if self.uri.startswith("sqlite:///"):
-            Path(self.uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        self.client = open_client(self.uri)
         mlflow.set_tracking_uri(self.uri)
-        self.client = MlflowClient(self.uri)
-        name = tracking.get("experiment", "humanevalfix")
-        exp = self.client.get_experiment_by_name(name)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
-            name, artifact_location=artifact_root(tracking))
+        db = sqlite_path(self.uri)
+        self.experiment_id = get_or_create_experiment(self.client, tracking.get("experiment", "humanevalfix"),
+                                                      artifact_root(tracking), store_lock(db) if db else None)
         self.run_id: str | None = None
         # Local per-task state (resume) lives beside the artifacts: mlruns/state by default.
         self.store_dir = Path(tracking.get("artifacts") or MLRUNS / "artifacts").resolve().parent
+        self._claim = None
 
     def start(self, run_name: str, params: dict, tags: dict, resume_run_id: str | None = None) -> str:
         if resume_run_id:
@@ -108,6 +218,7 @@ class RunTracker:
             tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
+        self._claim_run(self.run_id)
         flat = flatten(params)
         from mlflow.entities import Param
 
@@ -130,21 +241,97 @@ class RunTracker:
             k = diff[0]
             raise ConfigError(f"resume={run_id}: config differs from that run's at {k} "
                               f"({old.get(k)!r} there, {new.get(k)!r} now); resume with the same settings")
+        if not self._claim_run(run_id):
+            raise ConfigError(f"resume={run_id}: that run is still going in another job; wait for it to end "
+                              f"(or stop it) and resume then")
         self.client.update_run(run_id, status="RUNNING")
         self.client.set_tag(run_id, "fixlab.resumed", str(int(run.data.tags.get("fixlab.resumed", "0")) + 1))
         self.run_id = run_id
         return run_id
 
     def last_run_id(self) -> str | None:
-        """The newest evaluation job of this experiment that did not finish (what resume=last continues)."""
+        """The newest evaluation job of this experiment that did not finish and that no live job is still working
+        on (what resume=last continues)."""
         runs = self.client.search_runs([self.experiment_id], "attributes.status != 'FINISHED'",
                                        order_by=["attributes.start_time DESC"], max_results=50)
-        runs = [r for r in runs if r.data.tags.get("fixlab.kind", "job") == "job"]
+        runs = [r for r in runs if r.data.tags.get("fixlab.kind", "job") == "job" and not self.run_is_live(r.info.run_id)]
         return runs[0].info.run_id if runs else None
+
+    # A job holds its run's lock, state/<run id>/job.lock, while it works on the run (the kernel drops it when the
+    # process ends, however it ends): two jobs on one run would run and log every task twice.
+    def _run_lock(self, run_id: str):
+        from filelock import FileLock
+
+        return FileLock(str(self.store_dir / "state" / run_id / "job.lock"), thread_local=False)
+
+    def _claim_run(self, run_id: str, wait_s: float = 2.0) -> bool:
+        from filelock import Timeout
+
+        (self.store_dir / "state" / run_id).mkdir(parents=True, exist_ok=True)
+        lock = self._run_lock(run_id)
+        try:
+            lock.acquire(timeout=wait_s)
+        except Timeout:
+            return False
+        self.release_run()
+        self._claim = lock
+        return True
+
+    def run_is_live(self, run_id: str) -> bool:
+        """Whether some job holds this run now."""
+        from filelock import Timeout
+
+        if self._claim is not None and self.run_id == run_id:
+            return True
+        if not (self.store_dir / "state" / run_id).is_dir():
+            return False
+        lock = self._run_lock(run_id)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return True
+        lock.release()
+        return False
+
+    def release_run(self) -> None:
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
 
     def log_task(self, traj: dict) -> None:
         self.log_json(traj, f"tasks/{safe_name(traj['task_id'])}.json")
-        log_trace(self.client, self.experiment_id, self.run_id, traj)
+        self.log_trace(traj)
+
+    TRACE_TRIES = 4
+
+    def log_trace(self, traj: dict) -> str:
+        """Log the task's trace and read it back: linked to this run, every span there. A trace that is not (a write
+        that failed under load) is deleted and logged again, so none is left half-written or without its run."""
+        for attempt in range(self.TRACE_TRIES):
+            tid, spans = log_trace(self.client, self.experiment_id, self.run_id, traj)
+            flush_traces()
+            problem = self._trace_problem(tid, spans)
+            if problem is None:
+                return tid
+            try:
+                self.client.delete_traces(self.experiment_id, trace_ids=[tid])
+            except Exception:
+                pass  # not there at all
+            if attempt + 1 < self.TRACE_TRIES:
+                time.sleep(0.5 * 2 ** attempt)
+        raise RuntimeError(f"the trace of {traj['task_id']} did not reach MLflow intact after "
+                           f"{self.TRACE_TRIES} tries ({problem})")
+
+    def _trace_problem(self, tid: str, spans: int) -> str | None:
+        try:
+            trace = self.client.get_trace(tid, display=False)
+        except Exception as e:
+            return f"not found: {type(e).__name__}"
+        if trace.info.trace_metadata.get("mlflow.sourceRun") != self.run_id:
+            return "not linked to its run"
+        if len(trace.data.spans) != spans:
+            return f"{len(trace.data.spans)} of {spans} spans"
+        return None
 
     def complete_tasks(self, trajs: list[dict]) -> int:
         """Log the trajectories and traces that are not in MLflow yet (a kill between a task's state file
@@ -156,7 +343,7 @@ class RunTracker:
             if f"tasks/{safe_name(t['task_id'])}.json" not in have_files:
                 self.log_json(t, f"tasks/{safe_name(t['task_id'])}.json")
             if (t["task_id"], str(t.get("sample", 0))) not in have_traces:
-                log_trace(self.client, self.experiment_id, self.run_id, t)
+                self.log_trace(t)
                 added += 1
         return added
 
@@ -210,6 +397,7 @@ class RunTracker:
         self.log_json(summary, "summary.json")
         flush_traces()
         self.client.set_terminated(self.run_id, status=status)
+        self.release_run()
 
 
 # ---------------------------------------------------------------- traces
@@ -239,9 +427,10 @@ def _ns(seconds: float) -> int:
     return int(max(float(seconds or 0.0), 0.0) * 1e9)
 
 
-def log_trace(client, experiment_id: str, run_id: str, traj: dict, end_ns: int | None = None) -> str:
+def log_trace(client, experiment_id: str, run_id: str, traj: dict, end_ns: int | None = None) -> tuple[str, int]:
     """One MLflow trace for one finished trajectory: a root span for the task, a span per round, and under
     it a span per model call (messages, answer, tokens) and one for the sandbox run (verdict, output).
+    Returns the trace id and how many spans it has.
 
     The trajectory records durations, not clock times, so spans are laid out back to back ending at
     `end_ns` (default: now). The agent code stays free of tracing."""
@@ -261,20 +450,21 @@ def log_trace(client, experiment_id: str, run_id: str, traj: dict, end_ns: int |
         attributes={"verdict": v, "seconds": traj.get("seconds", 0.0)},
         tags=tags, experiment_id=experiment_id, start_time_ns=start_ns, run_id=run_id)
     tid = root.trace_id
-    cursor = start_ns
+    cursor, spans = start_ns, 1
     for a in traj.get("attempts", []):
-        cursor = _log_round(client, tid, root.span_id, a, cursor, end_ns)
+        cursor, n = _log_round(client, tid, root.span_id, a, cursor, end_ns)
+        spans += n
     client.end_trace(tid, end_time_ns=end_ns, status="ERROR" if traj.get("error") else "OK",
                      outputs={"verdict": v, "first_pass_round": traj.get("first_pass_round"),
                               "stop_reason": traj.get("stop_reason"),
                               "error": traj.get("error"), "prompt_tokens": traj.get("prompt_tokens", 0),
                               "completion_tokens": traj.get("completion_tokens", 0)})
-    return tid
+    return tid, spans
 
 
-def _log_round(client, tid: str, parent_id: str, a: dict, start_ns: int, end_ns: int) -> int:
+def _log_round(client, tid: str, parent_id: str, a: dict, start_ns: int, end_ns: int) -> tuple[int, int]:
     """A round's span (decision, verdict, feedback) with its model calls and sandbox runs laid out back to back
-    from `start_ns`; returns where it ends."""
+    from `start_ns`; returns where it ends and how many spans it logged."""
     from mlflow.entities import SpanType
 
     a_end = min(start_ns + _ns(a.get("seconds")), end_ns)
@@ -314,4 +504,12 @@ def _log_round(client, tid: str, parent_id: str, a: dict, start_ns: int, end_ns:
         t = r_end
     client.end_span(tid, span.span_id, end_time_ns=a_end,
                     outputs={"decision": a["decision"], "verdict": (r or {}).get("status"), "feedback": a.get("feedback")})
-    return a_end
+    return a_end, 1 + len(a.get("calls", [])) + len(runs)
+
+
+if __name__ == "__main__":
+    # `python -m flows.tracking init-store [URI]` (`make ui` runs it first): create the store under the store lock,
+    # so a server opening a fresh store cannot run its migrations at the same moment as a job starting beside it.
+    if len(sys.argv) < 2 or sys.argv[1] != "init-store":
+        sys.exit("usage: python -m flows.tracking init-store [TRACKING_URI]")
+    open_client(sys.argv[2] if len(sys.argv) > 2 else tracking_uri({}))
