@@ -17,10 +17,10 @@ import sys
 import time
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from .config import SWEEP_ITERS_ENV
 from .neutral import result_neutral
+from .schema import TrackingConf, typed
 from .tracking import PARENT_ENV, RunTracker, git_state
 
 # Params that differ between jobs without being what the sweep is about.
@@ -35,7 +35,8 @@ class SweepParentRun(Callback):
         self.t0 = 0.0
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        tracking = OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config else {}
+        tracking = typed(TrackingConf, OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config
+                         else {}, "tracking")
         overrides = list(config.hydra.overrides.task) if "hydra" in config else []
         swept = [o for o in overrides if "," in o or "range(" in o or "choice(" in o]
         self.tracker = RunTracker(tracking)
@@ -46,7 +47,9 @@ class SweepParentRun(Callback):
         os.environ[PARENT_ENV] = self.run_id
         budgets = swept_budgets(overrides)
         if len(budgets) > 1:  # each task runs to the largest budget once; the other jobs cut it (flows/core.py)
-            os.environ[SWEEP_ITERS_ENV] = str(max(budgets))
+            # An override every job of the sweep gets: Hydra's sweeper reads the task overrides after this callback.
+            with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
+                config.hydra.overrides.task.append(f"sweep_ahead_to={max(budgets)}")
         self.t0 = time.perf_counter()
         atexit.register(self._abandon)  # a job that ends the process (bad config) must not leave it RUNNING
         SweepParentRun.live = self
@@ -60,7 +63,6 @@ class SweepParentRun(Callback):
             self.tracker.client.set_terminated(self.run_id, status="FINISHED")
         finally:
             os.environ.pop(PARENT_ENV, None)
-            os.environ.pop(SWEEP_ITERS_ENV, None)
             self.run_id = None
 
     def _abandon(self, status: str = "FAILED") -> None:

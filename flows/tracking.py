@@ -15,22 +15,25 @@ import subprocess
 from pathlib import Path
 from typing import Iterable
 
+from agents.tasks import project_root
+
 from .config import ConfigError
 from .core import safe_name, task_order
 from .neutral import result_neutral
+from .schema import TrackingConf
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-MLRUNS = REPO_ROOT / "mlruns"
+MLRUNS = project_root() / "mlruns"  # the checkout's (or, installed, the working directory's)
 # Set by the sweep callback (flows/sweep.py): every job of a Hydra multirun becomes a child of this run.
 PARENT_ENV = "FIXLAB_PARENT_RUN_ID"
 
 
-def tracking_uri(tracking: dict) -> str:
-    return tracking.get("uri") or f"sqlite:///{MLRUNS / 'mlflow.db'}"
+def tracking_uri(tracking: TrackingConf) -> str:
+    return tracking.uri or f"sqlite:///{MLRUNS / 'mlflow.db'}"
 
 
-def artifact_root(tracking: dict) -> str:
-    return Path(tracking.get("artifacts") or MLRUNS / "artifacts").resolve().as_uri()
+def artifact_root(tracking: TrackingConf) -> str:
+    return Path(tracking.artifacts or MLRUNS / "artifacts").resolve().as_uri()
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, str]:
@@ -58,7 +61,7 @@ def git_state() -> dict[str, str]:
 class RunTracker:
     """One MLflow run per Hydra job. Thread-safe enough for per-task logging (one file per task)."""
 
-    def __init__(self, tracking: dict):
+    def __init__(self, tracking: TrackingConf):
         import mlflow
         from mlflow.tracking import MlflowClient
 
@@ -68,13 +71,13 @@ class RunTracker:
             Path(self.uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         mlflow.set_tracking_uri(self.uri)
         self.client = MlflowClient(self.uri)
-        name = tracking.get("experiment", "humanevalfix")
+        name = tracking.experiment
         exp = self.client.get_experiment_by_name(name)
         self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
             name, artifact_location=artifact_root(tracking))
         self.run_id: str | None = None
         # Local per-task state (resume) lives beside the artifacts: mlruns/state by default.
-        self.store_dir = Path(tracking.get("artifacts") or MLRUNS / "artifacts").resolve().parent
+        self.store_dir = Path(tracking.artifacts or MLRUNS / "artifacts").resolve().parent
 
     def start(self, run_name: str, params: dict, tags: dict, resume_run_id: str | None = None) -> str:
         if resume_run_id:

@@ -7,6 +7,7 @@ task reaches them. `repair_in_process` is that Prefect task's body: importable b
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -37,30 +38,34 @@ def model_and_sandbox(settings: JobSettings) -> tuple:
     def make():
         sandbox = make_sandbox(settings.sandbox)
         model = build_model(settings.model, dataset=settings.dataset)
-        print(f"fixlab: process {os.getpid()} loaded model {settings.model.get('name')}", file=sys.stderr, flush=True)
+        print(f"fixlab: process {os.getpid()} loaded model {settings.model.name}", file=sys.stderr, flush=True)
         return model, sandbox
-    return _once(["context", settings.model, settings.sandbox, settings.dataset], make)
+    return _once(["context", _record(settings.model), _record(settings.sandbox), _record(settings.dataset)], make)
 
 
 def trajectory_cache(settings: JobSettings) -> TrajectoryCache | None:
     if not settings.cache or not TrajectoryCache.applies(settings.model):
         return None
-    return _once(["cache", settings.cache_dir, settings.model, settings.sandbox, repr(settings.agent)],
+    key = ["cache", settings.cache_dir, _record(settings.model), _record(settings.sandbox), repr(settings.agent)]
+    return _once(key,
                  lambda: TrajectoryCache(Path(settings.cache_dir) if settings.cache_dir else default_cache_dir(),
                                          settings.model, settings.agent, settings.sandbox))
 
 
-def repair_in_process(task: Task, sample: int, settings: JobSettings) -> Trajectory:
-    """One task with this process's model, sandbox and cache (core.repair turns a crash into an error trajectory;
-    so does a model that cannot be built in a worker)."""
+def _record(conf) -> dict:
+    return {"record": type(conf).__name__, **dataclasses.asdict(conf)}
+
+
+def repair_in_process(task: Task, sample: int, settings: JobSettings) -> Trajectory | Exception:
+    """One task with this process's model, sandbox and cache. A crash (a model that cannot be built in a worker
+    included) is returned, not raised: Prefect would log a traceback per task, and run_job (flows/job.py) makes the
+    error trajectory of it."""
     try:
         model, sandbox = model_and_sandbox(settings)
-        cache = trajectory_cache(settings)
+        return repair(task, sample, settings.agent, model, sandbox, trajectory_cache(settings),
+                      run_ahead=settings.run_ahead)
     except Exception as e:
-        from .core import error_trajectory
-
-        return error_trajectory(task, sample, settings.agent, e)
-    return repair(task, sample, settings.agent, model, sandbox, cache, run_ahead=settings.run_ahead)
+        return e
 
 
 def close_all() -> None:

@@ -9,6 +9,7 @@ import json
 import sys
 
 from . import SandboxUnavailable, make_sandbox
+from .config import E2BSandboxConf, LocalSandboxConf
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot read {args.file}: {e}", file=sys.stderr)
         return 2
     try:
-        sbx = make_sandbox({"backend": "local", "workers": 1} if args.backend == "local" else {"backend": "e2b"})
+        sbx = make_sandbox(LocalSandboxConf(workers=1) if args.backend == "local" else E2BSandboxConf())
     except SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

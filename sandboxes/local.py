@@ -28,7 +28,8 @@ import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable, tail_note
+from .base import ExecResult, SandboxUnavailable, tail_note
+from .config import LocalSandboxConf, conf_with
 from .frames import parse_frames
 from .procs import processes_of_uids
 
@@ -40,9 +41,6 @@ _PROGRAM = "program.py"
 _NS_FLAGS = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
 # The worker keeps these to switch each child to its own uid, kill what the child left and clean its dir.
 _WORKER_CAPS = ["CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"]
-_OPTIONS = {"workers", "mode", "require_isolation", "memory_mb", "cpu_s", "max_processes", "max_file_mb",
-            "max_open_files", "max_output_mb", "scratch_mb", "allow_fork", "uid_base", "bwrap", "python",
-            "ready_timeout_s", "output_cap_bytes"}
 
 _probe_lock = threading.Lock()
 _probe_cache: dict[str, str | None] = {}
@@ -425,14 +423,14 @@ class LocalSandbox:
 
     name = "local"
 
-    def __init__(self, workers: int | None = None, mode: str = "fork", require_isolation: bool = False,
-                 memory_mb: int = 2048, cpu_s: int = 60, max_processes: int = 32, max_file_mb: int = 64,
-                 max_open_files: int = 256, max_output_mb: int = 16, scratch_mb: int = 256,
-                 allow_fork: bool = False, uid_base: int | None = None, bwrap: str = "bwrap",
-                 python: str | None = None, ready_timeout_s: float = 120.0,
-                 output_cap_bytes: int = OUTPUT_CAP_BYTES, **unknown):
-        if unknown:
-            raise SandboxUnavailable(f"unknown local sandbox option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+    def __init__(self, conf: LocalSandboxConf | None = None, **options):
+        """`conf` (sandboxes/config.py: the defaults), or its defaults, with keyword `options` applied."""
+        c = conf_with(LocalSandboxConf, conf, options)
+        mode, workers, memory_mb, cpu_s, max_processes = c.mode, c.workers, c.memory_mb, c.cpu_s, c.max_processes
+        max_file_mb, max_open_files, max_output_mb = c.max_file_mb, c.max_open_files, c.max_output_mb
+        scratch_mb = c.scratch_mb
+        output_cap_bytes, uid_base, bwrap, python = c.output_cap_bytes, c.uid_base, c.bwrap, c.python
+        allow_fork, require_isolation, ready_timeout_s = c.allow_fork, c.require_isolation, c.ready_timeout_s
         if mode not in ("fork", "fresh"):
             raise SandboxUnavailable(f"sandbox mode must be 'fork' or 'fresh', got {mode!r}")
         n = workers if workers is not None else (os.cpu_count() or 1)
