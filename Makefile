@@ -6,7 +6,7 @@ STAMP := $(VENV)/.fixlab-installed
 ARGS ?=
 UI_PORT ?= 5000
 
-.PHONY: setup eval test ui nightly nightly-now clean-runs
+.PHONY: setup eval test test-quick ui nightly nightly-now clean-runs
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ eval: setup
 
 test: setup
 	$(PY) -m pytest -q $(ARGS)
+
+# The suite without the tests marked slow (those that need a real model pack: download, conversion, real decoding)
+test-quick: setup
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 # MLflow UI on http://127.0.0.1:$(UI_PORT): one web worker and no job runner start in ~10 s and 0.5 GB
 # (the default starts a 10-process job runner: 20-40 s, 1.9 GB).
