@@ -15,8 +15,7 @@ def build_model(conf: ModelConf, dataset=None) -> Model:
         from ..tasks import DatasetConf, load_tasks
         from .doubles import OracleModel
 
-        return OracleModel(load_tasks(dataset or DatasetConf()), solution=conf.solution, name=conf.name,
-                           delay_s=conf.delay_s)
+        return OracleModel(load_tasks(dataset or DatasetConf()), conf)
     if isinstance(conf, TransformersModelConf):
         from ..serving.hf import TransformersModel
 
