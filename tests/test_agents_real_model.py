@@ -32,10 +32,12 @@ def smollm2():
 @pytest.mark.slow
 def test_every_strategy_with_smollm2_on_two_tasks(smollm2):
     jobs = [(s, n) for s in ("single_shot", "reflection", "react") for n in (0, 2)]
-    cfg = dict(iters=1, max_new_tokens=96, max_turns=3, protocol="tests")
+    cfg = dict(iters=1, max_new_tokens=96, protocol="tests")
+    turns = {"react": {"max_turns": 3}}  # react's own knob
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(jobs)) as pool:  # concurrent tasks: the backend batches their requests
-        trajs = list(pool.map(lambda j: run_agent(task(j[1]), smollm2, sandbox(), agent(strategy=j[0], **cfg)), jobs))
+        trajs = list(pool.map(lambda j: run_agent(task(j[1]), smollm2, sandbox(),
+                                                  agent(strategy=j[0], **cfg, **turns.get(j[0], {}))), jobs))
     print(f"6 trajectories in {time.perf_counter() - t0:.1f} s")
     for (strategy, n), traj in zip(jobs, trajs):
         assert traj.error is None, (strategy, n, traj.error)
