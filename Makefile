@@ -6,7 +6,7 @@ STAMP := $(VENV)/.fixlab-installed
 ARGS ?=
 UI_PORT ?= 5000
 
-.PHONY: setup eval test test-quick ui nightly nightly-now clean-runs
+.PHONY: setup eval test test-quick ui nightly nightly-now clean-runs docker-image
 
 setup: $(STAMP)
 
@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		(apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) \
 		&& echo "setup: installed bubblewrap" ; } || echo "setup: bubblewrap not installed (sandbox falls back to rlimits only)"
+	@command -v dockerd >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		(apt-get install -y -q docker.io >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q docker.io >/dev/null 2>&1)) \
+		&& echo "setup: installed docker.io (sandbox=docker; build its image with make docker-image)" ; } || echo "setup: docker.io not installed (sandbox=docker unavailable; its tests skip)"
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		(apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) \
 		&& echo "setup: installed chromium (UI test)" ; } || echo "setup: chromium not installed (the UI test skips)"
@@ -32,6 +35,13 @@ test: setup
 # The suite without the tests marked slow (those that need a real model pack: download, conversion, real decoding)
 test-quick: setup
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
+
+# The Docker sandbox's image (sandboxes/image/build.sh): the Dockerfile online, a Debian rootfs offline.
+# IMAGE_FROM=auto|dockerfile|rootfs, FORCE=1 rebuilds; starts dockerd (as root) when it is not running.
+DOCKER_IMAGE ?= fixlab-sandbox:latest
+IMAGE_FROM ?= auto
+docker-image:
+	IMAGE="$(DOCKER_IMAGE)" FROM="$(IMAGE_FROM)" FORCE="$(FORCE)" sandboxes/image/build.sh
 
 # MLflow UI on http://127.0.0.1:$(UI_PORT): one web worker and no job runner start in ~10 s and 0.5 GB
 # (the default starts a 10-process job runner: 20-40 s, 1.9 GB).

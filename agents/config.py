@@ -47,8 +47,8 @@ class StrategyConf:
     edge_case_hint: bool = False  # say when the failing input is an edge case (empty, zero, negative, one element)
     show_diff: bool = False  # show the diff of the candidate against the buggy code
     stop_after_code: bool = True  # end each answer at its closing ``` (what follows is thrown away; saves decode)
-    # Drafts that should differ from the round's own answer: candidates 2..k and redraws (single_shot, reflection),
-    # the turn after a repeat (react).
+    # Drafts that should differ from the round's own answer: reflection's candidates 2..k, redraws (single_shot,
+    # reflection), the turn after a repeat (react).
     candidate_temperature: float = 0.8
 
 
@@ -58,7 +58,9 @@ class DraftsConf(StrategyConf):
 
     few_shot: int = 0  # worked bug-fix examples before the task (agents/prompts/few_shot/)
     # Answers drafted per round, decoded as one batch; the first whose visible tests pass is kept, else the first
-    # that ran. Each run counts in sandbox_runs and every call in the tokens.
+    # that ran. Each run counts in sandbox_runs and every call in the tokens. single_shot: answer p of a task
+    # (p = round * candidates + i) has round p's seed and temperature, so a grid over candidates x iters is cut from
+    # one run of its largest point (flows/stream.py).
     candidates: int = 1
     # An answer known to fail before it runs (a repeat of a tested one, or the bug handed back) is drawn again from
     # the same prompt at candidate_temperature, up to this many times, before it spends the round. candidates=1 only.

@@ -110,6 +110,19 @@ class Context:
             return list(pool.map(lambda i: self.call(messages, rnd, turn=i, stop=stop, temperature=temps[i]),
                                  range(k)))
 
+    def answers(self, messages: list[dict], positions: range, stop: tuple = ()) -> list[ModelCall]:
+        """Answers at these positions of the task's answer stream (single_shot, flows/stream.py): answer p has the
+        seed and temperature of round p, whatever round it is drafted in, so (candidates=k, iters=r) draws exactly
+        the stream's first k(r+1) answers. Answers of one round are in flight together (one batch)."""
+        def one(p: int) -> ModelCall:
+            return self.call(messages, p, stop=stop)
+        if len(positions) == 1:
+            return [one(positions[0])]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(positions)) as pool:
+            return list(pool.map(one, positions))
+
     def execute(self, attempt: Attempt) -> None:
         """Run the visible tests (what the agent learns) and, when they differ, the full test (the verdict)."""
         task, cfg = self.task, self.cfg

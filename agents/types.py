@@ -172,6 +172,7 @@ class Trajectory:
     sample: int = 0
     stop_reason: StopReason | None = None
     agent_key: str = ""  # digest of the agent config minus iters: continuation refuses a mismatched prior
+    derived_from: str | None = None  # cut from single_shot's answer stream (flows/stream.py): seconds are apportioned
 
     @property
     def passed(self) -> bool:

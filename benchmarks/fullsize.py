@@ -7,7 +7,9 @@ benchmarks/results/fullsize-<name>-<UTC date>.json, then print the README's tabl
 Per run: pass@1 after each round with its 95% Wilson interval, the same on the tuning sample (Python/0-23, where
 prompts and knobs were shaped) and on the other 140 tasks apart, pass@1 by bug type, cost (tokens sent and
 prefilled, completion tokens, model calls, sandbox runs, answers cut at max_new_tokens, suspicious passes) and
-wall time. With several runs, each is paired against the first on their common tasks (flows.compare).
+wall time, the tasks' own seconds per task cut to the budget (`task_seconds`, what `python -m flows.frontier` compares)
+and the machine (the run's fixlab.machine tag, else this one). With several runs, each is paired against the first
+on their common tasks (flows.compare).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from flows.compare import compare, load_runs, paired_verdicts  # noqa: E402
+from flows.frontier import cost_by_round, run_machine, task_seconds  # noqa: E402
 from flows.stats import paired, wilson  # noqa: E402
 from flows.schema import TrackingConf  # noqa: E402
 from flows.tracking import tracking_uri  # noqa: E402
@@ -46,6 +49,7 @@ def record(run: dict) -> dict:
     for r in rows:
         by_bug[r.get("bug_type") or "?"].append(r)
     m = run["metrics"]
+    machine, machine_source = run_machine(run["run"])
     return {
         "run_id": run["run_id"], "status": run["run"].info.status, "params": run["params"],
         "overall": rate(rows), "by_round": [rate(rows, k) for k in range(iters + 1)],
@@ -55,6 +59,11 @@ def record(run: dict) -> dict:
         "cost": {k: m[k] for k in COST if k in m},
         "per_task_mean": {k: round(m[k] / len(rows), 1) for k in ("prompt_tokens", "completion_tokens", "model_calls",
                                                                  "sandbox_runs", "wall_s") if k in m and rows},
+        # the time a run's tasks took, cut to its budget (a budget sweep's later jobs only cut the first job's
+        # trajectories, so their wall_s is not their cost): comparable between runs on one kind of machine
+        "task_seconds": task_seconds(rows), "machine": machine, "machine_source": machine_source,
+        # each smaller budget's cost per task, summed over tasks (rows that keep per-round costs; None otherwise)
+        "cost_by_round": cost_by_round(rows, iters),
         # outcomes only (no trajectories): what a later session needs to pair a new run against this one
         "first_pass_round": {f"{r['task_id']}#{r.get('sample', 0)}": r["first_pass_round"] if r["passed"] else None
                              for r in rows},

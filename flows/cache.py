@@ -78,24 +78,26 @@ class TrajectoryCache:
     def applies(model: ModelConf) -> bool:
         return model.backend not in UNCACHED_BACKENDS
 
-    def _path(self, task: Task, sample: int) -> Path:
+    def _path(self, task: Task, sample: int, candidates: int = 1) -> Path:
+        """One file per task and sample; a single_shot stream drafted K > 1 answers a round (flows/stream.py) has its
+        own, beside the one-answer stream (which is the plain trajectory)."""
         digest = hashlib.sha256(json.dumps(dataclasses.asdict(task), sort_keys=True).encode()).hexdigest()[:16]
-        return self.dir / f"{digest}__s{sample}.json"
+        return self.dir / (f"{digest}__s{sample}.json" if candidates == 1 else f"{digest}__s{sample}__k{candidates}.json")
 
-    def get(self, task: Task, sample: int) -> Trajectory | None:
-        p = self._path(task, sample)
+    def get(self, task: Task, sample: int, candidates: int = 1) -> Trajectory | None:
+        p = self._path(task, sample, candidates)
         try:
             return Trajectory.from_dict(json.loads(p.read_text()))
         except (OSError, ValueError, TypeError, KeyError):
             return None
 
-    def put(self, traj: Trajectory, task: Task) -> None:
+    def put(self, traj: Trajectory, task: Task, candidates: int = 1) -> None:
         """Keep the longest clean trajectory for a task (errors are never cached)."""
         if traj.error is not None:
             return
-        p = self._path(task, traj.sample)
+        p = self._path(task, traj.sample, candidates)
         with self._lock:
-            old = self.get(task, traj.sample)
+            old = self.get(task, traj.sample, candidates)
             if old is not None and old.budget >= traj.budget:
                 return
             tmp = p.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")

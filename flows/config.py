@@ -13,6 +13,7 @@ from agents.tasks import DatasetConf
 from sandboxes.config import SandboxConf
 
 from .schema import ConfigError, RunnerConf, TrackingConf, job_conf
+from .stream import parse_plan
 
 __all__ = ["ConfigError", "JobSettings", "settings_from"]
 
@@ -32,6 +33,13 @@ class JobSettings:
     cache: bool
     cache_dir: str | None
     run_ahead: int  # a budget sweep's largest budget: each task runs to it once and the cache holds it (flows/core.py)
+    stream: tuple[int, int] | None  # a candidates x budgets sweep's stream (K a round, N answers): flows/stream.py
+
+    @property
+    def stream_applies(self) -> bool:
+        from .stream import applies
+
+        return applies(self.agent, self.stream)
 
     @property
     def run_name(self) -> str:
@@ -55,13 +63,23 @@ def settings_from(cfg: dict) -> JobSettings:
         raise ConfigError(f"protocol={job.protocol!r} is unknown: use one of {', '.join(PROTOCOLS)}")
     if job.offline not in ("auto", True, False):
         raise ConfigError(f"offline must be auto, true or false, got {job.offline!r}")
-    for label, v, lo, hi in (("iters", job.iters, 0, None), ("temperature", job.temperature, 0.0, 5.0),
+    iters = job.iters
+    if job.answers is not None:  # answers per task, candidates a round: the budget follows
+        from .stream import iters_for_answers
+
+        _in_range("answers", job.answers, 1)
+        try:
+            iters = iters_for_answers(job.answers, getattr(job.strategy, "candidates", 1))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        cfg = {**cfg, "iters": iters}  # what the run logs is the budget that ran
+    for label, v, lo, hi in (("iters", iters, 0, None), ("temperature", job.temperature, 0.0, 5.0),
                              ("max_new_tokens", job.max_new_tokens, 1, None), ("seed", job.seed, 0, None),
                              ("samples", job.samples, 1, None), ("runner.workers", job.runner.workers, 1, None),
                              ("sandbox.timeout_s", job.sandbox.timeout_s, 0.001, None),
                              ("strategy.resample_temperature", job.strategy.resample_temperature, 0.0, 5.0)):
         _in_range(label, v, lo, hi)
-    agent = AgentConfig(strategy=job.strategy, iters=job.iters, protocol=job.protocol, temperature=job.temperature,
+    agent = AgentConfig(strategy=job.strategy, iters=iters, protocol=job.protocol, temperature=job.temperature,
                         max_new_tokens=job.max_new_tokens, seed=job.seed, timeout_s=job.sandbox.timeout_s,
                         audit_passes=job.sandbox.audit, strict=job.sandbox.strict)
     try:
@@ -73,4 +91,5 @@ def settings_from(cfg: dict) -> JobSettings:
         tracking=job.tracking, samples=job.samples, offline=job.offline, resume=job.resume, raw=dict(cfg),
         cache=job.cache, cache_dir=job.cache_dir,
         run_ahead=(job.sweep_ahead_to or 0) if job.sweep_ahead else 0,
+        stream=parse_plan(job.sweep_stream) if job.sweep_ahead else None,
     )

@@ -28,7 +28,8 @@ Job = tuple[Task, int]  # a task and the index of its independent sample
 
 
 # ---------------------------------------------------------------- one task
-def repair(task: Task, sample: int, agent: AgentConfig, model, sandbox, cache=None, run_ahead: int = 0) -> Trajectory:
+def repair(task: Task, sample: int, agent: AgentConfig, model, sandbox, cache=None, run_ahead: int = 0,
+           stream: tuple | None = None) -> Trajectory:
     """One trajectory: cut from a cached longer one, continued from a cached shorter one, or run afresh. A crash
     outside the agent loop (which keeps its own as the trajectory's error) raises: the runner hands it to run_job
     (flows/job.py), which records it as an error trajectory, and resume runs that task again.
@@ -36,8 +37,16 @@ def repair(task: Task, sample: int, agent: AgentConfig, model, sandbox, cache=No
     run_ahead > iters (a sweep's largest budget, with a cache): run the task to that budget now and cut this
     budget's rounds from it. A sweep `iters=0,1,2,3 -m` then decodes each task once, as one conversation (the
     engine's prefix reuse sees every round), and the later jobs only read the cache; without it each job would
-    re-prefill the rounds the previous job ended on."""
+    re-prefill the rounds the previous job ended on.
+
+    stream = ((K, N), cache): single_shot's point cut from the task's answer stream of N answers, K a round
+    (flows/stream.py), run first when the cache does not hold it."""
     cfg = dataclasses.replace(agent, sample=sample)
+    if stream is not None:
+        from .stream import repair_from_stream
+
+        plan, stream_cache = stream
+        return repair_from_stream(task, cfg, model, sandbox, stream_cache, plan)
     prior = cache.get(task, sample) if cache else None
     if prior is not None and prior.budget >= cfg.iters:
         return agent_loop.truncate(prior, cfg.iters)  # a longer cached run holds this budget's rounds

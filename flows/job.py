@@ -68,6 +68,8 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
         if jobs:
             runner(jobs, settings, finished)
         summary = _summary(tracker, store, tasks, settings, run_id, t0)
+        if settings.stream_applies:  # cut from single_shot's answer stream (flows/stream.py)
+            summary["stream"] = {"candidates": settings.stream[0], "answers": settings.stream[1]}
         if resume:
             summary["resumed"] = True
         status = "FINISHED"
@@ -120,6 +122,8 @@ def open_run(tracker: RunTracker, settings: JobSettings) -> tuple[str, str | Non
             raise ConfigError("resume=last: no earlier run in this experiment to resume")
     tags = {"model": settings.model.name, "strategy": settings.agent.strategy.name,
             "protocol": settings.agent.protocol, "iters": str(settings.agent.iters)}
+    if settings.stream_applies:  # its trajectories are cut from a stream of K answers a round, N in all
+        tags["fixlab.stream"] = f"candidates={settings.stream[0]} answers={settings.stream[1]}"
     try:
         return tracker.start(settings.run_name, settings.raw, tags, resume_run_id=resume), resume
     except ConfigError:
@@ -136,10 +140,15 @@ def _result_rows(trajs: list[Trajectory]):
             "task_id": t.task_id, "sample": t.sample, "bug_type": t.bug_type, "passed": t.passed,
             "first_pass_round": t.first_pass_round, "error": t.error, "seconds": t.seconds,
             "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
+            "derived_from": t.derived_from,
+            # what each round cost: a run's rows give every smaller budget's cost too (flows/frontier.py)
             "attempts": [{"round": a.round, "decision": a.decision, "code": a.code,
                           "status": a.result.status if a.result else None,
                           "test_output": (a.result.stderr[-2000:] if a.result else None),
-                          "feedback": a.feedback} for a in t.attempts],
+                          "feedback": a.feedback, "seconds": a.seconds,
+                          "prompt_tokens": sum(c.prompt_tokens for c in a.calls),
+                          "completion_tokens": sum(c.completion_tokens for c in a.calls),
+                          "model_calls": len(a.calls), "sandbox_runs": a.sandbox_runs} for a in t.attempts],
         }
 
 

@@ -79,6 +79,9 @@ class JobConf:
     runner: Any = MISSING  # conf/runner/<option>.yaml
     tracking: TrackingConf = field(default_factory=TrackingConf)
     iters: int = AgentConfig.iters  # feedback rounds after the first attempt; 0 = single-shot pass@1
+    # Answers per task instead of iters: iters = answers / strategy.candidates - 1. The grid
+    # `strategy.candidates=1,2,4,8 answers=8 -m` (single_shot) costs one run: flows/stream.py
+    answers: int | None = None
     seed: int = AgentConfig.seed  # with temperature 0 (greedy) runs are deterministic; seeds make sampling reproducible
     temperature: float = AgentConfig.temperature  # first attempt's temperature (0 = greedy)
     max_new_tokens: int = AgentConfig.max_new_tokens
@@ -91,6 +94,9 @@ class JobConf:
     # (prefix reuse sees every round); later jobs only cut it. Same answers either way.
     sweep_ahead: bool = True
     sweep_ahead_to: int | None = None  # that largest budget: set by the sweep callback (flows/sweep.py), not by hand
+    # [K, N]: a sweep's single_shot answer stream (K answers a round, N in all) its jobs are cut from (flows/stream.py):
+    # set by the sweep callback, not by hand
+    sweep_stream: list[int] | None = None
     resume: str | None = None  # an MLflow run id, or "last": run only the tasks that run has not finished
 
 

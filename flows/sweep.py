@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from .neutral import result_neutral
 from .schema import TrackingConf, typed
+from .stream import stream_plan
 from .tracking import PARENT_ENV, RunTracker, git_state
 
 # Params that differ between jobs without being what the sweep is about.
@@ -50,6 +51,10 @@ class SweepParentRun(Callback):
             # An override every job of the sweep gets: Hydra's sweeper reads the task overrides after this callback.
             with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
                 config.hydra.overrides.task.append(f"sweep_ahead_to={max(budgets)}")
+        plan = stream_plan(sweep_points(overrides, config))
+        if plan:  # single_shot: one stream of answers per task holds every (candidates, iters) job (flows/stream.py)
+            with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
+                config.hydra.overrides.task.append(f"sweep_stream=[{plan[0]},{plan[1]}]")
         self.t0 = time.perf_counter()
         atexit.register(self._abandon)  # a job that ends the process (bad config) must not leave it RUNNING
         SweepParentRun.live = self
@@ -83,15 +88,48 @@ class SweepParentRun(Callback):
 def swept_budgets(overrides: list[str]) -> list[int]:
     """The budgets an `iters=...` sweep override lists (iters=0,1,2,3, iters=range(0,4)...); [] when iters is not swept
     or the override cannot be read (the sweep then simply runs each budget on its own)."""
+    values = _values(overrides, "iters")
+    try:
+        return sorted({int(v) for v in values}) if len(values) > 1 else []
+    except (TypeError, ValueError):  # iters=a,b: each job fails on its own, in one line
+        return []
+
+
+def _values(overrides: list[str], key: str) -> list:
+    """The values an override of `key` gives (one, or a sweep's list); [] when absent or unreadable."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
-        for o in OverridesParser.create().parse_overrides([o for o in overrides if o.split("=")[0].lstrip("+~") == "iters"]):
-            if o.is_sweep_override():
-                return sorted({int(v) for v in o.sweep_iterator()})
+        for o in OverridesParser.create().parse_overrides([o for o in overrides if o.split("=")[0].lstrip("+~") == key]):
+            return list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
     except Exception:
         pass
     return []
+
+
+def sweep_points(overrides: list[str], config: DictConfig | None = None) -> list[tuple[int, int]]:
+    """The (candidates, iters) points of a sweep's jobs, as the job settings will compute them (`answers` sets iters).
+    Values that are not integers (an interpolation) give no points: the jobs then run on their own."""
+    from itertools import product
+
+    default_k = _default(config, "strategy", "candidates", 1)
+    ks = _values(overrides, "strategy.candidates") or [default_k]
+    answers = _values(overrides, "answers")
+    iters = _values(overrides, "iters") or [_default(config, None, "iters", 0)]
+    try:
+        if answers and answers != [None]:
+            return [(int(k), int(n) // int(k) - 1) for k, n in product(ks, answers) if int(n) % int(k) == 0]
+        return [(int(k), int(r)) for k, r in product(ks, iters)]
+    except (TypeError, ValueError):
+        return []
+
+
+def _default(config, group: str | None, key: str, fallback):
+    try:
+        node = config[group] if group else config
+        return node[key] if node is not None and key in node and node[key] is not None else fallback
+    except Exception:
+        return fallback
 
 
 def job_labels(children) -> dict[str, str]:

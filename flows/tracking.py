@@ -58,6 +58,30 @@ def git_state() -> dict[str, str]:
     return {"git_commit": commit or "unknown", "git_dirty": str(dirty).lower()}
 
 
+def machine_name() -> str:
+    """The kind of machine a run ran on, e.g. "AMD EPYC, 2 cores" (+ the GPU where one is visible): wall times
+    compare only between runs on the same kind (flows/frontier.py)."""
+    import platform
+    import shutil
+
+    cpu = platform.processor() or platform.machine() or "unknown CPU"
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    name = f"{cpu}, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores"
+    if shutil.which("nvidia-smi"):
+        try:
+            gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                  text=True, timeout=10).stdout.split("\n")
+            gpus = [g.strip() for g in gpus if g.strip()]
+            if gpus:
+                name += f", {len(gpus)}x {gpus[0]}"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return name
+
+
 class RunTracker:
     """One MLflow run per Hydra job. Thread-safe enough for per-task logging (one file per task)."""
 
@@ -82,7 +106,7 @@ class RunTracker:
     def start(self, run_name: str, params: dict, tags: dict, resume_run_id: str | None = None) -> str:
         if resume_run_id:
             return self._resume(resume_run_id, params)
-        tags = {**git_state(), "fixlab.kind": "job", **tags}
+        tags = {**git_state(), "fixlab.kind": "job", "fixlab.machine": machine_name(), **tags}
         if os.environ.get(PARENT_ENV):
             tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)

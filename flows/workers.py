@@ -56,14 +56,27 @@ def _record(conf) -> dict:
     return {"record": type(conf).__name__, **dataclasses.asdict(conf)}
 
 
+def stream_cache(settings: JobSettings) -> TrajectoryCache | None:
+    """The cache of single_shot's answer streams (flows/stream.py): keyed without `candidates`, which only groups
+    the stream's answers into rounds."""
+    if not settings.cache or not TrajectoryCache.applies(settings.model):
+        return None
+    agent = dataclasses.replace(settings.agent, strategy=dataclasses.replace(settings.agent.strategy, candidates=1))
+    key = ["stream-cache", settings.cache_dir, _record(settings.model), _record(settings.sandbox), repr(agent)]
+    return _once(key,
+                 lambda: TrajectoryCache(Path(settings.cache_dir) if settings.cache_dir else default_cache_dir(),
+                                         settings.model, agent, settings.sandbox))
+
+
 def repair_in_process(task: Task, sample: int, settings: JobSettings) -> Trajectory | Exception:
     """One task with this process's model, sandbox and cache. A crash (a model that cannot be built in a worker
     included) is returned, not raised: Prefect would log a traceback per task, and run_job (flows/job.py) makes the
     error trajectory of it."""
     try:
         model, sandbox = model_and_sandbox(settings)
+        scache = stream_cache(settings) if settings.stream_applies else None
         return repair(task, sample, settings.agent, model, sandbox, trajectory_cache(settings),
-                      run_ahead=settings.run_ahead)
+                      run_ahead=settings.run_ahead, stream=(settings.stream, scache) if scache is not None else None)
     except Exception as e:
         return e
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .base import ExecResult, Sandbox, SandboxUnavailable
-from .config import SANDBOX_CONFS, E2BSandboxConf, LocalSandboxConf, SandboxConf
+from .config import SANDBOX_CONFS, DockerSandboxConf, E2BSandboxConf, LocalSandboxConf, SandboxConf
 from .program import IMPORT_HELPER, build_program
 
 
@@ -12,11 +12,15 @@ def make_sandbox(conf: SandboxConf) -> Sandbox:
         from .local import LocalSandbox
 
         return LocalSandbox(conf)
+    if isinstance(conf, DockerSandboxConf):
+        from .docker import DockerSandbox
+
+        return DockerSandbox(conf)
     if isinstance(conf, E2BSandboxConf):
         from .e2b import E2BSandbox
 
         return E2BSandbox(conf)
-    options = " or ".join(f"sandbox={name}" for name in SANDBOX_CONFS)
+    options = ", ".join(f"sandbox={name}" for name in SANDBOX_CONFS)
     raise SandboxUnavailable(f"unknown sandbox backend {conf.backend!r}: use {options}")
 
 

@@ -1,4 +1,4 @@
-"""Debug one candidate: `python -m sandboxes run FILE.py [--backend local|e2b] [--timeout S]`.
+"""Debug one candidate: `python -m sandboxes run FILE.py [--backend local|docker|e2b] [--timeout S]`.
 
 Prints the ExecResult as one JSON line; exits 0 only when the status is passed.
 """
@@ -9,7 +9,7 @@ import json
 import sys
 
 from . import SandboxUnavailable, make_sandbox
-from .config import E2BSandboxConf, LocalSandboxConf
+from .config import SANDBOX_CONFS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run a complete program (e.g. build_program output) and print its verdict")
     run.add_argument("file", help="Python file with the whole program (candidate + test)")
-    run.add_argument("--backend", choices=["local", "e2b"], default="local")
+    run.add_argument("--backend", choices=["local", "docker", "e2b"], default="local")
     run.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
     args = ap.parse_args(argv)
     if args.timeout <= 0:
@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot read {args.file}: {e}", file=sys.stderr)
         return 2
     try:
-        sbx = make_sandbox(LocalSandboxConf(workers=1) if args.backend == "local" else E2BSandboxConf())
+        record = SANDBOX_CONFS[args.backend]
+        sbx = make_sandbox(record() if args.backend == "e2b" else record(workers=1))
     except SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""Warm worker that runs inside the jail (started by local.LocalSandbox; stdlib + numpy only).
+"""Warm worker that runs inside the jail or container (started by local.py / docker.py; stdlib + numpy only).
 
 It imports the harness's import helper once, then forks one child per program. The child drops to its
 own uid, applies rlimits, runs the program in a second thread and reports completion with the run's
@@ -70,13 +70,19 @@ def _recv(sock):
 
 
 def main():
-    sock = socket.socket(fileno=int(sys.argv[1]))
+    if sys.argv[1].startswith("/"):  # in a container: the host's socket, bind-mounted in (sandboxes/docker.py)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(sys.argv[1])
+    else:  # in the bubblewrap jail: an inherited fd
+        sock = socket.socket(fileno=int(sys.argv[1]))
     cfg = json.loads(sys.argv[2])
+    if cfg.get("nice", 0) > os.getpriority(os.PRIO_PROCESS, 0):  # a container starts at 0: the caller's niceness
+        os.setpriority(os.PRIO_PROCESS, 0, cfg["nice"])
     root = cfg["scratch_root"]
     os.makedirs(root, exist_ok=True)
-    # kill(-1) is only safe when we are pid 2 of our own pid namespace (bwrap's init is pid 1):
-    # outside one it would signal every process of the machine we may signal.
-    own_pidns = bool(cfg["pidns"]) and os.getpid() == 2
+    # kill(-1) is only safe when our parent is pid 1 of our own pid namespace (bwrap, or the container's
+    # init): outside one it would signal every process of the machine we may signal.
+    own_pidns = bool(cfg["pidns"]) and (os.getpid() == 2 or os.getppid() == 1)
     _send(sock, {"ready": True, "pid": os.getpid(), "own_pidns": own_pidns})
     n = 0
     while True:

@@ -13,7 +13,7 @@ from .base import OUTPUT_CAP_BYTES
 class SandboxConf:
     """What every backend takes: the caller's per-program settings and the limits applied to each program."""
 
-    backend: str  # local | e2b: set by each record below
+    backend: str  # local | docker | e2b: set by each record below
     timeout_s: float = 10.0  # per program, as in the reference harness (read by the caller)
     audit: bool = True  # re-run each pass with its return values checked; flags a lying __eq__ (sandboxes/audit.py)
     strict: bool = False  # true: a flagged pass counts as a failure
@@ -25,21 +25,43 @@ class SandboxConf:
 
 
 @dataclass
-class LocalSandboxConf(SandboxConf):
-    """sandboxes/local.py: warm jailed workers fork a child per program (limits and defences: sandboxes/README.md)."""
+class PoolSandboxConf(SandboxConf):
+    """Backends with a pool of warm workers that fork a child per program (local jails, docker containers)."""
 
-    backend: str = "local"
-    mode: str = "fork"  # fork: warm jailed workers fork a child per program; fresh: new interpreter each (slow)
-    workers: int | None = None  # concurrent programs; null = number of cores
-    require_isolation: bool = False  # true: refuse to start without the bubblewrap jail instead of rlimits only
-    scratch_mb: int = 256  # size of the jail's writable tmpfs
+    mode: str = "fork"  # fork: warm workers fork a child per program; fresh: a new worker per program (slow)
+    workers: int | None = None  # concurrent programs (docker: containers); null = number of cores
+    scratch_mb: int = 256  # size of each worker's writable tmpfs
     allow_fork: bool = False  # true lets programs fork (only for debugging: forking lets a candidate probe the test)
     max_processes: int = 32  # processes per program when allow_fork is true
     uid_base: int | None = None  # children run as uid_base+slot (no capability); null = picked per process
-    bwrap: str = "bwrap"  # the bubblewrap command
-    python: str | None = None  # interpreter of the workers; null = this process's
     ready_timeout_s: float = 120.0  # a worker that is not ready by then fails its program
     output_cap_bytes: int = OUTPUT_CAP_BYTES  # output kept per stream
+
+
+@dataclass
+class LocalSandboxConf(PoolSandboxConf):
+    """sandboxes/local.py: warm bubblewrap-jailed workers (limits and defences: sandboxes/README.md)."""
+
+    backend: str = "local"
+    require_isolation: bool = False  # true: refuse to start without the bubblewrap jail instead of rlimits only
+    bwrap: str = "bwrap"  # the bubblewrap command
+    python: str | None = None  # interpreter of the workers; null = this process's
+
+
+@dataclass
+class DockerSandboxConf(PoolSandboxConf):
+    """sandboxes/docker.py: warm containers, one per worker, from a locally built image (`make docker-image`)."""
+
+    backend: str = "docker"
+    image: str = "fixlab-sandbox:latest"  # sandboxes/image/ (Dockerfile online, Debian rootfs offline)
+    build_image: bool = True  # first use: start dockerd if needed and build a missing image once (fixlab's image only)
+    # cgroup memory (no swap) of each container; null = memory_mb + scratch_mb + 256
+    container_memory_mb: int | None = None
+    cpus: float = 1.0  # CPU share of each container (docker --cpus)
+    pids_limit: int = 64  # processes + threads in each container (docker --pids-limit)
+    # null = docker's own (all containers share one CPU-scheduler entity); "/" = one each, as local workers
+    cgroup_parent: str | None = None
+    docker: str = "docker"  # the docker command
 
 
 @dataclass
@@ -53,7 +75,8 @@ class E2BSandboxConf(SandboxConf):
     template: str | None = None  # null = the SDK's code-interpreter template
 
 
-SANDBOX_CONFS: dict[str, type[SandboxConf]] = {"local": LocalSandboxConf, "e2b": E2BSandboxConf}
+SANDBOX_CONFS: dict[str, type[SandboxConf]] = {"local": LocalSandboxConf, "docker": DockerSandboxConf,
+                                                 "e2b": E2BSandboxConf}
 
 
 def conf_with(cls: type[SandboxConf], conf: SandboxConf | None, options: dict) -> SandboxConf:

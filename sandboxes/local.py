@@ -2,7 +2,8 @@
 
 Host side. The worker (sandboxes/_jail.py) runs in its own pid/net/ipc/uts namespaces with a read-only
 root and a tmpfs scratch; it preloads the import helper and forks a child per program. This process
-owns the per-run secret, the pipes and the clock. Limits and defences: sandboxes/README.md.
+owns the per-run secret, the pipes and the clock. The pool and the host side of a worker (_WorkerPool, _Worker)
+serve the Docker backend too (docker.py: the same worker in a container). Limits and defences: sandboxes/README.md.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from .base import ExecResult, SandboxUnavailable, tail_note
-from .config import LocalSandboxConf, conf_with
+from .config import LocalSandboxConf, PoolSandboxConf, conf_with
 from .frames import parse_frames
 from .procs import processes_of_uids
 
@@ -45,7 +46,7 @@ _WORKER_CAPS = ["CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OV
 _probe_lock = threading.Lock()
 _probe_cache: dict[str, str | None] = {}
 _warned = False
-_live: "weakref.WeakSet[LocalSandbox]" = weakref.WeakSet()
+_live: "weakref.WeakSet[_WorkerPool]" = weakref.WeakSet()
 
 
 def probe_bwrap(bwrap: str = "bwrap") -> str | None:
@@ -147,14 +148,29 @@ def _spawn(*args, **kwargs) -> subprocess.Popen:
 
 
 class _Worker:
-    """One warm interpreter in its own jail. Used by one run at a time; discarded when in doubt."""
+    """One warm interpreter in its own jail (a container: docker.py subclasses `_start`, `wait_ready`,
+    `_terminate`). Used by one run at a time; discarded when in doubt."""
 
-    def __init__(self, sbx: "LocalSandbox", slot: int):
+    def __init__(self, sbx: "_WorkerPool", slot: int):
         self.sbx, self.slot = sbx, slot
+        self.uid = sbx.uid_base + slot if sbx.switch_uid else None
+        self.ready = False
+        self.last_words = ""
+        self.runs = 0
+        self._rbuf = bytearray()
+        self._start()
+
+    def _config(self, scratch_root: str) -> dict:
+        """What _jail.py's main() is told: the child's uid, its limits, where scratch dirs go."""
+        sbx = self.sbx
+        return {"uid": self.uid, "pidns": sbx.isolated, "allow_fork": sbx.allow_fork, "limits": sbx.limits,
+                "scratch_root": scratch_root}
+
+    def _start(self) -> None:
+        """Start the jailed worker with its end of the control socket (sets self.sock, self.proc)."""
+        sbx = self.sbx
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        uid = self.uid = sbx.uid_base + slot if sbx.switch_uid else None
-        cfg = {"uid": uid, "pidns": sbx.isolated, "allow_fork": sbx.allow_fork, "limits": sbx.limits,
-               "scratch_root": "/tmp/fixlab" if sbx.isolated else tempfile.mkdtemp(prefix="fixlab-sbx-")}
+        cfg = self._config("/tmp/fixlab" if sbx.isolated else tempfile.mkdtemp(prefix="fixlab-sbx-"))
         self.scratch_root = None if sbx.isolated else cfg["scratch_root"]
         cmd = [sbx.python, "-I", "-B", _JAIL, str(child.fileno()), json.dumps(cfg)]
         if sbx.isolated:
@@ -163,10 +179,6 @@ class _Worker:
         self.proc = _spawn(cmd, pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
         child.close()
-        self.ready = False
-        self.last_words = ""
-        self.runs = 0
-        self._rbuf = bytearray()
 
     # -- control channel -------------------------------------------------------------------------
     def _take_msg(self):
@@ -213,14 +225,18 @@ class _Worker:
         lines = err.decode(errors="replace").strip().splitlines()
         return lines[-1] if lines else f"exit code {self.proc.returncode}"
 
-    def kill(self) -> None:
-        for pgid in (self.proc.pid,):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    def _terminate(self) -> None:
+        """Kill everything in the jail at once (its pid namespace dies with bwrap)."""
         try:
-            self.sock.close()
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill(self) -> None:
+        self._terminate()
+        try:
+            if self.sock is not None:
+                self.sock.close()
         except OSError:
             pass
         try:
@@ -417,7 +433,114 @@ class _Run:
     flooded: bool = False
 
 
-class LocalSandbox:
+class _WorkerPool:
+    """Warm workers (one per slot, each a `_Worker`), checked out by one run at a time and replaced when in doubt.
+    The backends differ only in how a worker is started: LocalSandbox in a bubblewrap jail, DockerSandbox
+    (sandboxes/docker.py) in a container. mode=fresh: a worker runs one program and is discarded."""
+
+    name = ""
+    worker_class: type = _Worker
+    isolated = False
+    switch_uid = False
+
+    def _init_pool(self, c: PoolSandboxConf, default_uid_base: int) -> None:
+        """Check and keep the options every backend with a worker pool shares (each error one line)."""
+        mode, workers, uid_base = c.mode, c.workers, c.uid_base
+        if mode not in ("fork", "fresh"):
+            raise SandboxUnavailable(f"sandbox mode must be 'fork' or 'fresh', got {mode!r}")
+        n = workers if workers is not None else (os.cpu_count() or 1)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise SandboxUnavailable(f"sandbox workers must be a positive integer, got {workers!r}")
+        for k in ("memory_mb", "cpu_s", "max_processes", "max_file_mb", "max_open_files", "max_output_mb",
+                  "scratch_mb", "output_cap_bytes"):
+            v = getattr(c, k)
+            if not isinstance(v, (int, float)) or v <= 0:
+                raise SandboxUnavailable(f"sandbox option {k} must be a positive number, got {v!r}")
+        self.mode, self.workers, self.allow_fork = mode, n, bool(c.allow_fork)
+        if uid_base is None:  # per process, so that sandboxes of parallel processes do not share uids
+            uid_base = default_uid_base + (os.getpid() % 10000) * 64
+        self.scratch_mb, self.uid_base = int(c.scratch_mb), int(uid_base)
+        self.ready_timeout_s = float(c.ready_timeout_s)
+        self.max_output_bytes = int(c.max_output_mb * 1024 * 1024)
+        self.output_cap_bytes = int(c.output_cap_bytes)
+        self.limits = {"memory_bytes": int(c.memory_mb * 1024 * 1024), "cpu_s": int(c.cpu_s),
+                       "processes": int(c.max_processes), "file_bytes": int(c.max_file_mb * 1024 * 1024),
+                       "open_files": int(c.max_open_files)}
+        self._lock = threading.Lock()
+        self._sem = threading.BoundedSemaphore(n)
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+        self._free_slots = list(range(n))
+        self._closed = False
+
+    def _checkout(self) -> _Worker:
+        with self._lock:
+            if self._closed:
+                raise SandboxUnavailable("sandbox is closed")
+            w = self._idle.pop() if self._idle else self.worker_class(self, self._free_slots.pop())
+            self._busy.add(w)
+            return w
+
+    def _checkin(self, w: _Worker, healthy: bool) -> None:
+        replace = None
+        with self._lock:
+            self._busy.discard(w)
+            if healthy and self.mode == "fork" and not self._closed:
+                self._idle.append(w)
+                return
+        w.kill()
+        with self._lock:
+            if self.mode == "fork" and not self._closed:
+                replace = self.worker_class(self, w.slot)  # starts warming now, in the background
+                self._idle.append(replace)
+            else:
+                self._free_slots.append(w.slot)
+
+    def warm_up(self) -> None:
+        """Start every worker now and wait until each has imported the helper (optional)."""
+        with self._lock:
+            while self._free_slots and self.mode == "fork":
+                self._idle.append(self.worker_class(self, self._free_slots.pop()))
+            idle = list(self._idle)
+        for w in idle:
+            why = w.wait_ready(self.ready_timeout_s)
+            if why:
+                raise SandboxUnavailable(f"sandbox worker failed to start: {why}")
+
+    def run(self, program: str, timeout_s: float) -> ExecResult:
+        if not isinstance(program, str):
+            raise TypeError(f"program must be a str, got {type(program).__name__}")
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
+        with self._sem:
+            w = self._checkout()
+            healthy = False
+            try:
+                why = w.wait_ready(self.ready_timeout_s)
+                if why:
+                    return ExecResult(status="error", stderr=f"sandbox worker failed to start: {why}",
+                                      backend=self.name, details={"isolated": self.isolated})
+                result, healthy = w.execute(program, float(timeout_s))
+                return result
+            finally:
+                self._checkin(w, healthy)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            workers = self._idle + list(self._busy)
+            self._idle = []
+        for w in workers:
+            w.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class LocalSandbox(_WorkerPool):
     """Local backend. mode=fork (default): warm workers fork a child per program; mode=fresh: a new
     jailed interpreter per program (the slow reference, same isolation and verdict rule)."""
 
@@ -426,33 +549,10 @@ class LocalSandbox:
     def __init__(self, conf: LocalSandboxConf | None = None, **options):
         """`conf` (sandboxes/config.py: the defaults), or its defaults, with keyword `options` applied."""
         c = conf_with(LocalSandboxConf, conf, options)
-        mode, workers, memory_mb, cpu_s, max_processes = c.mode, c.workers, c.memory_mb, c.cpu_s, c.max_processes
-        max_file_mb, max_open_files, max_output_mb = c.max_file_mb, c.max_open_files, c.max_output_mb
-        scratch_mb = c.scratch_mb
-        output_cap_bytes, uid_base, bwrap, python = c.output_cap_bytes, c.uid_base, c.bwrap, c.python
-        allow_fork, require_isolation, ready_timeout_s = c.allow_fork, c.require_isolation, c.ready_timeout_s
-        if mode not in ("fork", "fresh"):
-            raise SandboxUnavailable(f"sandbox mode must be 'fork' or 'fresh', got {mode!r}")
-        n = workers if workers is not None else (os.cpu_count() or 1)
-        if not isinstance(n, int) or n < 1:
-            raise SandboxUnavailable(f"sandbox workers must be a positive integer, got {workers!r}")
-        for k, v in (("memory_mb", memory_mb), ("cpu_s", cpu_s), ("max_processes", max_processes),
-                     ("max_file_mb", max_file_mb), ("max_open_files", max_open_files),
-                     ("max_output_mb", max_output_mb), ("scratch_mb", scratch_mb),
-                     ("output_cap_bytes", output_cap_bytes)):
-            if not isinstance(v, (int, float)) or v <= 0:
-                raise SandboxUnavailable(f"sandbox option {k} must be a positive number, got {v!r}")
-        self.mode, self.workers, self.allow_fork = mode, n, bool(allow_fork)
+        self._init_pool(c, 100000)
+        python, bwrap, require_isolation = c.python, c.bwrap, c.require_isolation
         self.python = python or sys.executable
-        if uid_base is None:  # per process, so that sandboxes of parallel processes do not share uids
-            uid_base = 100000 + (os.getpid() % 10000) * 64
-        self.bwrap, self.scratch_mb, self.uid_base = bwrap, int(scratch_mb), int(uid_base)
-        self.ready_timeout_s = float(ready_timeout_s)
-        self.max_output_bytes = int(max_output_mb * 1024 * 1024)
-        self.output_cap_bytes = int(output_cap_bytes)
-        self.limits = {"memory_bytes": int(memory_mb * 1024 * 1024), "cpu_s": int(cpu_s),
-                       "processes": int(max_processes), "file_bytes": int(max_file_mb * 1024 * 1024),
-                       "open_files": int(max_open_files)}
+        self.bwrap = bwrap
         reason = probe_bwrap(bwrap)
         if reason is not None and require_isolation:
             raise SandboxUnavailable(f"sandbox isolation required but unavailable: {reason}")
@@ -464,12 +564,6 @@ class LocalSandbox:
         self.isolated = reason is None
         self.isolation_reason = reason
         self.switch_uid = os.geteuid() == 0
-        self._lock = threading.Lock()
-        self._sem = threading.BoundedSemaphore(n)
-        self._idle: list[_Worker] = []
-        self._busy: set[_Worker] = set()
-        self._free_slots = list(range(n))
-        self._closed = False
         _live.add(self)
 
     def _visible_mounts(self) -> list[str]:
@@ -515,72 +609,6 @@ class LocalSandbox:
         else:
             cmd.insert(1, "--unshare-user")
         return cmd
-
-    def _checkout(self) -> _Worker:
-        with self._lock:
-            if self._closed:
-                raise SandboxUnavailable("sandbox is closed")
-            w = self._idle.pop() if self._idle else _Worker(self, self._free_slots.pop())
-            self._busy.add(w)
-            return w
-
-    def _checkin(self, w: _Worker, healthy: bool) -> None:
-        replace = None
-        with self._lock:
-            self._busy.discard(w)
-            if healthy and self.mode == "fork" and not self._closed:
-                self._idle.append(w)
-                return
-        w.kill()
-        with self._lock:
-            if self.mode == "fork" and not self._closed:
-                replace = _Worker(self, w.slot)  # starts warming now, in the background
-                self._idle.append(replace)
-            else:
-                self._free_slots.append(w.slot)
-
-    def warm_up(self) -> None:
-        """Start every worker now and wait until each has imported the helper (optional)."""
-        with self._lock:
-            while self._free_slots and self.mode == "fork":
-                self._idle.append(_Worker(self, self._free_slots.pop()))
-            idle = list(self._idle)
-        for w in idle:
-            why = w.wait_ready(self.ready_timeout_s)
-            if why:
-                raise SandboxUnavailable(f"sandbox worker failed to start: {why}")
-
-    def run(self, program: str, timeout_s: float) -> ExecResult:
-        if not isinstance(program, str):
-            raise TypeError(f"program must be a str, got {type(program).__name__}")
-        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-            raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
-        with self._sem:
-            w = self._checkout()
-            healthy = False
-            try:
-                why = w.wait_ready(self.ready_timeout_s)
-                if why:
-                    return ExecResult(status="error", stderr=f"sandbox worker failed to start: {why}",
-                                      backend=self.name, details={"isolated": self.isolated})
-                result, healthy = w.execute(program, float(timeout_s))
-                return result
-            finally:
-                self._checkin(w, healthy)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            workers = self._idle + list(self._busy)
-            self._idle = []
-        for w in workers:
-            w.kill()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 @atexit.register

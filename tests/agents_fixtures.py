@@ -44,5 +44,14 @@ def agent(strategy: str = "reflection", iters: int = 0, **kw):
     return AgentConfig(strategy=record(**knobs), iters=iters, **{k: v for k, v in kw.items() if k not in names})
 
 
+def tuned(cfg, **kw):
+    """`cfg` with keywords applied: the strategy's knobs to its record, the rest to the run."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cfg.strategy)}
+    strategy = dataclasses.replace(cfg.strategy, **{k: v for k, v in kw.items() if k in names})
+    return dataclasses.replace(cfg, strategy=strategy, **{k: v for k, v in kw.items() if k not in names})
+
+
 def fenced(code: str, prose: str = "Here is the fix:") -> str:
     return f"{prose}\n\n```python\n{code}```\n"

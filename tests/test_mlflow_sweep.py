@@ -1,7 +1,7 @@
 """What a person browsing MLflow sees for one sweep: a parent run with the jobs' pass@1-vs-rounds plot,
 table and best figures; child runs with tags, per-bug-type metrics, a per-task results table and one
-trace per task; and the UI itself (`mlflow server` as `make ui` starts it) rendering the run page in
-headless Chromium.
+trace per task; the cost-accuracy frontier (`python -m flows.frontier --sweep`) logged on the parent; and the UI
+itself (`mlflow server` as `make ui` starts it) rendering the run page and the frontier page in headless Chromium.
 
 One sweep (canonical vs buggy test doubles, 2 feedback rounds, 4 tasks) feeds every test in this module.
 """
@@ -189,3 +189,61 @@ def test_ui_serves_runs_over_rest_and_renders_run_page_in_chromium(sweep, ui):
     assert "pass_at_1" in dom and "single_shot" in dom
     assert shot.exists() and shot.stat().st_size > 20_000
     print(f"run page screenshot: {shot}; UI started in {ui['startup_s']:.1f} s")
+
+
+@pytest.fixture(scope="module")
+def frontier_on_parent(sweep):
+    """`python -m flows.frontier --sweep PARENT` as a user runs it: once over the mixed sweep, once for one model."""
+    _, parent = _parent(sweep)
+    cmd = [sys.executable, "-m", "flows.frontier", "--sweep", parent.info.run_id, "--tracking-uri", sweep["uri"]]
+    env = base_env(sweep["tmp"])
+    mixed = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    one = subprocess.run(cmd + ["--model", "canonical"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return {"parent": parent, "mixed": mixed, "one": one}
+
+
+@needs_data
+def test_frontier_of_the_sweep_is_logged_on_its_parent(sweep, frontier_on_parent):
+    from flows.tracking import machine_name
+
+    mixed, one = frontier_on_parent["mixed"], frontier_on_parent["one"]
+    # canonical and buggy are two models: one frontier is for one, and the error says how to pick it
+    assert mixed.returncode == 2 and mixed.stdout == ""
+    assert mixed.stderr.strip() == ("error: the records cover 2 models (buggy, canonical): one frontier is for one "
+                                    "model; pick one with --model NAME")
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert one.stdout.splitlines()[0].startswith("Cost-accuracy frontier: canonical, protocol `tests`, 4 tasks, 1 ")
+    client, parent_id = sweep["client"], frontier_on_parent["parent"].info.run_id
+    # every job says where it ran, and its tasks' seconds make the time axis
+    job = client.get_run(sweep["summaries"]["canonical"]["run_id"])
+    assert job.data.tags["fixlab.machine"] == machine_name()
+    data = json.loads(Path(client.download_artifacts(parent_id, "frontier.json", str(sweep["tmp"] / "fr"))).read_text())
+    (config,) = data["configs"]
+    assert (config["label"], config["passed"], config["total"], config["run_id"]) == (
+        "single_shot iters=2", 4, 4, job.info.run_id)
+    assert config["machine"] == machine_name() and config["seconds"] is not None and data["token_frontier"] == [
+        "single_shot iters=2"]
+    arts = {a.path for a in client.list_artifacts(parent_id)}
+    assert {"frontier.png", "frontier.html", "pass_at_1_vs_rounds.png"} <= arts
+
+
+@needs_data
+def test_ui_shows_the_frontier_page_in_chromium(sweep, ui, frontier_on_parent):
+    """The run page's Artifacts view opens frontier.html in its sandboxed iframe; the screenshot shows the page's
+    header band (#0b6e4f), which only the frontier page draws."""
+    assert frontier_on_parent["one"].returncode == 0
+    if not CHROMIUM:
+        pytest.skip("Chromium is not installed (Debian: apt-get install -y chromium; `make setup` does it as root)")
+    import matplotlib.image
+
+    parent = frontier_on_parent["parent"]
+    page = f"{ui['url']}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}/artifacts/frontier.html"
+    shot = sweep["tmp"] / "frontier_page.png"
+    common = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={sweep['tmp'] / 'chromium'}", "--window-size=1400,1000",
+              "--virtual-time-budget=20000"]
+    dom = subprocess.run([*common, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    subprocess.run([*common, f"--screenshot={shot}", page], capture_output=True, text=True, timeout=120)
+    assert "mlflow-html-iframe" in dom and "frontier.png" in dom, dom[-2000:]
+    pixels = (matplotlib.image.imread(shot)[..., :3] * 255).round().astype(int)
+    band = (pixels == [0x0B, 0x6E, 0x4F]).all(-1).sum()
+    assert band > 5_000, f"the frontier page's header is not on screen ({band} pixels); screenshot {shot}"

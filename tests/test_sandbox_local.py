@@ -92,8 +92,8 @@ def test_bad_config_is_a_one_line_error(cfg, msg):
     with pytest.raises(SandboxUnavailable, match=msg) as e:
         LocalSandbox(**cfg)
     assert "\n" not in str(e.value)
-    with pytest.raises(SandboxUnavailable, match="unknown sandbox backend 'docker'"):
-        make_sandbox(SandboxConf(backend="docker"))
+    with pytest.raises(SandboxUnavailable, match="unknown sandbox backend 'podman'"):
+        make_sandbox(SandboxConf(backend="podman"))
 
 
 def test_conf_files_build_sandboxes(monkeypatch):

@@ -25,12 +25,16 @@ class Strategy:
         knobs = self.ctx.cfg.strategy
         stop = CODE_STOP if knobs.stop_after_code else ()
         messages = self.messages(state)
-        calls = self.ctx.calls(messages, rnd, knobs.candidates, stop=stop)
+        calls = self.draw(messages, rnd, stop)
         if len(calls) > 1:
             return self._pick(calls, rnd, state)
         if knobs.redraws:
             return self._redrawn(calls[0], messages, rnd, state, stop)
         return self._judged(calls[0], rnd, state)
+
+    def draw(self, messages: list[dict], rnd: int, stop: tuple) -> list:
+        """This round's answers: `candidates` of them, the first at the round's temperature."""
+        return self.ctx.calls(messages, rnd, self.ctx.cfg.strategy.candidates, stop=stop)
 
     def _redrawn(self, call, messages: list[dict], rnd: int, state: State, stop: tuple) -> Attempt:
         """`redraws`: an answer known to fail before it runs (a repeat, the bug handed back) teaches nothing and

@@ -1,0 +1,148 @@
+"""Where a decode step's time goes: the default 1.5B pack (conf/model/qwen1.5b-coder-q4.yaml as is) through fixlab's
+engine, B rows decoding at about C tokens of context, each step split into int8 matmuls (with their activation
+rounding), the fp32 lm_head, decode attention, the rest of the forward (norms, rotary, residuals, MLP activation,
+KV cache writes, transformers' Python) and the engine outside the forward (sampling, stop checks, retiring rows).
+
+Each part is timed by wrapping its Python entry point (CPU ops are synchronous, so wall time is the cost), over the
+steps after a few warm-up steps; no profiler overhead.
+
+    .venv/bin/python benchmarks/decode_profile.py                      # B=32, C=700, 48 new tokens a row
+    .venv/bin/python benchmarks/decode_profile.py --rows 16 --context 300 --set cpu_attention=false
+
+Writes benchmarks/results/decode-profile-<UTC time>.json and prints the split.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import torch  # noqa: E402
+
+from agents.models.base import GenRequest  # noqa: E402
+from agents.serving.hf import TransformersModel  # noqa: E402
+from weights import _cpu_name, decode_ids, prompts  # noqa: E402
+
+PARTS = ("int8 matmuls", "lm_head", "attention", "rest of the forward", "engine outside the forward")
+
+
+def default_model(overrides: dict):
+    """The default model's record (conf/model/qwen1.5b-coder-q4.yaml over TransformersModelConf) with `overrides`."""
+    from omegaconf import OmegaConf
+
+    from agents.models.config import TransformersModelConf
+    from flows.schema import typed
+
+    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / "qwen1.5b-coder-q4.yaml"), resolve=True)
+    cfg.pop("defaults", None)
+    return typed(TransformersModelConf, {**cfg, **overrides}, "model")
+
+
+class Clock:
+    """Wall seconds per part while `on` (only decode steps count)."""
+
+    def __init__(self):
+        self.on = False
+        self.s = dict.fromkeys(PARTS + ("forward", "step"), 0.0)
+
+    def wrap(self, part: str, fn):
+        def timed(*a, **kw):
+            if not self.on:
+                return fn(*a, **kw)
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.s[part] += time.perf_counter() - t0
+        return timed
+
+
+def instrument(m: TransformersModel, clock: Clock) -> None:
+    from transformers import AttentionInterface
+
+    from agents.serving.int8 import Int8Linear
+
+    Int8Linear.forward = clock.wrap("int8 matmuls", Int8Linear.forward)
+    head = m.model.get_output_embeddings()
+    head.forward = clock.wrap("lm_head", head.forward)
+    impl = m.model.config._attn_implementation
+    fn = AttentionInterface._global_mapping.get(impl) if impl != "eager" else None
+    if fn is not None:
+        AttentionInterface.register(impl, clock.wrap("attention", fn))
+    eng = m.engine
+    eng._forward = clock.wrap("forward", eng._forward)
+    step = eng._step
+
+    def timed_step():
+        clock.on = eng.stats["steps"] >= 4  # warm-up steps not counted
+        t0 = time.perf_counter()
+        step()
+        if clock.on:
+            clock.s["step"] += time.perf_counter() - t0
+            clock.steps += 1
+            clock.rows += len(eng._rows) if eng._rows else 0
+        clock.on = False
+    clock.steps = clock.rows = 0
+    eng._step = timed_step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=32)
+    ap.add_argument("--context", type=int, default=700)
+    ap.add_argument("--new", type=int, default=48, help="new tokens a row (fixed length, no EOS)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model config override (yaml value)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    import yaml
+
+    overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
+    m = TransformersModel(default_model({"max_batch": args.rows, "gather_ms": 1000, "prefix_cache_mib": 0,
+                                         "draft_tokens": 0, **overrides}))
+    clock = Clock()
+    try:
+        msgs = prompts(8)
+        ids = [decode_ids(m.prompt_ids(GenRequest(messages=msgs[i % 8])), i, args.context) for i in range(args.rows)]
+        m.engine.eos_ids = set()
+        instrument(m, clock)
+        t0 = time.perf_counter()
+        futs = [m.engine.submit(GenRequest(messages=(), max_new_tokens=args.new), i) for i in ids]
+        [f.result() for f in futs]
+        wall = time.perf_counter() - t0
+    finally:
+        m.close()
+    s = clock.s
+    rest = s["forward"] - s["int8 matmuls"] - s["lm_head"] - s["attention"]
+    split = {"int8 matmuls": s["int8 matmuls"], "lm_head": s["lm_head"], "attention": s["attention"],
+             "rest of the forward": rest, "engine outside the forward": s["step"] - s["forward"]}
+    per_step = {k: round(v / clock.steps * 1000, 1) for k, v in split.items()}
+    out = {"benchmark": "decode-profile", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "machine": {"cpu": platform.processor() or _cpu_name(), "threads": torch.get_num_threads(),
+                       "torch": torch.__version__, "load_avg_start": os.getloadavg()},
+           "model": {k: v for k, v in dataclasses.asdict(default_model(overrides)).items() if k in (
+               "name", "pack", "weights", "dtype", "cpu_attention", "int8_skip", "skinny_matmul", *overrides)},
+           "rows": args.rows, "context": args.context, "new_tokens": args.new, "steps_timed": clock.steps,
+           "step_ms": round(s["step"] / clock.steps * 1000, 1), "decode_tok_s": round(clock.rows / s["step"], 1),
+           "ms_per_step": per_step, "share": {k: round(v / s["step"], 3) for k, v in split.items()},
+           "wall_s_with_prefill": round(wall, 1)}
+    dest = Path(args.out or REPO / "benchmarks" / "results" /
+                f"decode-profile-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
+    dest.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{args.rows} rows at ~{args.context} tokens: {out['step_ms']} ms a step, {out['decode_tok_s']} tokens/s")
+    for k in PARTS:
+        print(f"  {k:<28} {per_step[k]:>7.1f} ms  {out['share'][k] * 100:5.1f}%")
+    print(f"wrote {dest}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,885 @@
+"""The results document: docs/RESULTS.md and the README's headline block, generated from benchmarks/results/*.json.
+
+    python -m flows.report            # rewrite docs/RESULTS.md and the README block between the results markers
+    python -m flows.report --check    # exit 1, naming the command that fixes it, where either differs from the files
+
+Which results file feeds which table is declared once, in the registry below (SWEEPS, PAIRS, SPEED): a new results
+file is one more entry there. Every figure in the output is read from a file or computed from one (pass@1 intervals
+and paired tests with flows.stats, on the per-task outcomes benchmarks/fullsize.py records); the text in this module
+carries no figure, and a results file no table names fails `--check` (tests/test_report.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import textwrap
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .stats import Paired, paired, wilson
+from .frontier import FrontierError, png_bytes
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "benchmarks" / "results"
+DOC = REPO / "docs" / "RESULTS.md"
+README = REPO / "README.md"
+HEADLINE_START, HEADLINE_END = "<!-- results:headline -->", "<!-- /results:headline -->"
+COMMAND = "python -m flows.report"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The registry: which file feeds which table. One entry per results file.
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sweep:
+    """A full-size sweep over budgets (a benchmarks/fullsize.py file, or the older full-default shape)."""
+    file: str
+    label: str  # what was run, in words (figures come from the file)
+    machine: str  # the fullsize files do not record their CPU; the commit that added each one does
+    tables: tuple[str, ...]  # strategies, protocols, small, bug_types, llamacpp, speed_history
+    strategy: str | None = None  # keep only this strategy's runs (a file that holds two sweeps)
+    no_wall: str = ""  # why the file's wall_s is not this sweep's wall time ("" = it is)
+    change: str = ""  # speed_history: what changed at this commit
+
+
+# The CPUs behind the machine names above (the fullsize files do not record theirs).
+MACHINES = {"EPYC": "2-core AMD EPYC (AVX-512 VNNI and bf16)", "Xeon": "2-core Xeon (AVX-512 VNNI, no bf16)",
+            "EPYC-AVX2": "2-core AMD EPYC (AVX2 only)"}
+
+
+SWEEPS: dict[str, Sweep] = {
+    "k2": Sweep("fullsize-single_shot-k2-epyc-fp32-20261126.json", "single_shot, 2 candidates a round", "EPYC",
+                ("strategies", "bug_types")),
+    "default": Sweep("fullsize-single_shot-epyc-fp32-inplace-kv-20261125.json", "single_shot (`make eval`'s job)",
+                     "EPYC", ("strategies", "protocols", "small", "bug_types", "llamacpp", "speed_history"),
+                     change="KV cache edited in place, spare rows and columns (ca5282e)"),
+    "default_grouped": Sweep("fullsize-single_shot-epyc-fp32-grouped-20261125.json", "single_shot, at 63474fc",
+                             "EPYC", ("strategies", "speed_history"),
+                             change="fp32 beside the int8 weights, fixlab's decode attention (63474fc)"),
+    "default_bf16": Sweep("fullsize-single_shot-epyc-bf16-20261125.json",
+                          "single_shot, bf16 beside int8 (before 63474fc)",
+                          "EPYC", ("strategies", "protocols", "speed_history"),
+                          change="int8 weights, bf16 elsewhere, SDPA attention (the start)"),
+    "default_xeon": Sweep("fullsize-single_shot-budgets-20261125.json", "single_shot", "Xeon", ("strategies",),
+                          strategy="single_shot"),
+    "reflection": Sweep("fullsize-reflection-epyc-fp32-20261126.json",
+                        "reflection (its defaults: `redraws: 2`, `rewrite_when_stuck`)", "EPYC", ("strategies",)),
+    "reflection_xeon": Sweep("fullsize-reflection-int8-budgets-20261125.json", "reflection, `redraws: 0`", "Xeon",
+                             ("strategies",)),
+    "reflection_bf16": Sweep("fullsize-reflection-budgets-20261125.json",
+                             "reflection, `redraws: 0`, bf16 weights (before int8)", "EPYC", ("strategies",)),
+    "react": Sweep("fullsize-react-epyc-fp32-20261126.json", "react (its defaults: 4 turns, `rewrite_when_stuck`)",
+                   "EPYC", ("strategies",)),
+    "react_12": Sweep("fullsize-react-stopped-at-72min-epyc-20261126.json",
+                      "react, 12 turns, no rewrite: stopped early, the tasks it finished (not a random sample)", "EPYC",
+                      ("strategies",), no_wall="stopped, then logged from the trajectory cache"),
+    "reflection_llamacpp_old": Sweep("full-default-20261124.json",
+                                     "reflection through llama.cpp (the default then): stopped early", "EPYC-AVX2",
+                                     ("strategies",), no_wall="stopped; the file states its wall in words"),
+    "llamacpp": Sweep("fullsize-single_shot-llamacpp-32slots-epyc-20261126.json",
+                      "single_shot through llama.cpp, 32 slots", "EPYC", ("llamacpp",)),
+    "hidden": Sweep("fullsize-single_shot-hidden-epyc-bf16-20261125.json", "single_shot, protocol `hidden`, bf16",
+                    "EPYC", ("protocols",)),
+    "docs": Sweep("fullsize-single_shot-docs-epyc-fp32-20261125.json", "single_shot, protocol `docs`", "EPYC",
+                  ("protocols",), no_wall="stopped and resumed: wall_s covers the resumed part only"),
+    "small": Sweep("fullsize-single_shot-0.5b-budgets-epyc-20261126.json", "0.5B single_shot, bf16 (as it ships)",
+                   "EPYC", ("small",)),
+    "small_fp32": Sweep("fullsize-single_shot-0.5b-epyc-fp32-20261126.json", "0.5B single_shot, fp32, 32 rows",
+                        "EPYC", ("small",)),
+    "small_k2": Sweep("fullsize-single_shot-k2-0.5b-epyc-fp32-20261126.json",
+                      "0.5B single_shot, 2 candidates a round, fp32, 32 rows", "EPYC", ("small",)),
+    "small_early": Sweep("fullsize-single_shot-0.5b-epyc-bf16-20261125.json",
+                         "0.5B single_shot, bf16, an earlier sweep over `iters=0,1`",
+                         "EPYC", ("small",)),
+}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two runs on the tasks both have: SWEEPS key and budget of the one with the technique, then the one without."""
+    label: str
+    a: tuple[str, int]
+    b: tuple[str, int]
+    table: str  # techniques, protocols, small, llamacpp, noise
+
+
+PAIRS: list[Pair] = [
+    Pair("3 more rounds (fresh tries) vs none, single_shot", ("default", 3), ("default", 0), "techniques"),
+    Pair("3 more rounds vs none, 2 candidates a round", ("k2", 3), ("k2", 0), "techniques"),
+    Pair("2 candidates a round vs 1, 3 rounds", ("k2", 3), ("default", 3), "techniques"),
+    Pair("2 candidates for 2 rounds vs 1 for 4 rounds (about equal tokens)", ("k2", 1), ("default", 3), "techniques"),
+    Pair("reflection vs single_shot, 3 rounds", ("reflection", 3), ("default", 3), "techniques"),
+    Pair("reflection vs single_shot, 1 round", ("reflection", 1), ("default", 1), "techniques"),
+    Pair("reflection vs 2 candidates a round, 3 rounds", ("reflection", 3), ("k2", 3), "techniques"),
+    Pair("reflection vs react, 3 rounds", ("reflection", 3), ("react", 3), "techniques"),
+    Pair("react vs single_shot, 3 rounds", ("react", 3), ("default", 3), "techniques"),
+    Pair("react's defaults vs 12 turns without rewrite (the tasks the stopped run finished)", ("react", 3),
+         ("react_12", 3), "techniques"),
+    Pair("same job, two commits with result-neutral speed changes", ("default", 3), ("default_grouped", 3), "noise"),
+    Pair("same job, bf16 vs fp32 beside the int8 weights", ("default_bf16", 3), ("default", 3), "noise"),
+    Pair("`hidden` vs `tests`, 3 rounds (both bf16)", ("hidden", 3), ("default_bf16", 3), "protocols"),
+    Pair("`docs` vs `tests`, 3 rounds (both fp32)", ("docs", 3), ("default", 3), "protocols"),
+    Pair("1.5B vs 0.5B, single_shot, 3 rounds", ("default", 3), ("small", 3), "small"),
+    Pair("0.5B: 2 candidates a round vs 1 (both fp32, 32 rows)", ("small_k2", 3), ("small_fp32", 3), "small"),
+    Pair("0.5B: fp32 with 32 rows vs bf16 with 16", ("small_fp32", 3), ("small", 3), "small"),
+    Pair("llama.cpp vs fixlab's engine, single_shot, 3 rounds", ("llamacpp", 3), ("default", 3), "llamacpp"),
+]
+
+# Speed benchmarks: kind -> files, one line each (kinds: weights, generation, endtoend, sandbox, sweep_cache).
+SPEED: list[tuple[str, str]] = [
+    ("weights", "weights-20261125T093920Z.json"),
+    ("weights", "weights-20261125T094443Z.json"),
+    ("weights", "weights-20261125T113202Z.json"),
+    ("weights", "weights-20261125T151115Z.json"),
+    ("weights", "weights-20261125T172314Z.json"),
+    ("endtoend", "endtoend-reflection-20261125T113857Z.json"),
+    ("endtoend", "endtoend-single_shot-20261126T014247Z.json"),
+    ("endtoend", "endtoend-single_shot-20261126T013001Z.json"),
+    ("endtoend", "endtoend-react-20261126T025902Z.json"),
+    ("generation", "generation-cpu-20261122-053032.json"),
+    ("generation", "generation-cpu-20261122-055229.json"),
+    ("generation", "generation-cpu-20261122-060607.json"),
+    ("sandbox", "sandbox-20261122T045625Z.json"),
+    ("sandbox", "sandbox-20261122T050819Z.json"),
+    ("sandbox", "sandbox-20261126T171051Z.json"),
+    ("sweep_cache", "sweep.json"),
+]
+
+# Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
+HARNESS: list[str] = ["fullsize-canonical-buggy-docker-epyc-20261126.json"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading the files
+# ---------------------------------------------------------------------------------------------------------------
+class ReportError(Exception):
+    """One line for the user: what is wrong and how to fix it."""
+
+
+@dataclass
+class Run:
+    run_id: str
+    iters: int
+    by_round: list[int]  # tasks passed after each round
+    total: int
+    outcomes: dict[str, int | None] | None  # task#sample -> first passing round (None: never); None: not recorded
+    cost: dict
+    tuning: tuple[int, int] | None = None  # (passed, total) on Python/0-23
+    other: tuple[int, int] | None = None
+    by_bug: dict[str, tuple[int, int]] = field(default_factory=dict)
+    overfit: dict | None = None
+    index: int = 0  # position in the file's runs (its `paired` list is each run against the first)
+    params: dict = field(default_factory=dict)  # the run's resolved config, flattened
+
+    @property
+    def passed(self) -> int:
+        return self.by_round[-1]
+
+    @property
+    def short(self) -> str:
+        return self.run_id[:8]
+
+
+@dataclass
+class LoadedSweep:
+    key: str
+    spec: Sweep
+    runs: list[Run]  # by budget
+    command: str
+    stored_pairs: list[dict]
+
+    def at(self, iters: int) -> Run:
+        for r in self.runs:
+            if r.iters == iters:
+                return r
+        raise ReportError(f"{self.spec.file} has no run at iters={iters} (flows/report.py PAIRS names it)")
+
+    @property
+    def last(self) -> Run:
+        return self.runs[-1]
+
+    @property
+    def wall_s(self) -> float | None:
+        if self.spec.no_wall:
+            return None
+        walls = [r.cost.get("wall_s") for r in self.runs]
+        return sum(walls) if all(isinstance(w, (int, float)) for w in walls) else None
+
+
+def _read(results: Path, name: str) -> dict:
+    path = results / name
+    if not path.exists():
+        raise ReportError(f"{path} is missing but flows/report.py lists it: restore it or drop its line there")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{path} is not valid JSON ({e.msg}, line {e.lineno})") from None
+
+
+@contextmanager
+def reading(name: str):
+    """A results file whose shape is not what its table reads is one line naming it, not a traceback."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise ReportError(f"benchmarks/results/{name} lacks what its table reads ({type(e).__name__}: {e}); record it "
+                          "again with the script that wrote it, or fix its line in flows/report.py") from None
+
+
+def _fraction(text: str) -> tuple[int, int]:
+    a, b = text.split("/")
+    return int(a), int(b)
+
+
+def load_sweep(results: Path, key: str, spec: Sweep) -> LoadedSweep:
+    data = _read(results, spec.file)
+    with reading(spec.file):
+        return _sweep_from(data, key, spec)
+
+
+def _sweep_from(data: dict, key: str, spec: Sweep) -> LoadedSweep:
+    if "runs" not in data:  # the older shape (full-default-*.json): one stopped run, counts as text
+        cost = {k: data[k] for k in ("prompt_tokens", "prefill_tokens", "completion_tokens", "model_calls",
+                                     "sandbox_runs") if k in data}
+        run = Run(data["run_id"], len(data["passed_by_round"]) - 1, list(data["passed_by_round"]),
+                  data["total_tasks"], None, cost, _fraction(data["tuning_sample_Python_0_23"]),
+                  _fraction(data["rest_Python_24_163"]),
+                  {b: _fraction(v) for b, v in data.get("by_bug_type", {}).items()})
+        return LoadedSweep(key, spec, [run], data.get("command", ""), [])
+    runs = []
+    for i, r in enumerate(data["runs"]):
+        if spec.strategy and r["params"].get("strategy.name") != spec.strategy:
+            continue
+        fpr = r.get("first_pass_round")
+        runs.append(Run(
+            r["run_id"], int(r["params"].get("iters", len(r["by_round"]) - 1)), [x["passed"] for x in r["by_round"]],
+            r["overall"]["total"], fpr if fpr else None, r.get("cost", {}),
+            (r["tuning_sample_0_23"]["passed"], r["tuning_sample_0_23"]["total"]),
+            (r["other_tasks"]["passed"], r["other_tasks"]["total"]),
+            {b: (v["passed"], v["total"]) for b, v in r.get("by_bug_type", {}).items()}, r.get("overfit_gap"), i,
+            r["params"]))
+    if not runs:
+        raise ReportError(f"{spec.file} has no runs for the row {key!r} in flows/report.py")
+    return LoadedSweep(key, spec, sorted(runs, key=lambda r: r.iters), data.get("command", ""), data.get("paired", []))
+
+
+def load_all(results: Path) -> dict[str, LoadedSweep]:
+    return {k: load_sweep(results, k, s) for k, s in SWEEPS.items()}
+
+
+def registered() -> set[str]:
+    return {s.file for s in SWEEPS.values()} | {f for _, f in SPEED} | set(HARNESS)
+
+
+def unlisted(results: Path) -> list[str]:
+    """Results files that no table names (each should get a line in the registry)."""
+    return sorted(p.name for p in results.glob("*.json") if p.name not in registered())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Figures
+# ---------------------------------------------------------------------------------------------------------------
+def pass_ci(passed: int, total: int) -> str:
+    lo, hi = wilson(passed, total)
+    return f"{lo:.3f}-{hi:.3f}"
+
+
+def rate(passed: int, total: int) -> str:
+    return f"{passed / total:.3f}" if total else "-"
+
+
+def tok(n: float | None) -> str:
+    return "-" if n is None else f"{n / 1000:.1f}k"
+
+
+def minutes(s: float | None) -> str:
+    return "-" if s is None else f"{s / 60:.1f} min"
+
+
+def pval(p: float) -> str:
+    if p >= 0.01:
+        return f"{p:.2f}"
+    if p >= 0.001:
+        return f"{p:.3f}"
+    return f"{p:.0e}"
+
+
+def points(x: float) -> str:
+    return f"{x * 100:+.1f}"
+
+
+def link(name: str) -> str:
+    return f"[{name}](../benchmarks/results/{name})"
+
+
+WIDTH = 116
+
+
+def wrap(text: str) -> str:
+    """Prose at the repo's line width (tables stay one row a line)."""
+    return textwrap.fill(text, WIDTH, break_long_words=False, break_on_hyphens=False)
+
+
+def table(head: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def command_of(sw: LoadedSweep) -> str:
+    """The sweep's flows.evaluate command as the file records it, without its notes or a private cache_dir."""
+    m = re.match(r"(python -m flows\.evaluate\s.*?\s-m)(\s|$)", sw.command)
+    if not m:
+        return ""
+    return " ".join(t for t in m.group(1).split() if not t.startswith("cache_dir="))
+
+
+@dataclass
+class PairResult:
+    a: Run
+    b: Run
+    result: Paired
+    per_round: list[Paired] | None  # after each round, when both runs have outcomes and the same budget
+
+
+def pair_runs(a: Run, b: Run) -> PairResult | None:
+    if a.outcomes is None or b.outcomes is None:
+        return None
+    keys = sorted(set(a.outcomes) & set(b.outcomes))
+
+    def ok(run: Run, k: int | None) -> list[bool]:
+        return [run.outcomes[t] is not None and (k is None or run.outcomes[t] <= k) for t in keys]
+
+    per_round = [paired(ok(a, k), ok(b, k)) for k in range(a.iters + 1)] if a.iters == b.iters else None
+    return PairResult(a, b, paired(ok(a, None), ok(b, None)), per_round)
+
+
+def stored_budget_pair(sw: LoadedSweep) -> Paired | None:
+    """A file recorded without per-task outcomes keeps its pairings (each run against its first): the discordant
+    counts there and the two runs' totals give the whole 2x2 table, so the test is recomputed exactly from them (the
+    file's own p-values are rounded to 6 places)."""
+    first, last = sw.runs[0], sw.last
+    if first.index != 0 or last.index == 0 or len(sw.stored_pairs) < last.index:
+        return None
+    s = sw.stored_pairs[last.index - 1]
+    n, only_a, only_b = first.total, s["only_a"], s["only_b"]
+    both = last.passed - only_a
+    if both != first.passed - only_b or min(both, n - both - only_a - only_b) < 0:
+        raise ReportError(f"{sw.spec.file}: its paired counts do not fit its runs' totals; record it again with "
+                          "benchmarks/fullsize.py")
+    neither = n - both - only_a - only_b
+    a = [True] * (both + only_a) + [False] * (only_b + neither)
+    b = [True] * both + [False] * only_a + [True] * only_b + [False] * neither
+    return paired(a, b)
+
+
+def budget_pair(sw: LoadedSweep) -> Paired | None:
+    if len(sw.runs) < 2:
+        return None
+    pr = pair_runs(sw.last, sw.runs[0])
+    return pr.result if pr else stored_budget_pair(sw)
+
+
+ALPHA = 0.05  # the level at which a paired difference is called a verdict (as flows.stats.Paired.verdict)
+
+
+def verdict_word(p: Paired) -> str:
+    if p.p_value >= ALPHA:
+        return "no verdict"
+    return "better" if p.diff > 0 else "worse"
+
+
+def run_ids(sw: LoadedSweep) -> str:
+    return " / ".join(r.short for r in sw.runs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------------------------
+ROUNDS = 4  # columns r0..r3: the sweeps here go to iters=3
+
+
+def curve_cells(run: Run) -> list[str]:
+    cells = [rate(p, run.total) for p in run.by_round[:ROUNDS]]
+    return cells + [""] * (ROUNDS - len(cells))
+
+
+def sweep_rows(sweeps: list[LoadedSweep], extra=None) -> list[list[str]]:
+    rows = []
+    for sw in sweeps:
+        r = sw.last
+        c = r.cost
+        cells = [sw.spec.label, sw.spec.machine, *curve_cells(r), f"{r.passed} / {r.total}", pass_ci(r.passed, r.total)]
+        if extra:
+            cells += extra(sw)
+        cells += [f"{tok(c.get('prompt_tokens'))} / {tok(c.get('prefill_tokens'))} / {tok(c.get('completion_tokens'))}",
+                  f"{c['model_calls']:.0f}" if "model_calls" in c else "-",
+                  f"{c['sandbox_runs']:.0f}" if "sandbox_runs" in c else "-",
+                  minutes(sw.wall_s), run_ids(sw), link(sw.spec.file)]
+        rows.append(cells)
+    return rows
+
+
+SWEEP_HEAD_START = ["configuration", "machine", "r0", "r1", "r2", "r3", "passed", "95% CI"]
+SWEEP_HEAD_END = ["tokens sent / prefilled / completion", "model calls", "sandbox runs", "sweep wall",
+                  "MLflow runs (iters=0/1/2/3)", "results file"]
+
+
+def pair_table(results: list[tuple[Pair, PairResult]]) -> list[str]:
+    rows = []
+    for pair, pr in results:
+        p = pr.result
+        per_round = ("" if pr.per_round is None else
+                     " / ".join(points(x.diff) + ("*" if x.p_value < ALPHA else "") for x in pr.per_round))
+        ca, cb = pr.a.cost, pr.b.cost
+        rows.append([pair.label, f"{p.a_passed} / {p.n}", f"{p.b_passed} / {p.n}",
+                     f"**{points(p.diff)}** ({points(p.low)} to {points(p.high)})", f"{p.only_a} / {p.only_b}",
+                     pval(p.p_value), verdict_word(p), per_round,
+                     f"{tok(ca.get('prompt_tokens'))} / {tok(ca.get('completion_tokens'))} vs "
+                     f"{tok(cb.get('prompt_tokens'))} / {tok(cb.get('completion_tokens'))}",
+                     f"{pr.a.short} vs {pr.b.short}: {SWEEPS[pair.a[0]].file} vs {SWEEPS[pair.b[0]].file}"])
+    return table(["with vs without", "with", "without", "difference, points (95% CI)", "fixed by one only",
+                  "p", "verdict", f"per round (* p < {ALPHA})", "tokens sent / completion", "MLflow runs: results files"],
+                 rows)
+
+
+def pairs_for(sweeps: dict[str, LoadedSweep], table_name: str) -> list[tuple[Pair, PairResult]]:
+    out = []
+    for pair in PAIRS:
+        if pair.table != table_name:
+            continue
+        pr = pair_runs(sweeps[pair.a[0]].at(pair.a[1]), sweeps[pair.b[0]].at(pair.b[1]))
+        if pr is None:
+            raise ReportError(f"pair {pair.label!r}: a run has no per-task outcomes; record it again with "
+                              "benchmarks/fullsize.py")
+        out.append((pair, pr))
+    return out
+
+
+def tagged(sweeps: dict[str, LoadedSweep], tag: str) -> list[LoadedSweep]:
+    return [sw for sw in sweeps.values() if tag in sw.spec.tables]
+
+
+def best_and_default(sweeps: dict[str, LoadedSweep]) -> tuple[LoadedSweep, LoadedSweep]:
+    """The best configuration: most tasks passed by a strategies row that ran every task; the default: `make eval`'s."""
+    rows = tagged(sweeps, "strategies")
+    full = max(sw.last.total for sw in rows)
+    best = max((sw for sw in rows if sw.last.total == full), key=lambda sw: sw.last.passed)
+    return best, sweeps["default"]
+
+
+def budget_verdicts(sweeps: list[LoadedSweep]) -> list[str]:
+    lines = []
+    for sw in sweeps:
+        p = budget_pair(sw)
+        if p is None:
+            continue
+        a, b = f"iters={sw.last.iters}", f"iters={sw.runs[0].iters}"
+        lines.append(f"- {sw.spec.label} ({sw.spec.machine}): {p.verdict(a, b)}.")
+    return lines
+
+
+def headline_block(sweeps: dict[str, LoadedSweep], in_readme: bool = True) -> str:
+    best, default = best_and_default(sweeps)
+    b, d = best.last, default.last
+    first = (f"**Best measured: {best.spec.label}, {b.iters} rounds: pass@1 {rate(b.passed, b.total)} "
+             f"({b.passed}/{b.total} tasks, 95% Wilson interval {pass_ci(b.passed, b.total)}).** Every HumanEvalFix "
+             f"task, 1.5B pack, protocol `tests`, on a {MACHINES[best.spec.machine]}: `{command_of(best)}`.")
+    if b.tuning:
+        first += (f" The tuning sample (Python/0-23, where prompts and knobs were shaped) is {b.tuning[0]}/{b.tuning[1]} "
+                  f"of it; the other {b.other[1]} tasks score {b.other[0]}/{b.other[1]} ({pass_ci(*b.other)}).")
+    knobs = ", ".join(f"`{k}={d.params[k]}`" for k in ("strategy.name", "strategy.candidates", "iters") if k in d.params)
+    second = (f"`make eval` ({knobs}) scores {rate(d.passed, d.total)} ({d.passed}/{d.total}, "
+              f"{pass_ci(d.passed, d.total)}); its sweep over every budget up to {d.iters} took "
+              f"{minutes(default.wall_s)} on the same machine.")
+    if best is not default:
+        pr = pair_runs(b, d)
+        if pr:
+            second += f" Paired on the same tasks, {pr.result.verdict(best.spec.label, '`make eval`')}."
+    third = (f"Every figure, with its interval, MLflow runs and results file: [docs/RESULTS.md](docs/RESULTS.md), "
+             f"generated by `{COMMAND}`.")
+    return "\n\n".join(wrap(x) for x in (first, second, third)[:3 if in_readme else 2])
+
+
+def section_strategies(sweeps: dict[str, LoadedSweep]) -> list[str]:
+    rows = tagged(sweeps, "strategies")
+    out = ["## 1. What a strategy and a budget buy (1.5B pack, protocol `tests`)", "",
+           "One row per sweep `python -m flows.evaluate strategy=... iters=0,1,2,3 -m` (its exact command is in its "
+           "results file): pass@1 after each round of the largest budget, its 95% Wilson interval, that run's cost, "
+           "and the wall time of the whole sweep (the sum of its jobs' wall_s; with the trajectory cache the first job "
+           "runs every task to the largest budget and the others cut it).", ""]
+    out += table(SWEEP_HEAD_START + SWEEP_HEAD_END, sweep_rows(rows))
+    notes = [f"- {sw.spec.label}: no sweep wall ({sw.spec.no_wall})." for sw in rows if sw.spec.no_wall]
+    out += ["", *notes, "", "The budget inside each sweep, largest against none, paired on the same tasks "
+            "(Newcombe 95% interval of the difference; exact McNemar p on the tasks one run fixed and the other did not):",
+            ""]
+    out += budget_verdicts(rows)
+    return out
+
+
+def section_protocols(sweeps: dict[str, LoadedSweep]) -> list[str]:
+    rows = tagged(sweeps, "protocols")
+
+    def seen(sw: LoadedSweep) -> list[str]:
+        g = sw.last.overfit
+        if not g:
+            return ["(= verdict)", "-"]
+        return [f"{g['visible_passed']} / {g['total']}",
+                f"**{points(g['gap'])}** ({points(g['ci95'][0])} to {points(g['ci95'][1])})"]
+
+    out = ["## 2. What the agent sees: protocols and the overfit gap", "",
+           "Under `hidden` the agent sees, and is fed back, only the docstring's examples (`example_test`); under "
+           "`docs` the buggy code with its docstring and no tests. The verdict is always the full test, never shown. "
+           "The overfit gap is how often the final answer passed what the agent saw minus how often it passed the "
+           "verdict, on the same tasks (Newcombe interval).", ""]
+    out += table(SWEEP_HEAD_START + ["passed what it saw", "overfit gap, points (95% CI)"] + SWEEP_HEAD_END,
+                 sweep_rows(rows, seen))
+    notes = [f"- {sw.spec.label}: no sweep wall ({sw.spec.no_wall})." for sw in rows if sw.spec.no_wall]
+    out += ["", *notes, "", "Paired:", ""]
+    out += pair_table(pairs_for(sweeps, "protocols"))
+    out += ["", "The budget under each protocol:", ""]
+    out += budget_verdicts([sw for sw in rows if sw.key in ("hidden", "docs")])
+    return out
+
+
+def section_small(sweeps: dict[str, LoadedSweep]) -> list[str]:
+    out = ["## 3. The small model: the 0.5B pack (`model=qwen0.5b-coder-q4`)", "",
+           "The same sweeps with the 0.5B pack; the 1.5B default row is repeated for reference.", ""]
+    out += table(SWEEP_HEAD_START + SWEEP_HEAD_END, sweep_rows(tagged(sweeps, "small")))
+    out += ["", "Paired:", ""]
+    out += pair_table(pairs_for(sweeps, "small"))
+    out += ["", "The budget inside each 0.5B sweep:", ""]
+    out += budget_verdicts([sw for sw in tagged(sweeps, "small") if sw.key != "default"])
+    return out
+
+
+def section_bug_types(sweeps: dict[str, LoadedSweep]) -> list[str]:
+    best, default = best_and_default(sweeps)
+    cols = [best] + [sw for sw in tagged(sweeps, "bug_types") if sw is not best]
+    bugs = sorted(set().union(*(sw.last.by_bug for sw in cols)))
+    head, rows = ["bug type", "tasks"], []
+    for sw in cols:
+        head += [f"{sw.spec.label}: round 0", "after the last round", "95% CI"]
+    for bug in bugs:
+        total = cols[0].last.by_bug[bug][1]
+        row = [bug, str(total)]
+        for sw in cols:
+            first = sw.runs[0].by_bug.get(bug, (0, 0))
+            p, n = sw.last.by_bug.get(bug, (0, 0))
+            row += [str(first[0]), f"{p} ({rate(p, n)})", pass_ci(p, n)]
+        rows.append(row)
+    files = ", ".join(f"{link(sw.spec.file)} ({sw.runs[0].short}, {sw.last.short})" for sw in cols)
+    return ["## 4. By bug type: the best configuration and the default", "",
+            "Tasks passed per HumanEvalFix bug type at round 0 and after the last round (intervals are wide: a few "
+            "dozen tasks a type).", "", *table(head, rows), "", f"From {files}."]
+
+
+def section_techniques(sweeps: dict[str, LoadedSweep]) -> list[str]:
+    return ["## 5. What each technique buys (paired on the same tasks)", "",
+            "Each row is two runs on the tasks both have: tasks passed with and without the technique, the difference "
+            "with its Newcombe 95% interval, the tasks only one of them fixed, the exact McNemar p on those, and the "
+            "difference after each round where both ran the same budget. The knobs were shaped on the tuning sample; "
+            "these full-size runs only measure.", "",
+            *pair_table(pairs_for(sweeps, "techniques")), "",
+            "How far two runs of the same job move (greedy answers are not bit-stable across batch shapes):", "",
+            *pair_table(pairs_for(sweeps, "noise"))]
+
+
+def section_tuning(sweeps: dict[str, LoadedSweep]) -> list[str]:
+    rows = []
+    for sw in sweeps.values():
+        r = sw.last
+        if not r.tuning:
+            continue
+        rows.append([sw.spec.label, sw.spec.machine, f"{r.tuning[0]} / {r.tuning[1]} ({rate(*r.tuning)})",
+                     f"{r.other[0]} / {r.other[1]} ({rate(*r.other)})", pass_ci(*r.other), r.short, link(sw.spec.file)])
+    return ["## 6. Tuning sample (Python/0-23) against the other tasks", "",
+            "Prompts and knobs were shaped on the tuning sample, so its figures are not the product's number: each "
+            "full-size run split into the tuning sample and the other tasks (largest budget).", "",
+            *table(["configuration", "machine", "tuning sample", "other tasks", "other tasks 95% CI", "MLflow run",
+                    "results file"], rows)]
+
+
+def _machine(data: dict) -> str:
+    m = data.get("machine") or data.get("meta") or {}
+    if isinstance(m, str):
+        return m
+    cpu = m.get("cpu", "CPU not recorded")
+    return cpu + (f", {m['cpus']} cores" if "cpus" in m else f", {m['threads']} threads" if "threads" in m else "")
+
+
+def speed_files(results: Path, kind: str):
+    """(name, data) of each SPEED file of this kind (callers read each under `reading(name)`)."""
+    for k, name in SPEED:
+        if k == kind:
+            yield name, _read(results, name)
+
+
+def section_speed(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
+    out = ["## 7. Speed", "", "Timings from benchmark scripts on this project's shared 2-core machines (other jobs "
+           "running beside them; the CPU of each is named). Short benchmarks and whole jobs can disagree: a whole "
+           "job keeps many rows decoding, a short one spends its time in the tail.", ""]
+    for part in (speed_llamacpp(sweeps), speed_endtoend(results), speed_sweeps(sweeps, results), speed_history(sweeps),
+                 speed_weights(results), speed_generation(results), speed_sandbox(results)):
+        out += part + [""]
+    return out
+
+
+def speed_llamacpp(sweeps: dict[str, LoadedSweep]) -> list[str]:
+    rows = tagged(sweeps, "llamacpp")
+    out = ["### fixlab's engine against llama.cpp on the same GGUF, the whole default sweep", ""]
+    out += table(["backend", "machine", "passed (largest budget)", "95% CI", "tokens sent / prefilled / completion",
+                  "sweep wall", "completion tokens/s over the sweep", "results file"],
+                 [[sw.spec.label, sw.spec.machine, f"{sw.last.passed} / {sw.last.total}",
+                   pass_ci(sw.last.passed, sw.last.total),
+                   f"{tok(sw.last.cost.get('prompt_tokens'))} / {tok(sw.last.cost.get('prefill_tokens'))} / "
+                   f"{tok(sw.last.cost.get('completion_tokens'))}", minutes(sw.wall_s),
+                   f"{sw.last.cost['completion_tokens'] / sw.wall_s:.1f}" if sw.wall_s else "-", link(sw.spec.file)]
+                  for sw in rows])
+    walls = [sw.wall_s for sw in rows]
+    if len(rows) == 2 and all(walls):
+        out += ["", f"{rows[1].spec.label} took {walls[1] / walls[0]:.2f}x the wall time of {rows[0].spec.label}."]
+    return out + ["", *pair_table(pairs_for(sweeps, "llamacpp"))]
+
+
+def speed_endtoend(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "endtoend"):
+        with reading(name):
+            for r in d["rows"]:
+                tokens = f"{tok(r['prompt_tokens'])} / {tok(r['prefill_tokens'])} / {tok(r['completion_tokens'])}"
+                head = [name, d["strategy"], str(d["iters"]), r["row"], _machine(d), str(r["tasks"])]
+                if "wall_s" in r:
+                    rows.append(head + [f"{r['wall_s']:.0f} s", f"{r['tasks_per_min']:.2f}",
+                                        f"{r['passed']} / {r['tasks']} ({pass_ci(r['passed'], r['tasks'])})", tokens,
+                                        f"{r['completion_tok_per_s']:.1f}", ""])
+                else:  # stopped at its time limit: what it finished
+                    rows.append(head + ["-", "-", f"{r['passed_of_finished']} of {r['tasks_finished']} finished", tokens,
+                                        "-", r.get("error", "")])
+    return ["### End to end on fixed tasks outside the tuning sample (`benchmarks/endtoend.py`)", "",
+            "Each row is a real job from a cold start with its own store and no trajectory cache.", "",
+            *table(["results file", "strategy", "iters", "backend", "machine", "tasks", "wall", "tasks/min", "passed",
+                    "tokens sent / prefilled / completion", "completion tokens/s", "note"], rows)]
+
+
+def speed_sweeps(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
+    rows = []
+    for sw in sweeps.values():
+        if sw.wall_s is None:
+            continue
+        first, rest = sw.runs[0].cost["wall_s"], sum(r.cost["wall_s"] for r in sw.runs[1:])
+        rows.append([sw.spec.label, sw.spec.machine, minutes(first), f"{rest:.0f} s" if rest < 120 else minutes(rest),
+                     minutes(sw.wall_s), tok(sw.last.cost.get("completion_tokens")), link(sw.spec.file)])
+    out = ["### Sweep wall times", "",
+           "With the trajectory cache and `sweep_ahead` the first job of a sweep runs every task to the largest "
+           "budget and the later jobs only cut its rounds, so a sweep over budgets costs about one job (the older "
+           "sweeps with long later jobs ran before `sweep_ahead`, f3ee04e).", "",
+           *table(["sweep", "machine", "first job", "later jobs", "sweep", "completion tokens (largest budget)",
+                   "results file"], rows)]
+    for name, d in speed_files(results, "sweep_cache"):
+        with reading(name):
+            out += ["", f"{link(name)}: {d['model']}, {d['strategy']}, {d['tasks']} tasks ({d['machine']}): "
+                    f"`iters=3` alone {d['single_iters3_wall_s']:.1f} s, the sweep `iters=0,1,2,3 -m` "
+                    f"{d['sweep_0123_wall_s']:.1f} s ({d['ratio']:.2f}x); curves equal: {d['curves_equal']}."]
+    return out
+
+
+def speed_history(sweeps: dict[str, LoadedSweep]) -> list[str]:
+    hist = sorted(tagged(sweeps, "speed_history"), key=lambda sw: -(sw.wall_s or 0))  # slowest (oldest) first
+    base = hist[0].wall_s if hist else None
+    return ["### How the default sweep got faster (same EPYC, `make eval`'s job at every budget)", "",
+            "The changes in order; what each one did is in the commit named and in agents/serving/README.md.", "",
+            *table(["change", "passed (largest budget)", "sweep wall", "speed-up over the first row", "results file"],
+                   [[sw.spec.change, f"{sw.last.passed} / {sw.last.total}", minutes(sw.wall_s),
+                     f"{base / sw.wall_s:.2f}x", link(sw.spec.file)] for sw in hist])]
+
+
+def speed_weights(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "weights"):
+        with reading(name):
+            for r in d["rows"]:
+                batches = sorted((int(k[5:-6]), v) for k, v in r.items() if k.startswith("batch") and k.endswith("_tok_s"))
+                rows.append([name, _machine(d), str(d.get("decode_context", "")), r["weights"], r["dtype"],
+                             "-" if r.get("weight_gib") is None else f"{r['weight_gib']:.2f}", f"{r['prefill_tok_s']:.1f}",
+                             " / ".join(f"{v:.1f}" for _, v in batches), " / ".join(str(b) for b, _ in batches)])
+    return ["### Prefill and decode tokens/s, 1.5B pack (`benchmarks/weights.py`)", "",
+            "Rows of one file ran side by side; a decode context, where given, is the tokens of context each row "
+            "decodes at.", "",
+            *table(["results file", "machine", "decode context", "weights", "dtype", "GiB", "prefill tokens/s",
+                    "decode tokens/s", "at batch"], rows)]
+
+
+def speed_generation(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "generation"):
+        with reading(name):
+            by_arch: dict[str, list[dict]] = {}
+            for r in d["runs"]:
+                by_arch.setdefault(r["arch"], []).append(r)
+            for arch, rs in by_arch.items():
+                alone = [r for r in rs if not r["mode"].startswith("engine")]
+                eng = [r for r in rs if r["mode"].startswith("engine")]
+                top = max(eng, key=lambda r: r["batch"])
+                rows.append([name, arch, str(rs[0].get("layers", "")), d["meta"]["dtype"],
+                             f"{alone[0]['decode_tps']:.1f}" if alone else "-",
+                             " / ".join(f"{r['decode_tps']:.1f}" for r in eng), " / ".join(str(r["batch"]) for r in eng),
+                             f"{top['decode_tps'] / alone[0]['decode_tps']:.1f}x" if alone else "-",
+                             "yes" if all(r["exact"] for r in rs) else "no"])
+    return ["### The batching engine against one prompt at a time (`benchmarks/generation.py`)", "",
+            "Real architectures with random weights (`pack:` rows: the real packs), cut to the layers given, CPU.", "",
+            *table(["results file", "architecture", "layers", "dtype", "one at a time: decode tokens/s",
+                    "engine: decode tokens/s", "at batch", "largest batch vs one at a time",
+                    "greedy output identical batched and alone"], rows)]
+
+
+SANDBOX_WAYS = {"a_fresh_interpreter": "local, new interpreter per program",
+                "b_warm_fork": "local, warm forked workers (default)",
+                "c_docker_container_per_program": "docker, new container per program",
+                "d_docker_warm_containers": "docker, warm containers (default)",
+                "e_docker_warm_cgroup_parent_root": "docker, warm containers, `cgroup_parent: /`"}
+
+
+def speed_sandbox(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "sandbox"):
+        with reading(name):
+            base = d["a_fresh_interpreter"]["programs_per_s"]
+            for key, way in SANDBOX_WAYS.items():
+                if key not in d:
+                    continue
+                w = d[key]
+                rows.append([name, _machine(d), way, str(d["programs"]), f"{w['programs_per_s']:.2f}",
+                             f"{w['programs_per_s'] / base:.1f}x", "yes" if d["identical_verdicts"] else "no",
+                             f"{w['canonical_passed']} / {w['buggy_not_passed']}", str(len(w["looping"])),
+                             str(w["leftover_processes"])])
+    return ["### Sandbox throughput (`benchmarks/sandbox.py`)", "",
+            "Every canonical and every buggy HumanEvalFix program through each way of running them, in one run per "
+            "file: the local bubblewrap jail (a new interpreter per program, warm forked workers) and, where the file "
+            "has them, Docker (a container per program, warm containers).", "",
+            *table(["results file", "machine", "way", "programs", "programs/s", "vs a new interpreter",
+                    "identical verdicts", "canonical passed / buggy not passed", "ended at the timeout",
+                    "processes left"], rows)]
+
+
+def section_harness(results: Path) -> list[str]:
+    rows = []
+    for name in HARNESS:
+        d = _read(results, name)
+        with reading(name):
+            for r in d["runs"]:
+                p, o = r["params"], r["overall"]
+                rows.append([f"`model={p['model.name']} sandbox={p.get('sandbox.backend', 'local')}`",
+                             f"{o['passed']} / {o['total']}", str(int(r["cost"].get("errors", 0))),
+                             minutes(r["cost"].get("wall_s")), r["run_id"][:8], link(name)])
+    return ["## Harness checks", "", "The oracle doubles through the whole path on every task: the canonical solutions "
+            "must all pass and the buggy ones all fail.", "",
+            *table(["job", "passed", "errors", "wall", "run", "results file"], rows)]
+
+
+FRONTIER_MODEL, FRONTIER_PROTOCOL = "qwen1.5b-coder-q4", "tests"  # the frontier the README shows
+PICTURE = REPO / "docs" / "frontier.png"
+
+
+def frontier_of(results: Path):
+    """The cost-accuracy frontier (flows/frontier.py) of the 1.5B pack under `tests` over the fullsize files."""
+    from .frontier import frontier, records_from_files
+
+    return frontier(records_from_files(sorted(results.glob("fullsize-*.json"))), model=FRONTIER_MODEL,
+                    protocol=FRONTIER_PROTOCOL, paired_only=True)
+
+
+def section_frontier(results: Path) -> list[str]:
+    from .frontier import markdown
+
+    return ["## The answer: pass@1 against cost", "",
+            f"Every configuration of {FRONTIER_MODEL} recorded on every task under protocol `{FRONTIER_PROTOCOL}` "
+            "with per-task outcomes, its cost per task, the Pareto set and a paired verdict for each step along it "
+            f"(`python -m flows.frontier --model {FRONTIER_MODEL} --protocol {FRONTIER_PROTOCOL} --paired-only`; "
+            "picture: docs/frontier.png). A step buys something only where the paired test says so.", "",
+            *markdown(frontier_of(results)).rstrip("\n").split("\n")]
+
+
+def results_document(results: Path) -> str:
+    sweeps = load_all(results)
+    lines = ["# fixlab results", "",
+             f"<!-- Generated by `{COMMAND}` from benchmarks/results/*.json. Edit flows/report.py (its registry says "
+             "which file feeds which table), never this file. -->", "",
+             "Every figure below is read from, or computed from, a results file in `benchmarks/results/` named in its "
+             "row; MLflow run ids are their first 8 characters (the MLflow store is not kept in git). pass@1 is one "
+             "sample per task after each round, with its 95% Wilson interval. Machines: "
+             + "; ".join(f"{k} = {v}" for k, v in MACHINES.items()) + ", shared with other work.", "",
+             "## Headline", "", *headline_block(sweeps, in_readme=False).split("\n"), ""]
+    for section in (section_frontier(results), section_strategies(sweeps), section_protocols(sweeps), section_small(sweeps),
+                    section_bug_types(sweeps), section_techniques(sweeps), section_tuning(sweeps),
+                    section_harness(results), section_speed(sweeps, results)):
+        lines += section + [""]
+    return "\n".join(_wrap_prose(lines)).rstrip("\n") + "\n"
+
+
+def _wrap_prose(lines: list[str]) -> list[str]:
+    out = []
+    for line in lines:
+        if not line or line.startswith(("|", "#")):
+            out.append(line)
+        elif line.startswith("- "):
+            out.append(textwrap.fill(line, WIDTH, subsequent_indent="  ", break_long_words=False,
+                                     break_on_hyphens=False))
+        else:
+            out.append(wrap(line))
+    return out
+
+
+def readme_with_headline(readme_text: str, results: Path) -> str:
+    start, end = readme_text.find(HEADLINE_START), readme_text.find(HEADLINE_END)
+    if start < 0 or end < start:
+        raise ReportError(f"README.md has no {HEADLINE_START} ... {HEADLINE_END} block for the headline: add the two "
+                          "marker lines where it belongs")
+    block = headline_block(load_all(results))
+    return readme_text[:start] + HEADLINE_START + "\n" + block + "\n" + readme_text[end:]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a document differs from the files")
+    ap.add_argument("--results", type=Path, default=RESULTS_DIR, help="results folder (default benchmarks/results)")
+    ap.add_argument("--doc", type=Path, default=DOC, help="results document (default docs/RESULTS.md)")
+    ap.add_argument("--readme", type=Path, default=README, help="README with the headline block (default README.md)")
+    args = ap.parse_args(argv)
+    try:
+        missing = unlisted(args.results)
+        if missing:
+            raise ReportError(f"{', '.join(missing)} in {args.results} feed no table: add an entry for each to the "
+                              "registry in flows/report.py")
+        doc = results_document(args.results)
+        readme = readme_with_headline(args.readme.read_text(), args.results)
+        picture = png_bytes(frontier_of(args.results))
+    except (ReportError, FrontierError) as e:
+        print(f"flows.report: {e}", file=sys.stderr)
+        return 2
+    outputs = ((args.doc, doc), (args.readme, readme), (args.doc.parent / PICTURE.name, picture))
+    stale = [p for p, content in outputs
+             if not p.exists() or (p.read_bytes() if isinstance(content, bytes) else p.read_text()) != content]
+    if args.check:
+        if stale:
+            print(f"flows.report: {' and '.join(str(p) for p in stale)} differ from what {args.results} says: "
+                  f"run `{COMMAND}` and commit the result", file=sys.stderr)
+            return 1
+        print(f"flows.report: {args.doc} and {args.readme}'s headline match {args.results}")
+        return 0
+    for p, content in outputs:
+        if p in stale:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(content) if isinstance(content, bytes) else p.write_text(content)
+            print(f"flows.report: wrote {p}")
+    if not stale:
+        print("flows.report: nothing to change")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

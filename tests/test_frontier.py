@@ -1,0 +1,240 @@
+"""flows.frontier: the cost-accuracy frontier of one model on one protocol, checked on a hand-made fixture
+(tests/fixtures/fullsize-frontier-toy.json: 20 tasks, 5 configurations) against values worked out by hand, and read
+back from a real MLflow store (a sweep parent with its jobs) as from results files.
+
+The fixture, tasks T0..T19 (first passing round per task; - = never):
+  A single_shot iters=0             passes T0-T3                    4/20  100 completion tok/task   5 s/task
+  B single_shot iters=1             passes T0-T9                   10/20  180                        9
+  C single_shot candidates=2 iters=1 passes T0-T8, T10, T11        11/20  360                       11
+  D reflection iters=1              passes T0-T13 except T2        13/20  300                       20
+  E reflection iters=3              passes T0-T14 except T2        14/20  520                       35
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from flows import frontier as fl
+from flows.stats import wilson
+
+FIXTURE = REPO / "tests" / "fixtures" / "fullsize-frontier-toy.json"
+A, B, C, D, E = ("single_shot iters=0", "single_shot iters=1", "single_shot candidates=2 iters=1", "reflection iters=1",
+                 "reflection iters=3")
+
+
+def test_fixture_pareto_sets_and_paired_verdicts_match_the_hand_computed_ones():
+    fr = fl.frontier(fl.records_from_file(FIXTURE))
+    # Labels name what differs: candidates only where it is not the usual 1; runner.workers (a speed knob) and
+    # reflection's own history_rounds (no other reflection run differs in it) name nothing.
+    assert sorted(c.label for c in fr.configs) == sorted([A, B, C, D, E])
+    # Tokens: C (360 tok, 0.55) is beaten by D (300 tok, 0.65); every other point is cheapest at its pass@1.
+    assert fr.token_frontier == [A, B, D, E]
+    # Seconds: C (11 s, 0.55) sits between B (9 s, 0.50) and D (20 s, 0.65), so all five are on it.
+    assert fr.time_frontier == [A, B, C, D, E] and fr.time_machine == "Toy CPU, 2 cores"
+    assert fr.config(C).on_time_frontier and not fr.config(C).on_token_frontier
+
+    tok = {(s.point, s.against): s for s in fr.steps if s.axis == "completion tokens"}
+    assert set(tok) == {(B, A), (D, B), (E, D), (E, B)}  # A is the cheapest: nothing to pair it with
+    # B against A, the next cheaper frontier point. Discordant tasks: T4-T9 fixed by B only (6), none by A only.
+    # Exact McNemar: 2 * P(X <= 0 | n = 6, 1/2) = 2 / 2^6 = 0.03125 < 0.05, so the step buys something.
+    # Difference (10 - 4) / 20 = +0.30. Newcombe (method 10): Wilson 10/20 = (0.2993, 0.7007), 4/20 = (0.0807, 0.4160);
+    # phi = (4*10 - 6*0) / sqrt(10*10*4*16) = 0.5;
+    # low  = 0.30 - sqrt(0.2007^2 - 2*0.5*0.2007*0.2160 + 0.2160^2) = 0.30 - 0.2088 = 0.0912;
+    # high = 0.30 + sqrt(0.2007^2 - 2*0.5*0.2007*0.1193 + 0.1193^2) = 0.30 + 0.1748 = 0.4748.
+    ba = tok[(B, A)]
+    assert (ba.shared_tasks, ba.only_point, ba.only_against, ba.p_value, ba.diff) == (20, 6, 0, 0.03125, 0.3)
+    assert ba.ci95 == pytest.approx((0.0912, 0.4748), abs=2e-4)
+    assert ba.buys is True and ba.why == "next cheaper frontier point"
+    assert ba.text.startswith(f"{B} against {A} (next cheaper frontier point; 1.8x the completion tokens per task): "
+                              "buys something.")
+    # D against B: B (0.50) is also the cheapest configuration inside D's interval, Wilson 13/20 = (0.433, 0.819),
+    # so one step says both. Discordant: T10-T13 by D only (4), T2 by B only (1): p = 2 * (1 + 5) / 2^5 = 0.375.
+    db = tok[(D, B)]
+    assert (db.only_point, db.only_against, db.p_value, db.buys) == (4, 1, 0.375, False)
+    assert db.why == "next cheaper frontier point, and the cheapest inside its interval"
+    assert "buys nothing the paired test can see" in db.text
+    # E: next cheaper is D (T14 only: 1 vs 0, p = 1); the cheapest inside E's interval, Wilson 14/20 = (0.481, 0.855),
+    # is B at 180 tokens (C at 0.55 and D at 0.65 are inside too, but dearer): T10-T14 vs T2, p = 2 * 7 / 2^6.
+    assert wilson(14, 20)[0] < 0.50 < wilson(14, 20)[1]
+    assert (tok[(E, D)].only_point, tok[(E, D)].only_against, tok[(E, D)].p_value) == (1, 0, 1.0)
+    eb = tok[(E, B)]
+    assert (eb.why, eb.only_point, eb.only_against, eb.p_value, eb.buys) == (
+        "cheapest configuration inside its interval", 5, 1, 0.21875, False)
+    # On the seconds axis C is a frontier point: against B (next cheaper, and cheapest inside its interval),
+    # T10, T11 vs T9: p = 1.
+    sec = {(s.point, s.against): s for s in fr.steps if s.axis == "seconds"}
+    assert (sec[(C, B)].only_point, sec[(C, B)].only_against, sec[(C, B)].p_value) == (2, 1, 1.0)
+
+    md = fr.markdown()
+    row = next(l for l in md.splitlines() if l.startswith(f"| {B} |"))
+    assert row == (f"| {B} | 0.500 [0.299, 0.701] | 10/20 | 700 | 180 | 1.7 | 1.5 | 9.0 | tokens, seconds | "
+                   f"vs {A}: +30.0 (p = 0.031), buys |")
+    assert f"| {C} | 0.550 [0.342, 0.742] | 11/20 | 1,000 | 360 | 3.0 | 2.0 | 11.0 | seconds |  |" in md
+
+
+def test_command_writes_table_json_picture_and_page(tmp_path, capsys):
+    out = tmp_path / "pics" / "frontier.png"
+    out.parent.mkdir()
+    rc = fl.main([str(FIXTURE), "--no-mlflow", "--md", str(tmp_path / "f.md"), "--json", str(tmp_path / "f.json"),
+                  "--out", str(out)])
+    assert rc == 0
+    stdout = capsys.readouterr().out
+    assert stdout == (tmp_path / "f.md").read_text() == fl.frontier(fl.records_from_file(FIXTURE)).markdown()
+    data = json.loads((tmp_path / "f.json").read_text())
+    assert data["token_frontier"] == [A, B, D, E] and data["model"] == "toy-coder" and data["tasks"] == 20
+    assert {s["point"] for s in data["steps"]} == {B, C, D, E}
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
+    page = out.with_suffix(".html").read_text()
+    # self-contained: the plot inline as SVG, the table, the verdicts; no script, nothing fetched from elsewhere
+    assert "<svg" in page and f"<td>{B}</td>" in page and "buys something" in page
+    assert "<script" not in page and "src=" not in page and 'href="http' not in page
+
+
+def test_reruns_partial_runs_unpaired_runs_and_mixes(tmp_path, capsys):
+    doc = json.loads(FIXTURE.read_text())
+    rerun = json.loads(json.dumps(doc["runs"][1]))  # B run again, recorded earlier: it missed T9
+    rerun["run_id"] = "f" * 32
+    rerun["first_pass_round"]["Python/9#0"] = None
+    rerun["overall"]["passed"] = 9
+    partial = json.loads(json.dumps(doc["runs"][4]))  # E stopped half-way: 10 of 20 tasks
+    partial["run_id"] = "9" * 32
+    partial["overall"]["total"] = 10
+    unpaired = json.loads(json.dumps(doc["runs"][3]))  # D with knob changed, recorded before outcomes were kept
+    unpaired["run_id"] = "8" * 32
+    unpaired["params"]["strategy.history_rounds"] = "2"
+    for key in ("first_pass_round", "task_seconds", "machine", "machine_source"):
+        del unpaired[key]
+    grid = json.loads(json.dumps(doc["runs"][0]))  # a second point of A's run (one run, a grid of points)
+    grid["params"]["strategy.candidates"] = "2"
+    grid["cost"]["completion_tokens"] = 4000  # twice A's, for the same 4 tasks: beaten by A
+    older = tmp_path / "fullsize-older.json"
+    older.write_text(json.dumps({"command": "rerun on a 2-core Xeon", "recorded": "2026-01-01T00:00:00Z",
+                                 "runs": [rerun, partial, unpaired, grid]}))
+    records = fl.records_from_file(FIXTURE) + fl.records_from_file(older, order=1)
+    fr = fl.frontier(records)
+    assert fr.config(B).run_id == "b" * 32 and fr.config(B).passed == 10  # the newest record of B
+    assert any(n.startswith(f"{B}: 2 runs of this configuration; used bbbbbbbb") and "ffffffff" in n for n in fr.notes)
+    assert any("99999999" in n and "10 of 20 tasks" in n for n in fr.notes)
+    # The unpaired run is its own configuration (history_rounds differs), listed but never on the frontier, and the
+    # file's text says where it ran.
+    lone = next(c for c in fr.configs if c.run_id == "8" * 32)
+    assert lone.label == "reflection history_rounds=2 iters=1" and not lone.on_token_frontier
+    assert lone.machine == "Intel Xeon (file text)"
+    # the grid point is a configuration of its own, though it shares A's run id
+    assert [c.run_id for c in fr.configs if c.label in (A, "single_shot candidates=2 iters=0")] == ["a" * 32] * 2
+    assert fr.token_frontier == [A, B, D, E]
+    assert f"| {lone.label} |" in fr.markdown() and "not placed (unpaired)" in fr.markdown()
+    # --use picks the other rerun; --paired-only drops the unpaired run from the table
+    assert fl.frontier(records, use=("ffff",)).config(B).passed == 9
+    assert all(c.paired for c in fl.frontier(records, paired_only=True).configs)
+
+    other = json.loads(json.dumps(doc))
+    other["runs"][0]["params"]["model.name"] = "toy-coder-xl"
+    mixed = tmp_path / "fullsize-mixed.json"
+    mixed.write_text(json.dumps(other))
+    assert fl.main([str(mixed), "--no-mlflow"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: the records cover 2 models (toy-coder, toy-coder-xl): one frontier is for one model; pick "
+                   "one with --model NAME")
+    assert fl.main([str(mixed), "--no-mlflow", "--model", "toy-coder-xl"]) == 0
+    assert fl.main([str(tmp_path / "nope.json"), "--no-mlflow"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {tmp_path / 'nope.json'}: no such results file, and not an "
+                                               "MLflow run id (32 hex digits)")
+
+
+def _log_fixture_as_sweep(client, tmp_path) -> tuple[str, list[str]]:
+    """The fixture's five runs as a sweep's jobs in a real MLflow store, in the shape flows.evaluate logs them:
+    flat params, totals as metrics, results.jsonl (one row per task, with its seconds), the fixlab.machine tag."""
+    exp = client.create_experiment("humanevalfix", artifact_location=(tmp_path / "artifacts").as_uri())
+    parent = client.create_run(exp, run_name="sweep strategy=single_shot,reflection", tags={"fixlab.kind": "sweep"})
+    ids = []
+    for r in json.loads(FIXTURE.read_text())["runs"]:
+        run = client.create_run(exp, tags={"fixlab.kind": "job", "fixlab.machine": r["machine"],
+                                           "mlflow.parentRunId": parent.info.run_id})
+        rid = run.info.run_id
+        for k, v in r["params"].items():
+            client.log_param(rid, k, v)
+        for k, v in r["cost"].items():
+            client.log_metric(rid, k, v)
+        rows = [{"task_id": key.split("#")[0], "sample": 0, "passed": first is not None, "first_pass_round": first,
+                 "seconds": r["task_seconds"] / 20, "attempts": []} for key, first in r["first_pass_round"].items()]
+        client.log_text(rid, "".join(json.dumps(x) + "\n" for x in rows), "results.jsonl")
+        client.set_terminated(rid, "FINISHED")
+        ids.append(rid)
+    client.set_terminated(parent.info.run_id, "FINISHED")
+    return parent.info.run_id, ids
+
+
+def test_frontier_from_a_sweep_in_mlflow_is_the_one_from_results_files_and_is_logged_on_the_parent(tmp_path, capsys):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.MlflowClient(uri)
+    parent, ids = _log_fixture_as_sweep(client, tmp_path)
+    assert fl.main(["--sweep", parent, "--tracking-uri", uri, "--json", str(tmp_path / "f.json")]) == 0
+    from_mlflow = json.loads((tmp_path / "f.json").read_text())
+    from_file = fl.frontier(fl.records_from_file(FIXTURE)).to_dict()
+    assert from_mlflow["token_frontier"] == from_file["token_frontier"] == [A, B, D, E]
+    assert from_mlflow["time_frontier"] == from_file["time_frontier"]
+    assert from_mlflow["steps"] == from_file["steps"]
+    assert [c["seconds"] for c in from_mlflow["configs"]] == [c["seconds"] for c in from_file["configs"]]
+
+    arts = {a.path for a in client.list_artifacts(parent)}
+    assert {"frontier.png", "frontier.html", "frontier.md", "frontier.json"} <= arts
+    page = Path(client.download_artifacts(parent, "frontier.html", str(tmp_path))).read_text()
+    assert "<svg" in page and "buys something" in page
+    assert client.get_run(parent).data.tags["frontier.token_frontier"] == " < ".join([A, B, D, E])
+
+    # Without a sweep parent the picture goes on a run of its own, tagged as a frontier.
+    assert fl.main([*ids, "--tracking-uri", uri]) == 0
+    runs = client.search_runs([client.get_experiment_by_name("humanevalfix").experiment_id],
+                              "tags.`fixlab.kind` = 'frontier'")
+    assert len(runs) == 1 and {"frontier.png", "frontier.html"} <= {a.path for a in client.list_artifacts(
+        runs[0].info.run_id)}
+
+    # benchmarks/fullsize.py records the same runs with their per-task seconds and machine, which the frontier reads.
+    spec = importlib.util.spec_from_file_location("fullsize", REPO / "benchmarks" / "fullsize.py")
+    fullsize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fullsize)
+    from flows.compare import load_runs
+
+    rec = fullsize.record(load_runs(client, [ids[1]])[0])
+    assert rec["task_seconds"] == 180.0 and rec["machine"] == "Toy CPU, 2 cores" and rec["machine_source"] == "tag"
+    (tmp_path / "rec.json").write_text(json.dumps({"recorded": "x", "runs": [rec]}))
+    again = fl.records_from_file(tmp_path / "rec.json")[0]
+    assert (again.seconds, again.machine, again.passed) == (9.0, "Toy CPU, 2 cores", 10)
+
+
+def test_a_run_with_per_round_costs_holds_every_smaller_budget(tmp_path):
+    """A single_shot run to iters=2 whose rows keep each round's cost gives budgets 0, 1 and 2: outcomes cut at the
+    round, costs summed up to it (what a grid cut from the answer stream is recorded as)."""
+    from flows.frontier import budgets, cost_by_round, records_from_file
+
+    def row(task, first, rounds, derived=False):
+        return {"task_id": task, "first_pass_round": first, "passed": first is not None, "seconds": 6.0 * rounds,
+                "derived_from": "stream" if derived else None,
+                "attempts": [{"round": k, "prompt_tokens": 100, "completion_tokens": 10 * (k + 1), "model_calls": 1,
+                              "sandbox_runs": 1, "seconds": 6.0} for k in range(rounds)]}
+    rows = [row("T/0", 0, 1), row("T/1", 2, 3), row("T/2", None, 3, derived=True)]
+    cost = cost_by_round(rows, 2)
+    # round 0: three calls of 10 tokens; round 1 adds 20 for T/1 and T/2; round 2 adds 30 for each
+    assert [c["completion_tokens"] for c in cost] == [30, 70, 130]
+    assert [c["model_calls"] for c in cost] == [3, 5, 7]
+    # T/2 is cut from a stream: its 18 s are spread by completion tokens (10, 30, 60 of 60) instead of per round
+    assert [c["task_seconds"] for c in cost] == [6 + 6 + 3, 6 + 12 + 9, 6 + 18 + 18]
+    assert cost_by_round([{**rows[0], "attempts": [{"round": 0}]}], 0) is None  # rows from before per-round costs
+    rec = {"run_id": "r" * 32, "params": {"model.name": "m", "strategy.name": "single_shot", "iters": "2"},
+           "overall": {"passed": 2, "total": 3}, "cost": {"completion_tokens": 130},
+           "first_pass_round": {"T/0#0": 0, "T/1#0": 2, "T/2#0": None}, "cost_by_round": cost}
+    path = tmp_path / "fullsize-grid.json"
+    path.write_text(json.dumps({"command": "x", "recorded": "2026-11-26T00:00:00Z", "runs": [rec]}))
+    recs = records_from_file(path)
+    assert [(r.params["iters"], r.passed, round(r.cost["completion_tokens"], 2)) for r in recs] == \
+        [("0", 1, 10.0), ("1", 1, 23.33), ("2", 2, 43.33)]
+    assert recs[1].outcomes == {"T/0#0": 0, "T/1#0": None, "T/2#0": None}
+    assert budgets(recs[0], None) == [recs[0]]

@@ -1,0 +1,141 @@
+"""The results document is generated, so a figure cannot drift from its results file: docs/RESULTS.md and the
+README's headline must equal what `python -m flows.report` makes of benchmarks/results/*.json, and its paired
+verdicts must equal the ones benchmarks/fullsize.py recorded in those files."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from conftest import REPO
+from flows import report
+
+FIX = "python -m flows.report"
+
+
+def _generate(tmp_path, results=report.RESULTS_DIR):
+    doc, readme = tmp_path / "RESULTS.md", tmp_path / "README.md"
+    shutil.copy(report.README, readme)
+    assert report.main(["--results", str(results), "--doc", str(doc), "--readme", str(readme)]) == 0
+    return doc.read_text(), readme.read_text()
+
+
+def test_committed_results_document_and_headline_match_the_results_files(tmp_path):
+    doc, readme = _generate(tmp_path)
+    assert report.DOC.exists(), f"docs/RESULTS.md is missing: run `{FIX}` and commit it"
+    assert report.DOC.read_text() == doc, f"docs/RESULTS.md differs from benchmarks/results/: run `{FIX}` and commit it"
+    assert report.README.read_text() == readme, (
+        f"README.md's headline block differs from benchmarks/results/: run `{FIX}` and commit it")
+
+
+def _copy_tree(tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(report.RESULTS_DIR, results)
+    doc, readme = tmp_path / "RESULTS.md", tmp_path / "README.md"
+    shutil.copy(report.DOC, doc)
+    shutil.copy(report.README, readme)
+    shutil.copy(report.PICTURE, tmp_path / report.PICTURE.name)  # the frontier picture beside the document
+    return results, ["--results", str(results), "--doc", str(doc), "--readme", str(readme)]
+
+
+def test_check_fails_on_a_changed_figure_names_the_fix_and_the_fix_works(tmp_path, capsys):
+    results, args = _copy_tree(tmp_path)
+    assert report.main(["--check", *args]) == 0
+    # the best run gains a task: the headline (README) and the tables (document) must follow
+    path = results / report.SWEEPS["k2"].file
+    data = json.loads(path.read_text())
+    last = max(data["runs"], key=lambda r: int(r["params"]["iters"]))
+    task = next(k for k, v in last["first_pass_round"].items() if v is None)
+    last["first_pass_round"][task] = 3
+    last["by_round"][3]["passed"] += 1
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert report.main(["--check", *args]) == 1
+    err = capsys.readouterr().err
+    assert FIX in err and "RESULTS.md" in err and "README.md" in err and len(err.strip().splitlines()) == 1
+    assert report.main(args) == 0
+    assert report.main(["--check", *args]) == 0
+    passed = last["by_round"][3]["passed"]
+    assert f"({passed}/{last['overall']['total']} tasks" in (tmp_path / "README.md").read_text()
+
+
+def test_a_results_file_no_table_names_stops_the_report_with_one_line(tmp_path, capsys):
+    results, args = _copy_tree(tmp_path)
+    (results / "weights-29991231T000000Z.json").write_text("{}")
+    assert report.main(["--check", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "weights-29991231T000000Z.json" in err and "flows/report.py" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("damage", ["missing", "not json", "a field gone", "a speed file's field gone"])
+def test_a_damaged_results_file_is_one_line_naming_it(tmp_path, capsys, damage):
+    results, args = _copy_tree(tmp_path)
+    name = "sandbox-20261122T050819Z.json" if damage.startswith("a speed") else report.SWEEPS["react"].file
+    path = results / name
+    if damage == "missing":
+        path.unlink()
+    elif damage == "not json":
+        path.write_text(path.read_text()[:100])
+    else:
+        data = json.loads(path.read_text())
+        if "runs" in data:
+            del data["runs"][-1]["by_round"]
+        else:
+            del data["b_warm_fork"]["programs_per_s"]
+        path.write_text(json.dumps(data))
+    assert report.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert name in err and len(err.splitlines()) == 1
+
+
+def test_readme_without_the_headline_markers_is_one_line(tmp_path, capsys):
+    _, args = _copy_tree(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(readme.read_text().replace(report.HEADLINE_START, ""))
+    assert report.main(args) == 2
+    assert report.HEADLINE_START in capsys.readouterr().err
+
+
+def _stored_pairs():
+    """(file, stored pairing, run prefix a, run prefix b) for every pairing benchmarks/fullsize.py recorded."""
+    out = []
+    for path in sorted(report.RESULTS_DIR.glob("fullsize-*.json")):
+        data = json.loads(path.read_text())
+        runs = data["runs"]
+        for i, p in enumerate(data.get("paired", [])):  # each run against the file's first
+            out.append((path.name, p, runs[i + 1]["run_id"][:8], runs[0]["run_id"][:8]))
+        for p in data.get("paired_with_earlier", []):  # labels carry "(<run id prefix>[, file])"
+            (a,), (b,) = (re.findall(r"\((\w{8})[,)]", p[k]) for k in ("a", "b"))
+            out.append((path.name, p, a, b))
+    return out
+
+
+def test_paired_verdicts_equal_the_ones_recorded_in_the_files():
+    runs = {}
+    for sw in report.load_all(report.RESULTS_DIR).values():
+        for r in sw.runs:
+            if r.outcomes is not None:
+                runs[r.short] = r
+    checked = 0
+    for name, stored, a, b in _stored_pairs():
+        if a not in runs or b not in runs:
+            continue
+        got = report.pair_runs(runs[a], runs[b]).result
+        where = f"{name}: {stored['verdict']}"
+        assert (got.only_a, got.only_b) == (stored["only_a"], stored["only_b"]), where
+        assert round(got.diff, 4) == stored["diff"], where
+        assert [round(got.low, 4), round(got.high, 4)] == stored["ci95"], where
+        assert round(got.p_value, 6) == stored["p_value"], where
+        checked += 1
+    assert checked >= 50  # the files hold this many pairings between runs the report knows
+
+
+def test_the_report_types_no_figure():
+    """Figures come from the files: the module's own prose and labels hold no decimal number (commit hashes, model
+    sizes in names and `iters=` settings are not results)."""
+    src = (REPO / "flows" / "report.py").read_text()
+    strings = re.findall(r'"([^"\n]*)"', src)
+    figures = [s for s in strings if re.search(r"(?<![\w.{])\d+\.\d+(?![\w}])", s) and not re.search(r"\d\.\dB", s)]
+    assert figures == []
