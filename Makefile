@@ -6,7 +6,7 @@ STAMP := $(VENV)/.fixlab-installed
 ARGS ?=
 UI_PORT ?= 5000
 
-.PHONY: setup eval test ui nightly nightly-now clean-runs docker-image
+.PHONY: setup eval test test-quick ui nightly nightly-now clean-runs docker-image
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ eval: setup
 
 test: setup
 	$(PY) -m pytest -q $(ARGS)
+
+# The suite without the tests marked slow (those that need a real model pack: download, conversion, real decoding)
+test-quick: setup
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 # The Docker sandbox's image (sandboxes/image/build.sh): the Dockerfile online, a Debian rootfs offline.
 # IMAGE_FROM=auto|dockerfile|rootfs, FORCE=1 rebuilds; starts dockerd (as root) when it is not running.

@@ -1,5 +1,7 @@
-"""AgentConfig: every knob of one agent run in a typed record, and what follows from it per round (seed and
-temperature). The strategies live in agents/strategies/ (one module each), the loop that runs them in loop.py.
+"""The agent's typed settings: one record per strategy (its knobs and their defaults, the only place they are
+defined) inside AgentConfig (the knobs of one run), and what follows from them per round (seed and temperature).
+conf/strategy/<name>.yaml picks a record as its schema (flows/schema.py) and holds only what differs from it.
+The strategies live in agents/strategies/ (one module each), the loop that runs them in loop.py.
 """
 from __future__ import annotations
 
@@ -10,63 +12,125 @@ import warnings
 import zlib
 from dataclasses import dataclass, field
 
+from sandboxes.config import SandboxConf
+
 from .feedback import STYLES as FEEDBACK_STYLES
 
 STRATEGIES = ("single_shot", "reflection", "react")  # agents/strategies/<name>.py each
 PROTOCOLS = ("tests", "docs", "hidden")
 SCHEDULES = ("auto", "constant", "resample", "rising", "falling")
+TOOL_FORMATS = ("auto", "native", "text")
 
 
 @dataclass
-class AgentConfig:
-    strategy: str = "reflection"
-    iters: int = 0  # feedback rounds after round 0
-    protocol: str = "tests"
-    # Temperature per round (seeded per task, sample and round). auto: resample for single_shot, else constant.
-    temperature: float = 0.0  # round 0 (constant: every round); 0 = greedy
-    temperature_schedule: str = "auto"
-    resample_temperature: float = 0.8  # resample: rounds >= 1 (greedy would only repeat round 0)
-    temperature_step: float = 0.2  # rising: added per round ...
-    temperature_max: float = 1.0  # ... up to this
-    temperatures: tuple = (0.7, 0.5, 0.3)  # falling: round r uses temperatures[min(r, last)]
-    max_new_tokens: int = 512
-    seed: int = 0
-    sample: int = 0  # index of an independent trajectory for the same task (pass@k)
-    timeout_s: float = 10.0
-    audit_passes: bool = True  # re-run a pass with its return values checked (sandboxes/audit.py); flags only
-    strict: bool = False  # a pass the audit flags counts as a failure
-    # techniques
-    keep_task_context: bool = True  # add back the task's imports/helpers the answer leaves out
-    check_signature: bool = True  # a renamed/reshaped entry point takes the syntax path
-    syntax_path: bool = True  # invalid code gets a short prompt instead of a test run (off: it is run)
-    detect_repeats: bool = True  # a candidate equal to an earlier one is not run again
-    flag_unchanged: bool = True  # say so when the answer is the buggy code unchanged (it is still run)
-    feedback_style: str = "shaped"  # shaped | raw (traceback tail) | verdict (pass/fail only)
-    feedback_chars: int = 1200  # budget for one feedback text (about 4 characters per token)
+class StrategyConf:
+    """What every strategy reads: the temperature schedule, how an answer is checked, how feedback is made."""
+
+    name: str  # single_shot | reflection | react: set by each record below
+    # Temperature per round, seeded per task, sample and round: constant | resample (round 0 at `temperature`, later
+    # rounds at resample_temperature) | rising (temperature + step * round, up to temperature_max) | falling
+    # (temperatures[round]) | auto (resample for single_shot, else constant). Rising: greedy revisions repeated the
+    # same code (qwen0.5b: 12 of 19 rounds).
+    temperature_schedule: str = "rising"
+    resample_temperature: float = 0.8  # greedy would only repeat round 0
+    temperature_step: float = 0.2
+    temperature_max: float = 1.0
+    temperatures: list[float] = field(default_factory=lambda: [0.7, 0.5, 0.3])
+    keep_task_context: bool = True  # add back the task's imports and helper functions the answer leaves out
+    check_signature: bool = True  # a wrong/missing signature takes the syntax path instead of a test run
+    syntax_path: bool = True  # invalid code gets its own short prompt instead of a test run (off: it is run)
+    detect_repeats: bool = True  # an answer equal to an earlier one (modulo layout/comments) is not run again
+    flag_unchanged: bool = True  # the feedback says so when the answer is the buggy code unchanged (still run)
+    feedback_style: str = "shaped"  # shaped | raw (traceback tail, the baseline) | verdict (pass/fail only)
+    feedback_chars: int = 1200  # feedback budget (about 4 characters per token)
     compute_actual: bool = True  # re-run the failing call to show the value it actually returned
-    edge_case_hint: bool = False  # say when the failing input is an edge case (empty, zero, negative...)
-    show_diff: bool = False  # show the candidate's diff against the buggy code in the feedback
-    few_shot: int = 0  # worked bug-fix examples (agents/prompts/few_shot/) before the task; not for react
-    stop_after_code: bool = True  # end generation at the answer's closing ``` (the prose after it is thrown away)
-    # Answers drafted per round, decoded together (one batch); the first whose visible tests pass is kept, else
-    # the first one that ran. Each run counts in sandbox_runs and every call in the tokens. Not for react.
+    edge_case_hint: bool = False  # say when the failing input is an edge case (empty, zero, negative, one element)
+    show_diff: bool = False  # show the diff of the candidate against the buggy code
+    stop_after_code: bool = True  # end each answer at its closing ``` (what follows is thrown away; saves decode)
+    # Drafts that should differ from the round's own answer: reflection's candidates 2..k, redraws (single_shot,
+    # reflection), the turn after a repeat (react).
+    candidate_temperature: float = 0.8
+
+
+@dataclass
+class DraftsConf(StrategyConf):
+    """Strategies whose round is one prompt answered by one or more drafts (single_shot, reflection)."""
+
+    few_shot: int = 0  # worked bug-fix examples before the task (agents/prompts/few_shot/)
+    # Answers drafted per round, decoded as one batch; the first whose visible tests pass is kept, else the first
+    # that ran. Each run counts in sandbox_runs and every call in the tokens. single_shot: answer p of a task
+    # (p = round * candidates + i) has round p's seed and temperature, so a grid over candidates x iters is cut from
+    # one run of its largest point (flows/stream.py).
     candidates: int = 1
-    candidate_temperature: float = 0.8  # for candidates 2..k (the first follows the round's temperature)
-    # An answer already known to fail (a repeat of a tested one, or the buggy code handed back) is drawn again
-    # from the same prompt at candidate_temperature, up to this many times, before it spends the round. Not react.
+    # An answer known to fail before it runs (a repeat of a tested one, or the bug handed back) is drawn again from
+    # the same prompt at candidate_temperature, up to this many times, before it spends the round. candidates=1 only.
     redraws: int = 0
-    # reflection
+
+
+@dataclass
+class RevisesConf(StrategyConf):
+    """Strategies that build each round on the earlier ones (reflection, react)."""
+
+    # The bug handed back unchanged, or a repeat: a new conversation asks for the function from scratch (header,
+    # visible tests, how the old code failed; no buggy body). qwen1.5b reflection, 24 tasks: 13 -> 18 passed;
+    # react at 4 turns, Python/0-23: 10 -> 13 of 24.
+    rewrite_when_stuck: bool = True
+
+
+@dataclass
+class SingleShotConf(DraftsConf):
+    """Every round an independent fresh attempt (fresh prompt, the round's own seed): the resampling baseline. With
+    iters=k it answers: does feedback beat k+1 independent tries?"""
+
+    name: str = "single_shot"
+    temperature_schedule: str = "resample"
+
+
+@dataclass
+class ReflectionConf(DraftsConf, RevisesConf):
+    """Draft, then each round revises the previous code from its test feedback."""
+
+    name: str = "reflection"
+    redraws: int = 2  # Python/0-23: 18 -> 20 of 24
     history_rounds: int = 1  # earlier (answer, feedback) pairs kept in the prompt (at least the last one)
-    diagnose: bool = False  # ask for a one- or two-sentence diagnosis of the failing input before the code
-    rewrite_when_stuck: bool = False  # after the unchanged bug or a repeat: a fresh prompt to write it from scratch
-    # react
-    max_turns: int = 12  # model turns per task (thoughts, invalid calls and repeats cost turns, not rounds)
-    tool_format: str = "auto"  # auto (native when the chat template has tools) | native | text
+    diagnose: bool = False  # revisions ask for the faulty line before the code (measured: no gain, +22% tokens)
+
+
+@dataclass
+class ReactConf(RevisesConf):
+    """Thought -> tool call (run_tests / submit) -> observation. A round is one sandbox run, so iters compares with
+    the other strategies; max_turns caps model turns (thoughts, bad calls and repeats cost turns, not rounds)."""
+
+    name: str = "react"
+    # Model turns per task: one per round at iters=3, so a repeat costs a round (Python/0-23: 12 turns finished
+    # 12/22 at 2x the decode of 4).
+    max_turns: int = 4
+    tool_format: str = "auto"  # auto: the chat template's own tool calls when it has them (Qwen2.5) | native | text
     # A run_tests of code already known to fail is dropped from the conversation and the next turn is drawn at
     # candidate_temperature. Kept in, a small model copies its own answer turn after turn (Python/0-23: 3 of the
     # first 12 tasks repeated one answer 11 times at temperature 0.2, each copy making the next more likely).
     repeat_redraw: bool = True
-    extra: dict = field(default_factory=dict)
+
+
+STRATEGY_CONFS: dict[str, type[StrategyConf]] = {"single_shot": SingleShotConf, "reflection": ReflectionConf,
+                                                 "react": ReactConf}
+
+
+@dataclass
+class AgentConfig:
+    """Every knob of one agent run. The defaults of the run-level fields are the job's (conf/config.yaml takes them
+    from here: flows/schema.py); timeout_s, audit_passes and strict come from the sandbox config."""
+
+    strategy: StrategyConf  # which strategy, with its knobs
+    iters: int = 3  # feedback rounds after round 0; 0 = single-shot pass@1
+    protocol: str = "tests"  # tests | docs | hidden: what the agent sees (agents/README.md)
+    temperature: float = 0.0  # round 0's temperature (constant schedule: every round's); 0 = greedy
+    max_new_tokens: int = 512
+    seed: int = 0  # with temperature 0 (greedy) runs are deterministic; seeds make sampling reproducible
+    timeout_s: float = SandboxConf.timeout_s  # per program
+    audit_passes: bool = SandboxConf.audit  # re-run a pass with its return values checked (sandboxes/audit.py)
+    strict: bool = SandboxConf.strict  # a pass the audit flags counts as a failure
+    sample: int = 0  # index of an independent trajectory for the same task (pass@k)
 
 
 def agent_key(cfg: AgentConfig) -> str:
@@ -81,40 +145,40 @@ def round_seed(cfg: AgentConfig, task_id: str, rnd: int, turn: int = 0) -> int:
 
 
 def round_temperature(cfg: AgentConfig, rnd: int) -> float:
-    sched = cfg.temperature_schedule
+    s = cfg.strategy
+    sched = s.temperature_schedule
     if sched == "auto":
-        sched = "resample" if cfg.strategy == "single_shot" else "constant"
+        sched = "resample" if s.name == "single_shot" else "constant"
     if sched == "constant":
         return cfg.temperature
     if sched == "resample":
-        return cfg.temperature if rnd == 0 else cfg.resample_temperature
+        return cfg.temperature if rnd == 0 else s.resample_temperature
     if sched == "rising":
-        return round(min(cfg.temperature_max, cfg.temperature + cfg.temperature_step * rnd), 6)
+        return round(min(s.temperature_max, cfg.temperature + s.temperature_step * rnd), 6)
     if sched == "falling":
-        temps = list(cfg.temperatures)
+        temps = list(s.temperatures)
         return float(temps[min(rnd, len(temps) - 1)])
     raise ValueError(f"unknown temperature_schedule {sched!r}: use one of {', '.join(SCHEDULES)}")
 
 
-
-
 def check_config(cfg: AgentConfig) -> None:
-    if cfg.strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {cfg.strategy!r}: use one of {', '.join(STRATEGIES)}")
-    if cfg.feedback_style not in FEEDBACK_STYLES:
-        raise ValueError(f"unknown feedback_style {cfg.feedback_style!r}: use one of {', '.join(FEEDBACK_STYLES)}")
-    if cfg.tool_format not in ("auto", "native", "text"):
-        raise ValueError(f"unknown tool_format {cfg.tool_format!r}: use auto, native or text")
+    s = cfg.strategy
+    if type(s) is not STRATEGY_CONFS.get(s.name):
+        raise ValueError(f"unknown strategy {s.name!r} ({type(s).__name__}): use one of {', '.join(STRATEGIES)}")
+    if cfg.protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {cfg.protocol!r}: use one of {', '.join(PROTOCOLS)}")
+    if s.feedback_style not in FEEDBACK_STYLES:
+        raise ValueError(f"unknown feedback_style {s.feedback_style!r}: use one of {', '.join(FEEDBACK_STYLES)}")
+    if isinstance(s, ReactConf) and s.tool_format not in TOOL_FORMATS:
+        raise ValueError(f"unknown tool_format {s.tool_format!r}: use {', '.join(TOOL_FORMATS)}")
     round_temperature(cfg, 0)
-    if cfg.candidates < 1:
-        raise ValueError(f"candidates must be >= 1, got {cfg.candidates}")
-    if cfg.redraws < 0:
-        raise ValueError(f"redraws must be >= 0, got {cfg.redraws}")
-    if cfg.redraws and (cfg.candidates > 1 or cfg.strategy == "react"):
-        raise ValueError("redraws is for one answer per round (candidates=1) and not for react: "
-                         "set redraws=0 or candidates=1")
-    if cfg.candidates > 1 and cfg.strategy == "react":
-        raise ValueError("candidates > 1 is for single_shot and reflection: react makes one call per turn")
+    if isinstance(s, DraftsConf):
+        if s.candidates < 1:
+            raise ValueError(f"candidates must be >= 1, got {s.candidates}")
+        if s.redraws < 0:
+            raise ValueError(f"redraws must be >= 0, got {s.redraws}")
+        if s.redraws and s.candidates > 1:
+            raise ValueError("redraws is for one answer per round (candidates=1): set redraws=0 or candidates=1")
     if cfg.sample > 0 and round_temperature(cfg, 0) == 0:
         warnings.warn("samples > 1 with a greedy round 0 (temperature=0) gives identical samples: set temperature > 0",
                       stacklevel=3)

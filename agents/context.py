@@ -71,7 +71,7 @@ class Context:
         # The buggy code as shown, keyed as a candidate would be: an answer equal to it is "unchanged".
         self.buggy_keys = set()
         for shown in {task.buggy_code, self.view.code}:
-            ex = extract_candidate("```python\n" + shown + "\n```", task, cfg.keep_task_context, False)
+            ex = extract_candidate("```python\n" + shown + "\n```", task, cfg.strategy.keep_task_context, False)
             self.buggy_keys.add(normalise(ex.code or shown))
 
     def call(self, messages: list[dict], rnd: int, turn: int = 0, tools=None, stop: tuple = (),
@@ -105,7 +105,7 @@ class Context:
             return [self.call(messages, rnd, stop=stop)]
         from concurrent.futures import ThreadPoolExecutor
 
-        temps = [None] + [self.cfg.candidate_temperature] * (k - 1)
+        temps = [None] + [self.cfg.strategy.candidate_temperature] * (k - 1)
         with ThreadPoolExecutor(k) as pool:
             return list(pool.map(lambda i: self.call(messages, rnd, turn=i, stop=stop, temperature=temps[i]),
                                  range(k)))
@@ -154,27 +154,27 @@ class Context:
         visible = attempt.visible
         if attempt.feedback is not None or visible is None or visible.passed or attempt.code is None:
             return
-        cfg = self.cfg
+        cfg, knobs = self.cfg, self.cfg.strategy
         if attempt.unchanged:
             attempt.feedback = render("unchanged.txt").strip()
-            if cfg.feedback_style == "verdict":
+            if knobs.feedback_style == "verdict":
                 return
             attempt.feedback += "\n"
         else:
             attempt.feedback = ""
-        if cfg.feedback_style == "raw":
-            attempt.feedback += raw_feedback(visible, cfg.timeout_s, cfg.feedback_chars)
-        elif cfg.feedback_style == "verdict":
+        if knobs.feedback_style == "raw":
+            attempt.feedback += raw_feedback(visible, cfg.timeout_s, knobs.feedback_chars)
+        elif knobs.feedback_style == "verdict":
             attempt.feedback += "The tests failed." if visible.status != "timeout" else "The tests timed out."
         else:
             attempt.feedback += shape_feedback(
-                visible, attempt.code, self.view.feedback_test, self.sandbox, cfg.timeout_s, cfg.feedback_chars,
-                cfg.compute_actual, entry_point=self.task.entry_point, edge_case_hint=cfg.edge_case_hint,
-                buggy_code=self.view.code if cfg.show_diff else None)
+                visible, attempt.code, self.view.feedback_test, self.sandbox, timeout_s=cfg.timeout_s,
+                max_chars=knobs.feedback_chars, compute_actual=knobs.compute_actual, entry_point=self.task.entry_point,
+                edge_case_hint=knobs.edge_case_hint, buggy_code=self.view.code if knobs.show_diff else None)
 
     def judge(self, attempt: Attempt, text: str, state: "State", run: bool = True) -> str:
         """Extract a candidate from `text` into `attempt` and decide: no_code | syntax_error | repeat | tested."""
-        cfg, task = self.cfg, self.task
+        cfg, task = self.cfg.strategy, self.task
         ex = extract_candidate(text, task, keep_context=cfg.keep_task_context, check_signature=cfg.check_signature)
         attempt.code = ex.code
         if ex.problem == "no_code" or (ex.problem and cfg.syntax_path):

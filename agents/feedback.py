@@ -201,10 +201,12 @@ def raw_feedback(result: ExecResult, timeout_s: float, max_chars: int) -> str:
     return tail[-max_chars:]
 
 
-def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandbox | None = None,
-                   timeout_s: float = 10.0, max_chars: int = 1200, compute_actual: bool = True,
-                   entry_point: str | None = None, edge_case_hint: bool = False, buggy_code: str | None = None) -> str:
-    """Short feedback text for a failed run of `candidate` against `test` (the program build_program makes)."""
+def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandbox | None, *, timeout_s: float,
+                   max_chars: int, compute_actual: bool, edge_case_hint: bool, entry_point: str | None = None,
+                   buggy_code: str | None = None) -> str:
+    """Short feedback text for a failed run of `candidate` against `test` (the program build_program makes). The knobs
+    are the strategy record's (agents/config.py: feedback_chars, compute_actual, edge_case_hint) and the sandbox's
+    timeout_s, passed in, not defaulted here."""
     if result.status == "timeout":
         text = (f"The tests did not finish within {timeout_s:g} seconds (timeout): the code loops forever or is far "
                 f"too slow on some input.")

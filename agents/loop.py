@@ -1,10 +1,10 @@
 """The agent loop: draft a fix, run it, feed the verdict back, for up to `iters` more rounds.
 
-Strategies (AgentConfig.strategy):
+Strategies (AgentConfig.strategy, a record of agents/config.py):
   single_shot - every round is an independent fresh attempt (the resampling baseline);
   reflection  - every round revises the previous code from the test feedback;
   react       - thought -> tool call (run_tests / submit) -> observation.
-Each is a module of agents/strategies/; their knobs are AgentConfig's (agents/config.py).
+Each is a module of agents/strategies/; its knobs are its record's (agents/config.py).
 Protocols (AgentConfig.protocol): what the agent sees and what its feedback runs on, see `visibility`.
 A round is at most one test run (react: exactly one), so budgets compare across strategies; `candidates` > 1
 drafts k answers per round and runs each (reported: sandbox_runs, tokens, and the run name).
@@ -37,9 +37,9 @@ def run_agent(task: Task, model: Model, sandbox: Sandbox, cfg: AgentConfig,
     if prior is not None and prior.error is None:
         if prior.agent_key and prior.agent_key != key:
             raise ValueError(f"prior trajectory of {prior.task_id} was made with another agent config")
-        if prior.task_id != task.task_id or prior.sample != cfg.sample or prior.strategy != cfg.strategy:
+        if prior.task_id != task.task_id or prior.sample != cfg.sample or prior.strategy != cfg.strategy.name:
             raise ValueError(f"prior trajectory ({prior.task_id}, sample {prior.sample}, {prior.strategy}) does not "
-                             f"match ({task.task_id}, sample {cfg.sample}, {cfg.strategy})")
+                             f"match ({task.task_id}, sample {cfg.sample}, {cfg.strategy.name})")
         if prior.budget >= cfg.iters:
             return truncate(prior, cfg.iters)
         replay = copy.deepcopy(prior.attempts)
@@ -47,8 +47,8 @@ def run_agent(task: Task, model: Model, sandbox: Sandbox, cfg: AgentConfig,
     else:
         replay, spent = [], 0.0
     ctx = Context(task, model, sandbox, cfg)
-    strategy = REGISTRY[cfg.strategy](ctx)
-    traj = Trajectory(task_id=task.task_id, bug_type=task.bug_type, strategy=cfg.strategy, budget=cfg.iters,
+    strategy = REGISTRY[cfg.strategy.name](ctx)
+    traj = Trajectory(task_id=task.task_id, bug_type=task.bug_type, strategy=cfg.strategy.name, budget=cfg.iters,
                       sample=cfg.sample, agent_key=key)
     state = strategy.initial_state()
     start = time.perf_counter()

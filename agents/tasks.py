@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from .types import TASK_FIELDS, Task
@@ -13,12 +14,35 @@ from .types import TASK_FIELDS, Task
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def project_root() -> Path:
+    """Where relative paths (dataset files, mlruns/) start: this checkout, or the working directory when fixlab
+    runs from an installed package (no checkout around it)."""
+    return REPO_ROOT if (REPO_ROOT / "pyproject.toml").is_file() else Path.cwd()
+
+
+@dataclass
+class DatasetConf:
+    """Which tasks a job runs (the schema of conf/dataset/*.yaml): HumanEvalFix (Python), bigcode/humanevalpack,
+    config python, split test, from the hub or a local copy."""
+
+    hub_id: str = "bigcode/humanevalpack"
+    hub_config: str = "python"
+    split: str = "test"
+    revision: str | None = None
+    path: str | None = None  # a local jsonl or parquet file with the hub schema; wins over the hub
+    # Used when `path` is null and this file exists (the offline copy on fixlab's own machines); relative to the
+    # checkout (or, installed, the working directory).
+    local_fallback: str | None = "../shared/data/humanevalfix_python.jsonl"
+    limit: int | None = None  # first N tasks
+    task_ids: list[str] | None = None  # e.g. [Python/0, Python/38]
+
+
 class DatasetError(ValueError):
     """Bad dataset source or row. The message is one line that names the problem and the fix."""
 
 
-def load_tasks(cfg: dict) -> list[Task]:
-    """Tasks selected by a conf/dataset/*.yaml dict (path / hub id, limit, task_ids)."""
+def load_tasks(cfg: DatasetConf) -> list[Task]:
+    """Tasks selected by a dataset record (path / hub id, limit, task_ids)."""
     rows, source = _load_rows(cfg)
     tasks = [_validate(row, i, source) for i, row in enumerate(rows, start=1)]
     seen = set()
@@ -26,7 +50,7 @@ def load_tasks(cfg: dict) -> list[Task]:
         if t.task_id in seen:
             raise DatasetError(f"{source}: task_id {t.task_id!r} appears twice; each task must be unique")
         seen.add(t.task_id)
-    wanted = cfg.get("task_ids")
+    wanted = cfg.task_ids
     if wanted:
         wanted = [str(w) for w in wanted]
         by_id = {t.task_id: t for t in tasks}
@@ -36,7 +60,7 @@ def load_tasks(cfg: dict) -> list[Task]:
         if missing:
             raise DatasetError(f"dataset.task_ids: no task {missing[0]!r} in {source} (ids look like 'Python/0')")
         tasks = [by_id[n] for n in norm]
-    limit = cfg.get("limit")
+    limit = cfg.limit
     if limit is not None:
         if not isinstance(limit, int) or limit < 1:
             raise DatasetError(f"dataset.limit must be a positive integer, got {limit!r}")
@@ -44,29 +68,29 @@ def load_tasks(cfg: dict) -> list[Task]:
     return tasks
 
 
-def resolve_path(cfg: dict) -> Path | None:
+def resolve_path(cfg: DatasetConf) -> Path | None:
     """The local file to read, or None to use the hub."""
-    path = cfg.get("path")
+    path = cfg.path
     if path:
         p = Path(os.path.expanduser(str(path)))
         if not p.is_absolute():
-            p = REPO_ROOT / p if not p.exists() else p.resolve()
+            p = project_root() / p if not p.exists() else p.resolve()
         if not p.exists():
             raise DatasetError(f"dataset file not found: {p} (set dataset.path=FILE to a jsonl or parquet file)")
         return p
-    fallback = cfg.get("local_fallback")
+    fallback = cfg.local_fallback
     if fallback:
-        p = (REPO_ROOT / fallback).resolve()
+        p = (project_root() / fallback).resolve()
         if p.exists():
             return p
     return None
 
 
-def _load_rows(cfg: dict) -> tuple[list[dict], str]:
+def _load_rows(cfg: DatasetConf) -> tuple[list[dict], str]:
     path = resolve_path(cfg)
     if path is not None:
         return _read_file(path), str(path)
-    return _read_hub(cfg), f"hub:{cfg.get('hub_id')}"
+    return _read_hub(cfg), f"hub:{cfg.hub_id}"
 
 
 def _read_file(path: Path) -> list[dict]:
@@ -94,8 +118,8 @@ def _read_file(path: Path) -> list[dict]:
     return rows
 
 
-def _read_hub(cfg: dict) -> list[dict]:
-    hub_id, config, split = cfg.get("hub_id"), cfg.get("hub_config"), cfg.get("split", "test")
+def _read_hub(cfg: DatasetConf) -> list[dict]:
+    hub_id, config, split = cfg.hub_id, cfg.hub_config, cfg.split
     if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
         raise DatasetError(
             f"offline and no local dataset: set dataset.path=FILE (jsonl/parquet with the hub schema of {hub_id})"
@@ -104,7 +128,7 @@ def _read_hub(cfg: dict) -> list[dict]:
         import datasets
     except ImportError:
         raise DatasetError("the `datasets` package is missing: run `make setup`") from None
-    revision = cfg.get("revision") or None
+    revision = cfg.revision or None
     try:
         ds = datasets.load_dataset(hub_id, config, split=split, revision=revision)
     except Exception as e:

@@ -14,6 +14,7 @@ Writes benchmarks/results/decode-profile-<UTC time>.json and prints the split.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -35,12 +36,16 @@ from weights import _cpu_name, decode_ids, prompts  # noqa: E402
 PARTS = ("int8 matmuls", "lm_head", "attention", "rest of the forward", "engine outside the forward")
 
 
-def default_model(overrides: dict) -> dict:
+def default_model(overrides: dict):
+    """The default model's record (conf/model/qwen1.5b-coder-q4.yaml over TransformersModelConf) with `overrides`."""
     from omegaconf import OmegaConf
+
+    from agents.models.config import TransformersModelConf
+    from flows.schema import typed
 
     cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / "qwen1.5b-coder-q4.yaml"), resolve=True)
     cfg.pop("defaults", None)
-    return {**cfg, **overrides}
+    return typed(TransformersModelConf, {**cfg, **overrides}, "model")
 
 
 class Clock:
@@ -124,7 +129,7 @@ def main() -> None:
     out = {"benchmark": "decode-profile", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpu": platform.processor() or _cpu_name(), "threads": torch.get_num_threads(),
                        "torch": torch.__version__, "load_avg_start": os.getloadavg()},
-           "model": {k: v for k, v in default_model(overrides).items() if k in (
+           "model": {k: v for k, v in dataclasses.asdict(default_model(overrides)).items() if k in (
                "name", "pack", "weights", "dtype", "cpu_attention", "int8_skip", "skinny_matmul", *overrides)},
            "rows": args.rows, "context": args.context, "new_tokens": args.new, "steps_timed": clock.steps,
            "step_ms": round(s["step"] / clock.steps * 1000, 1), "decode_tok_s": round(clock.rows / s["step"], 1),

@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 from flows.compare import compare, load_runs, paired_verdicts  # noqa: E402
 from flows.frontier import cost_by_round, run_machine, task_seconds  # noqa: E402
 from flows.stats import paired, wilson  # noqa: E402
+from flows.schema import TrackingConf  # noqa: E402
 from flows.tracking import tracking_uri  # noqa: E402
 
 TUNING = {f"Python/{i}" for i in range(24)}  # the tuning sample: never report a claim from it alone
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--command", default="", help="the command that made the runs, kept in the file")
     ap.add_argument("--against", action="append", default=[], metavar="FILE:RUN_ID",
                     help="also pair each run against a run recorded in an earlier results file (repeatable)")
-    ap.add_argument("--tracking-uri", default=tracking_uri({}))
+    ap.add_argument("--tracking-uri", default=tracking_uri(TrackingConf()))
     args = ap.parse_args(argv)
     earlier = [from_file(spec) for spec in args.against]
 

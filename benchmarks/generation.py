@@ -169,12 +169,13 @@ def pack_prompts(tok, n: int) -> list[list[int]]:
 def run_pack(name: str, args, results) -> None:
     """A real registry pack (real weights and tokenizer): same modes as above, EOS ignored so every request
     makes exactly --new-tokens tokens."""
+    from agents.models.config import TransformersModelConf
     from agents.serving.hf import TransformersModel
 
     t0 = time.perf_counter()
     os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "0"  # TransformersModel would set it; the baseline runs stock
-    m = TransformersModel({"name": name, "backend": "transformers", "pack": name, "batching": False,
-                           "device": args.device, "dtype": args.dtype, "skinny_matmul": False})
+    m = TransformersModel(TransformersModelConf(name=name, pack=name, batching=False, device=args.device,
+                                                dtype=args.dtype, skinny_matmul=False))
     print(f"# pack {name}: loaded in {time.perf_counter() - t0:.1f}s", flush=True)
     nmax = max(args.batches + [args.seq_prompts])
     prompts = pack_prompts(m.tokenizer, nmax)
@@ -231,7 +232,7 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def main(argv=None) -> None:
+def _args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", action="append", choices=sorted(p.stem for p in CONFIGS.glob("*.json")) + ["none"])
     ap.add_argument("--layers", type=int, default=2, help="decoder layers (0 = the real depth)")
@@ -247,7 +248,11 @@ def main(argv=None) -> None:
     ap.add_argument("--pack", action="append", default=[], help="also (or, with --arch none, only) time a real "
                     "registry pack, e.g. smollm2-135m, qwen0.5b-coder-q4")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = _args(argv)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if device.type == "cpu":

@@ -31,18 +31,20 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from agents.context import Context  # noqa: E402
-from agents.config import AgentConfig  # noqa: E402
+from agents.config import AgentConfig, ReflectionConf  # noqa: E402
 from agents.models.base import GenRequest  # noqa: E402
+from agents.models.config import LlamaCppModelConf, TransformersModelConf  # noqa: E402
 from agents.serving.hf import TransformersModel  # noqa: E402
 from agents.strategies import REGISTRY  # noqa: E402
-from agents.tasks import load_tasks  # noqa: E402
+from agents.tasks import DatasetConf, load_tasks  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "humanevalfix_python.jsonl"
 
 
 def prompts(n: int) -> list[list[dict]]:
-    tasks = load_tasks({"local_fallback": str(DATA)})[:n]
-    return [REGISTRY["reflection"](Context(t, None, None, AgentConfig())).first_messages() for t in tasks]
+    tasks = load_tasks(DatasetConf(local_fallback=str(DATA)))[:n]
+    agent = AgentConfig(ReflectionConf())
+    return [REGISTRY["reflection"](Context(t, None, None, agent)).first_messages() for t in tasks]
 
 
 def weight_bytes(model) -> int:
@@ -66,8 +68,8 @@ def llamacpp_row(batches: list[int], msgs: list[list[dict]]) -> dict:
     same tokenizer and template) and the same measurements."""
     from agents.serving.llamacpp import LlamaCppModel
 
-    m = LlamaCppModel({"name": "qwen1.5b-llamacpp", "pack": "qwen1.5b-coder-q4", "slots": max(batches),
-                       "context_per_slot": 1024})
+    m = LlamaCppModel(LlamaCppModelConf(name="qwen1.5b-llamacpp", pack="qwen1.5b-coder-q4", slots=max(batches),
+                                        context_per_slot=1024))
     out = {"weights": "llamacpp", "dtype": "q4_k_m", "weight_gib": None}
     try:
         m.api.extra_body["ignore_eos"] = True  # fixed-length answers, as the engine rows
@@ -107,9 +109,9 @@ def decode_ids(ids: list[int], i: int, context: int) -> list[int]:
 
 def row(name: str, batches: list[int], msgs: list[list[dict]], ref: list[list[int]] | None,
         context: int = 200) -> tuple[dict, list]:
-    m = TransformersModel({"name": f"qwen1.5b-{name}", "backend": "transformers", "pack": "qwen1.5b-coder-q4",
-                           **ROWS[name], "max_batch": max(batches), "gather_ms": 200, "prefix_cache_mib": 4096,
-                           "draft_tokens": 0})
+    m = TransformersModel(TransformersModelConf(name=f"qwen1.5b-{name}", pack="qwen1.5b-coder-q4", **ROWS[name],
+                                                max_batch=max(batches), gather_ms=200, prefix_cache_mib=4096,
+                                                draft_tokens=0))
     out = {"weights": name, "dtype": str(m.dtype).replace("torch.", ""), "weight_gib": round(weight_bytes(m.model) / 2**30, 2)}
     try:
         eng = m.engine

@@ -5,7 +5,7 @@ with budget k cuts a cached longer trajectory (`truncate`) or continues a cached
 (`run_agent(prior=...)`). Entries are keyed by everything that changes a trajectory: the model config
 (id, revision, pack, dtype...), the strategy and its knobs, protocol, seed, max_new_tokens, the sandbox
 config, the content of the prompt templates and of the agent code, and the task itself. `cache=false`
-turns it off. Test doubles (oracle, scripted) are never cached: they cost nothing and a cache would hide
+turns it off. The oracle test doubles are never cached: they cost nothing and a cache would hide
 harness changes.
 
 The cache is shared by every job on the machine (a sweep's workers, the nightly flow, someone's run) and written
@@ -22,14 +22,16 @@ import os
 import threading
 from pathlib import Path
 
+from agents.models.config import ModelConf, TransformersModelConf
 from agents.serving.packs import cache_root
 from agents.types import Task, Trajectory
+from sandboxes.config import SandboxConf
 
 from .neutral import without_neutral
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENTS = REPO_ROOT / "agents"
-UNCACHED_BACKENDS = ("oracle", "scripted")
+UNCACHED_BACKENDS = ("oracle",)
 
 def default_cache_dir() -> Path:
     return cache_root() / "trajectories"
@@ -46,29 +48,27 @@ def _agent_code_digest() -> str:
     return h.hexdigest()
 
 
-def model_identity(model: dict) -> dict:
+def model_identity(model: ModelConf) -> dict:
     """The model config keys that change answers, with `dtype: auto` replaced by what it resolves to here (bf16
     or fp32 on a CPU depends on its instructions, so one config can mean two numerics on two machines)."""
-    ident = without_neutral("model", model)
-    if ident.get("backend", "transformers") == "transformers":
+    ident = without_neutral("model", dataclasses.asdict(model))
+    if isinstance(model, TransformersModelConf):
         from agents.serving.hf import resolve_device, resolve_dtype, resolve_weights
 
-        device = resolve_device(ident.get("device"))
-        if str(ident.get("dtype") or "auto") == "auto":
-            weights = resolve_weights(ident.get("weights"), device)
+        device = resolve_device(model.device)
+        if model.dtype == "auto":
+            weights = resolve_weights(model.weights, device)
             ident["dtype"] = str(resolve_dtype("auto", device, weights)).replace("torch.", "")
-        if device.type == "cpu":
-            ident.setdefault("cpu_attention", True)  # fixlab's fp32 decode attention: same answers to ~1e-6, not bit-equal
     return ident
 
 
 class TrajectoryCache:
-    def __init__(self, root: Path, model: dict, agent, sandbox: dict):
+    def __init__(self, root: Path, model: ModelConf, agent, sandbox: SandboxConf):
         agent_knobs = {k: v for k, v in dataclasses.asdict(agent).items() if k not in ("iters", "sample")}
         ident = {
             "model": model_identity(model),
             "agent": agent_knobs,
-            "sandbox": without_neutral("sandbox", sandbox),
+            "sandbox": without_neutral("sandbox", dataclasses.asdict(sandbox)),
             "code": _agent_code_digest(),
         }
         self.key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:24]
@@ -83,8 +83,8 @@ class TrajectoryCache:
         self._lock = FileLock(str(self.dir / ".put.lock"))
 
     @staticmethod
-    def applies(model: dict) -> bool:
-        return model.get("backend") not in UNCACHED_BACKENDS
+    def applies(model: ModelConf) -> bool:
+        return model.backend not in UNCACHED_BACKENDS
 
     def _path(self, task: Task, sample: int, candidates: int = 1) -> Path:
         """One file per task and sample; a single_shot stream drafted K > 1 answers a round (flows/stream.py) has its

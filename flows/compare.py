@@ -23,6 +23,7 @@ from pathlib import Path
 from .core import task_order
 from .stats import paired, wilson
 from .sweep import job_labels
+from .schema import TrackingConf
 from .tracking import tracking_uri
 
 
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flows.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_ids", nargs="*", help="MLflow job run ids")
     ap.add_argument("--sweep", help="a sweep's parent run id: compare all its jobs")
-    ap.add_argument("--tracking-uri", default=tracking_uri({}))
+    ap.add_argument("--tracking-uri", default=tracking_uri(TrackingConf()))
     ap.add_argument("--json", type=Path, help="also write the comparison here")
     args = ap.parse_args(argv)
 

@@ -1,32 +1,39 @@
-"""From a Hydra config to checked, typed settings. Bad values fail here with one clear line."""
+"""From a resolved Hydra config to checked, typed settings. Bad values fail here with one clear line.
+
+The records and their defaults are flows/schema.py's (and the modules it names); this adds the range checks a
+type cannot say (iters >= 0, a known protocol...) and builds the agent's own record.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from agents.config import PROTOCOLS, STRATEGIES, AgentConfig, check_config
+from agents.config import PROTOCOLS, AgentConfig, DraftsConf, check_config
+from agents.models.config import ModelConf
+from agents.tasks import DatasetConf
+from sandboxes.config import SandboxConf
 
+from .schema import ConfigError, RunnerConf, TrackingConf, job_conf
+from .stream import parse_plan
 
-class ConfigError(ValueError):
-    """A bad config value. The message names the key, the value and what is allowed."""
+__all__ = ["ConfigError", "JobSettings", "settings_from"]
 
 
 @dataclass
 class JobSettings:
     agent: AgentConfig
-    model: dict
-    sandbox: dict
-    dataset: dict
-    runner: dict
-    tracking: dict
+    model: ModelConf
+    sandbox: SandboxConf
+    dataset: DatasetConf
+    runner: RunnerConf
+    tracking: TrackingConf
     samples: int
-    offline: Any
+    offline: bool | str
     resume: str | None
-    raw: dict
-    cache: bool = True
-    cache_dir: str | None = None
-    run_ahead: int = 0  # a budget sweep's largest budget: each task runs to it once and the cache holds it (flows/core.py)
-    stream: tuple[int, int] | None = None  # a candidates x budgets sweep's stream (K a round, N answers): flows/stream.py
+    raw: dict  # the resolved config as given (logged as the run's params; resume compares it)
+    cache: bool
+    cache_dir: str | None
+    run_ahead: int  # a budget sweep's largest budget: each task runs to it once and the cache holds it (flows/core.py)
+    stream: tuple[int, int] | None  # a candidates x budgets sweep's stream (K a round, N answers): flows/stream.py
 
     @property
     def stream_applies(self) -> bool:
@@ -36,134 +43,53 @@ class JobSettings:
 
     @property
     def run_name(self) -> str:
-        k = f"-k{self.agent.candidates}" if self.agent.candidates > 1 else ""  # several answers per round
-        k += f"-rd{self.agent.redraws}" if self.agent.redraws else ""  # known failures drawn again
-        return self.tracking.get("run_name") or f"{self.model['name']}-{self.agent.strategy}{k}-iters{self.agent.iters}"
+        s, k = self.agent.strategy, ""
+        if isinstance(s, DraftsConf):
+            k += f"-k{s.candidates}" if s.candidates > 1 else ""  # several answers per round
+            k += f"-rd{s.redraws}" if s.redraws else ""  # known failures drawn again
+        return self.tracking.run_name or f"{self.model.name}-{self.agent.strategy.name}{k}-iters{self.agent.iters}"
 
 
-def _int(cfg: dict, key: str, lo: int, label: str | None = None) -> int:
-    v = cfg.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ConfigError(f"{label or key} must be an integer >= {lo}, got {v!r}")
-    return v
-
-
-def _num(cfg: dict, key: str, lo: float, label: str | None = None, hi: float | None = None) -> float:
-    v = cfg.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo or (hi is not None and v > hi):
+def _in_range(label: str, v, lo: float, hi: float | None = None) -> None:
+    if v < lo or (hi is not None and v > hi):
         rng = f">= {lo}" + (f" and <= {hi}" if hi is not None else "")
-        raise ConfigError(f"{label or key} must be a number {rng}, got {v!r}")
-    return float(v)
-
-
-def _bool(cfg: dict, key: str) -> bool:
-    v = cfg.get(key)
-    if not isinstance(v, bool):
-        raise ConfigError(f"{key} must be true or false, got {v!r}")
-    return v
-
-
-def _strategy_knobs(strategy: dict) -> dict:
-    """The strategy's knobs that AgentConfig has, each checked against the type of its default, so that
-    strategy.temperature_step=abc is one line here and not a TypeError from the agent loop per task."""
-    import dataclasses
-
-    fields = {f.name: f for f in dataclasses.fields(AgentConfig)}
-    out = {}
-    for k, v in strategy.items():
-        if k not in fields or k == "strategy":
-            continue
-        f = fields[k]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if isinstance(default, bool):
-            ok, want = isinstance(v, bool), "true or false"
-        elif isinstance(default, int):
-            ok, want = isinstance(v, int) and not isinstance(v, bool), "an integer"
-        elif isinstance(default, float):
-            ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
-        elif isinstance(default, str):
-            ok, want = isinstance(v, str), "a string"
-        elif isinstance(default, (tuple, list)):
-            ok, want = isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                          for x in v), "a list of numbers"
-        else:
-            ok, want = True, ""
-        if not ok:
-            raise ConfigError(f"strategy.{k} must be {want}, got {v!r}")
-        out[k] = tuple(v) if isinstance(default, tuple) else v
-    return out
+        raise ConfigError(f"{label} must be {'an integer' if isinstance(v, int) else 'a number'} {rng}, got {v!r}")
 
 
 def settings_from(cfg: dict) -> JobSettings:
-    """`cfg` is the resolved Hydra config as a plain dict."""
-    strategy = dict(cfg.get("strategy") or {})
-    name = strategy.get("name")
-    if name not in STRATEGIES:
-        raise ConfigError(f"strategy {name!r} is unknown: use strategy={' | strategy='.join(STRATEGIES)}")
-    protocol = cfg.get("protocol")
-    if protocol not in PROTOCOLS:
-        raise ConfigError(f"protocol={protocol!r} is unknown: use one of {', '.join(PROTOCOLS)}")
-    sandbox = dict(cfg.get("sandbox") or {})
-    runner = dict(cfg.get("runner") or {})
-    _int(runner, "workers", 1, "runner.workers")
-    model = dict(cfg.get("model") or {})
-    if not model.get("name") or not model.get("backend"):
-        raise ConfigError("model config needs `name` and `backend` (see conf/model/*.yaml)")
-    offline = cfg.get("offline")
-    if offline not in ("auto", True, False):
-        raise ConfigError(f"offline must be auto, true or false, got {offline!r}")
-    knobs = _strategy_knobs(strategy)
-    iters = _int(cfg, "iters", 0)
-    if cfg.get("answers") is not None:  # answers per task, candidates a round: the budget follows
+    """`cfg` is the resolved Hydra config as a plain dict (or a dict built the same way)."""
+    job = job_conf(cfg)
+    if job.protocol not in PROTOCOLS:
+        raise ConfigError(f"protocol={job.protocol!r} is unknown: use one of {', '.join(PROTOCOLS)}")
+    if job.offline not in ("auto", True, False):
+        raise ConfigError(f"offline must be auto, true or false, got {job.offline!r}")
+    iters = job.iters
+    if job.answers is not None:  # answers per task, candidates a round: the budget follows
         from .stream import iters_for_answers
 
+        _in_range("answers", job.answers, 1)
         try:
-            iters = iters_for_answers(_int(cfg, "answers", 1), knobs.get("candidates", 1))
+            iters = iters_for_answers(job.answers, getattr(job.strategy, "candidates", 1))
         except ValueError as e:
             raise ConfigError(str(e)) from None
         cfg = {**cfg, "iters": iters}  # what the run logs is the budget that ran
-    agent = AgentConfig(
-        strategy=name,
-        iters=iters,
-        protocol=protocol,
-        temperature=_num(cfg, "temperature", 0.0, hi=5.0),
-        max_new_tokens=_int(cfg, "max_new_tokens", 1),
-        seed=_int(cfg, "seed", 0),
-        timeout_s=_num(sandbox, "timeout_s", 0.001, "sandbox.timeout_s"),
-        audit_passes=_bool({"sandbox.audit": sandbox.get("audit", True)}, "sandbox.audit"),
-        strict=_bool({"sandbox.strict": sandbox.get("strict", False)}, "sandbox.strict"),
-        **knobs,
-    )
+    for label, v, lo, hi in (("iters", iters, 0, None), ("temperature", job.temperature, 0.0, 5.0),
+                             ("max_new_tokens", job.max_new_tokens, 1, None), ("seed", job.seed, 0, None),
+                             ("samples", job.samples, 1, None), ("runner.workers", job.runner.workers, 1, None),
+                             ("sandbox.timeout_s", job.sandbox.timeout_s, 0.001, None),
+                             ("strategy.resample_temperature", job.strategy.resample_temperature, 0.0, 5.0)):
+        _in_range(label, v, lo, hi)
+    agent = AgentConfig(strategy=job.strategy, iters=iters, protocol=job.protocol, temperature=job.temperature,
+                        max_new_tokens=job.max_new_tokens, seed=job.seed, timeout_s=job.sandbox.timeout_s,
+                        audit_passes=job.sandbox.audit, strict=job.sandbox.strict)
     try:
         check_config(agent)  # schedules, feedback styles, tool formats: one line here, not one error per task
     except ValueError as e:
         raise ConfigError(f"strategy: {e}") from None
-    if agent.strategy == "single_shot":
-        _num(strategy, "resample_temperature", 0.0, "strategy.resample_temperature", 5.0)
     return JobSettings(
-        agent=agent, model=model, sandbox=sandbox, dataset=dict(cfg.get("dataset") or {}), runner=runner,
-        tracking=dict(cfg.get("tracking") or {}), samples=_int(cfg, "samples", 1), offline=offline,
-        resume=cfg.get("resume"), raw=cfg, cache=_bool(cfg, "cache"), cache_dir=cfg.get("cache_dir"),
-        run_ahead=sweep_budget() if cfg.get("sweep_ahead", True) is not False else 0,
-        stream=sweep_stream() if cfg.get("sweep_ahead", True) is not False else None,
+        agent=agent, model=job.model, sandbox=job.sandbox, dataset=job.dataset, runner=job.runner,
+        tracking=job.tracking, samples=job.samples, offline=job.offline, resume=job.resume, raw=dict(cfg),
+        cache=job.cache, cache_dir=job.cache_dir,
+        run_ahead=(job.sweep_ahead_to or 0) if job.sweep_ahead else 0,
+        stream=parse_plan(job.sweep_stream) if job.sweep_ahead else None,
     )
-
-
-SWEEP_ITERS_ENV = "FIXLAB_SWEEP_MAX_ITERS"  # set by flows/sweep.py for the jobs of a `-m` sweep over iters
-
-
-def sweep_budget() -> int:
-    """The largest budget of the `-m` sweep this job belongs to (0 outside a sweep over iters)."""
-    import os
-
-    v = os.environ.get(SWEEP_ITERS_ENV, "")
-    return int(v) if v.isdigit() else 0
-
-
-def sweep_stream() -> tuple[int, int] | None:
-    """(K, N): the answer stream a `-m` sweep over candidates and budgets cuts its single_shot points from."""
-    import os
-
-    from .stream import STREAM_ENV, parse_plan
-
-    return parse_plan(os.environ.get(STREAM_ENV))

@@ -1,10 +1,10 @@
 """The evaluation core, read top to bottom: which (task, sample) pairs still have to run, how one is repaired,
 how the trajectories are kept, and what they add up to. No Prefect, Hydra or MLflow here: those are adapters
-(flows/prefect_flow.py maps `repair` over the workers, flows/tracking.py logs, flows/evaluate.py is the CLI).
+(flows/prefect_flow.py maps `repair` over the workers, flows/tracking.py logs, flows/job.py puts it together,
+flows/evaluate.py is the CLI).
 
     jobs, done = pending(tasks, samples, store, resume)
-    for job, traj in run_jobs(jobs):          # an adapter: Prefect threads or Dask workers
-        keep(store, traj, on_done)
+    runner(jobs, settings, done)    # Prefect threads or Dask workers; done(job, trajectory or the exception it raised)
     summary = summarize(store.load_all(), tasks, samples, iters)
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ Job = tuple[Task, int]  # a task and the index of its independent sample
 def repair(task: Task, sample: int, agent: AgentConfig, model, sandbox, cache=None, run_ahead: int = 0,
            stream: tuple | None = None) -> Trajectory:
     """One trajectory: cut from a cached longer one, continued from a cached shorter one, or run afresh. A crash
-    becomes an error trajectory (the run goes on; resume runs that task again).
+    outside the agent loop (which keeps its own as the trajectory's error) raises: the runner hands it to run_job
+    (flows/job.py), which records it as an error trajectory, and resume runs that task again.
 
     run_ahead > iters (a sweep's largest budget, with a cache): run the task to that budget now and cut this
     budget's rounds from it. A sweep `iters=0,1,2,3 -m` then decodes each task once, as one conversation (the
@@ -40,28 +41,26 @@ def repair(task: Task, sample: int, agent: AgentConfig, model, sandbox, cache=No
 
     stream = ((K, N), cache): single_shot's point cut from the task's answer stream of N answers, K a round
     (flows/stream.py), run first when the cache does not hold it."""
-    try:
-        cfg = dataclasses.replace(agent, sample=sample)
-        if stream is not None:
-            from .stream import repair_from_stream
+    cfg = dataclasses.replace(agent, sample=sample)
+    if stream is not None:
+        from .stream import repair_from_stream
 
-            plan, stream_cache = stream
-            return repair_from_stream(task, cfg, model, sandbox, stream_cache, plan)
-        prior = cache.get(task, sample) if cache else None
-        if prior is not None and prior.budget >= cfg.iters:
-            return agent_loop.truncate(prior, cfg.iters)  # a longer cached run holds this budget's rounds
-        ahead = cache is not None and run_ahead > cfg.iters
-        traj = agent_loop.run_agent(task, model, sandbox, dataclasses.replace(cfg, iters=run_ahead) if ahead else cfg,
-                                    prior=prior)
-        if cache:
-            cache.put(traj, task)
-        return agent_loop.truncate(traj, cfg.iters) if ahead else traj
-    except Exception as e:  # never let one task kill the run
-        return error_trajectory(task, sample, agent, e)
+        plan, stream_cache = stream
+        return repair_from_stream(task, cfg, model, sandbox, stream_cache, plan)
+    prior = cache.get(task, sample) if cache else None
+    if prior is not None and prior.budget >= cfg.iters:
+        return agent_loop.truncate(prior, cfg.iters)  # a longer cached run holds this budget's rounds
+    ahead = cache is not None and run_ahead > cfg.iters
+    traj = agent_loop.run_agent(task, model, sandbox, dataclasses.replace(cfg, iters=run_ahead) if ahead else cfg,
+                                prior=prior)
+    if cache:
+        cache.put(traj, task)
+    return agent_loop.truncate(traj, cfg.iters) if ahead else traj
 
 
 def error_trajectory(task: Task, sample: int, agent: AgentConfig, e: BaseException) -> Trajectory:
-    return Trajectory(task_id=task.task_id, bug_type=task.bug_type, strategy=agent.strategy, budget=agent.iters,
+    """What a job that raised leaves: no attempts, the error (built here only: run_job calls it)."""
+    return Trajectory(task_id=task.task_id, bug_type=task.bug_type, strategy=agent.strategy.name, budget=agent.iters,
                       sample=sample, error=f"{type(e).__name__}: {e}")
 
 

@@ -721,6 +721,7 @@ def _read_inputs(inputs: list[str], sweep: str | None, uri: str) -> tuple[list[R
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .schema import TrackingConf
     from .tracking import tracking_uri
 
     ap = argparse.ArgumentParser(prog="python -m flows.frontier", description=__doc__.split("\n\n")[0])
@@ -736,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the picture here (PNG) and the HTML page beside it (.html)")
     ap.add_argument("--paired-only", action="store_true",
                     help="leave out runs whose record keeps no per-task outcomes (they are never on the frontier)")
-    ap.add_argument("--tracking-uri", default=tracking_uri({}))
+    ap.add_argument("--tracking-uri", default=tracking_uri(TrackingConf()))
     ap.add_argument("--experiment", default="humanevalfix", help="MLflow experiment of the frontier run")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log the picture on an MLflow run")
     args = ap.parse_args(argv)

@@ -9,7 +9,7 @@ is (tests); in bf16 batch size and drafts move the last bits of a row's logits (
 from __future__ import annotations
 
 RESULT_NEUTRAL = (
-    "resume", "cache", "cache_dir", "sweep_ahead", "offline", "runner.", "tracking.",
+    "resume", "cache", "cache_dir", "sweep_ahead", "sweep_ahead_to", "sweep_stream", "offline", "runner.", "tracking.",
     # model: batching engine, CPU threads, prefix reuse, drafts, llama.cpp slots, HTTP client
     "model.max_batch", "model.gather_ms", "model.max_prefill_tokens", "model.batching", "model.threads",
     "model.skinny_matmul", "model.int8_fuse", "model.sdpa_gqa", "model.prefix_cache_mib", "model.draft_tokens", "model.draft_ngram",

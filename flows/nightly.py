@@ -24,12 +24,11 @@ from pathlib import Path
 
 from prefect import flow
 
-from .config import ConfigError
+from .config import ConfigError, settings_from
 from .core import task_order
 from .neutral import result_neutral
+from .schema import CONF_DIR, NightlyConf, describe, typed
 from .tracking import RunTracker
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 FLOW_NAME = "fixlab-nightly"
 DEPLOYMENT = "nightly"
 
@@ -41,31 +40,27 @@ def compose(overrides: list[str], config_name: str = "nightly") -> dict:
     from omegaconf import OmegaConf
 
     try:
-        with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base=None):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
         return OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:
-        raise ConfigError(" ".join(str(e).split("Config search path")[0].split())[:400]) from None
+        raise ConfigError(describe(e)) from None
 
 
 def nightly_options(cfg: dict) -> dict:
     """conf/nightly.yaml's `nightly` block, checked: a bad value is one line now, not a broken 02:00 run."""
-    opts = dict(cfg.get("nightly") or {})
-    tol = opts.get("tolerance", 0.0)
-    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 <= tol <= 1:
-        raise ConfigError(f"nightly.tolerance must be a number between 0 and 1, got {tol!r}")
-    must = opts.get("must_pass") or []
-    if not isinstance(must, list) or not all(isinstance(t, str) for t in must):
-        raise ConfigError(f"nightly.must_pass must be a list of task ids like [Python/0], got {must!r}")
+    opts = typed(NightlyConf, cfg.get("nightly") or {}, "nightly")
+    if not 0 <= opts.tolerance <= 1:
+        raise ConfigError(f"nightly.tolerance must be a number between 0 and 1, got {opts.tolerance!r}")
     from prefect.client.schemas.schedules import CronSchedule
 
     try:
-        CronSchedule(cron=str(opts.get("cron", "0 2 * * *")), timezone=opts.get("timezone") or "UTC")
+        CronSchedule(cron=opts.cron, timezone=opts.timezone)
     except Exception:
-        raise ConfigError(f"nightly.cron {opts.get('cron')!r} / nightly.timezone {opts.get('timezone')!r}: "
+        raise ConfigError(f"nightly.cron {opts.cron!r} / nightly.timezone {opts.timezone!r}: "
                           f"not a valid cron string and IANA timezone (e.g. '0 2 * * *', UTC)") from None
-    return {"cron": str(opts.get("cron", "0 2 * * *")), "timezone": opts.get("timezone") or "UTC",
-            "tolerance": float(tol), "must_pass": must}
+    return {"cron": opts.cron, "timezone": opts.timezone, "tolerance": float(opts.tolerance),
+            "must_pass": list(opts.must_pass)}
 
 
 def _results(client, run_id: str) -> dict[str, dict]:
@@ -175,7 +170,7 @@ def nightly(overrides: list[str] | None = None, config_name: str = "nightly"):
     from mlflow.entities import Metric
     from prefect.states import Completed, Failed
 
-    from .evaluate import apply_offline, run_job
+    from .job import run_job
     from .workers import close_all
 
     cfg = compose(overrides or [], config_name)
@@ -183,12 +178,12 @@ def nightly(overrides: list[str] | None = None, config_name: str = "nightly"):
     tolerance, must_pass = opts["tolerance"], opts["must_pass"]
     cfg.setdefault("tracking", {})["run_name"] = cfg["tracking"].get("run_name") or \
         f"nightly-{time.strftime('%Y-%m-%d-%H%M', time.gmtime())}"
-    apply_offline(cfg.get("offline", "auto"))
+    settings = settings_from(cfg)
     try:
-        summary = run_job(cfg)
+        summary = run_job(settings)
     finally:
         close_all()
-    tracker = RunTracker(cfg["tracking"])
+    tracker = RunTracker(settings.tracking)
     client = tracker.client
     run_id = summary["run_id"]
     client.set_tag(run_id, "fixlab.nightly", "true")

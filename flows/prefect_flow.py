@@ -1,5 +1,6 @@
-"""Prefect adapter: one Prefect task per (task, sample), mapped over a task runner (threads in this process, or
-Dask worker processes), each trajectory handed to `on_result` as it completes.
+"""Prefect adapter, the default runner of run_job (flows/job.py): one Prefect task per (task, sample), mapped over a
+task runner (threads in this process, or Dask worker processes), each outcome (the trajectory, or the exception the
+task raised) handed to `done` as it completes.
 
 The flow's inputs stay in this process, held by the flow function: Prefect stores a flow's parameters on
 its server (512 KB limit; 164 tasks are more) and the callback holds the MLflow client, the task store and locks.
@@ -14,7 +15,8 @@ from typing import Callable
 from agents.types import Trajectory
 
 from .config import ConfigError, JobSettings
-from .core import Job, error_trajectory
+from .core import Job
+from .schema import DaskRunnerConf, RunnerConf, ThreadsRunnerConf
 
 
 class _ThisProcess:
@@ -27,60 +29,60 @@ class _ThisProcess:
         return {}
 
 
-def run_jobs(jobs: list[Job], settings: JobSettings, on_result: Callable[[Trajectory], None]) -> None:
+def run_jobs(jobs: list[Job], settings: JobSettings, done: Callable[[Job, Trajectory | BaseException], None]) -> None:
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
     from prefect.futures import as_completed
 
+    from .prefect_api import ensure_prefect_api
     from .workers import repair_in_process  # by name, so Dask workers can import it
 
+    ensure_prefect_api()  # a temporary server that dies with the job, unless PREFECT_API_URL is set
     repair = task(repair_in_process, name="repair", cache_policy=NO_CACHE, persist_result=False)
 
-    box = _ThisProcess(jobs=jobs, settings=settings, on_result=on_result, repair=repair)
+    box = _ThisProcess(jobs=jobs, settings=settings, done=done, repair=repair)
 
     @flow(name="humanevalfix-evaluate", persist_result=False, log_prints=False)
     def evaluate_flow() -> None:
-        jobs, settings, on_result, repair = box.jobs, box.settings, box.on_result, box.repair
+        jobs, settings, done, repair = box.jobs, box.settings, box.done, box.repair
         futures = {repair.submit(t, s, settings): (t, s) for t, s in jobs}
         for fut in as_completed(list(futures)):
-            t, s = futures[fut]
             try:
-                traj = fut.result()
+                outcome = fut.result()
             except Exception as e:  # a worker process died under it
-                traj = error_trajectory(t, s, settings.agent, e)
-            on_result(traj)
+                outcome = e
+            done(futures[fut], outcome)
 
     evaluate_flow.with_options(task_runner=task_runner(settings.runner))()
 
 
-def task_runner(runner: dict):
+def task_runner(runner: RunnerConf):
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    name = runner.get("name", "threads")
-    if name == "threads":
-        return ThreadPoolTaskRunner(max_workers=runner["workers"])
-    if name == "dask":
+    if isinstance(runner, ThreadsRunnerConf):
+        return ThreadPoolTaskRunner(max_workers=runner.workers)
+    if isinstance(runner, DaskRunnerConf):
         import logging
 
         from prefect_dask import DaskTaskRunner
 
         logging.getLogger("distributed").setLevel(logging.WARNING)  # per-worker INFO lines drown the progress
-        if runner.get("address"):
-            return DaskTaskRunner(address=runner["address"])
+        if runner.address:
+            return DaskTaskRunner(address=runner.address)
         # A local cluster of worker processes; each loads the model once (flows/workers.py) for all its tasks.
         return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs={
-            "n_workers": runner["workers"], "threads_per_worker": runner.get("threads_per_worker", 4),
+            "n_workers": runner.workers, "threads_per_worker": runner.threads_per_worker,
             "processes": True, "dashboard_address": None})
-    raise ConfigError(f"runner {name!r} is unknown: use runner=threads or runner=dask")
+    raise ConfigError(f"runner {runner.name!r} is unknown: use runner=threads or runner=dask")
 
 
-def check_runner(runner: dict) -> None:
+def check_runner(runner: RunnerConf) -> None:
     """An unreachable Dask scheduler is one line before the run starts, not a flow failure 30 s later."""
-    if runner.get("name") != "dask" or not runner.get("address"):
+    if not isinstance(runner, DaskRunnerConf) or not runner.address:
         return
     from urllib.parse import urlparse
 
-    addr = str(runner["address"])
+    addr = str(runner.address)
     u = urlparse(addr if "://" in addr else f"tcp://{addr}")
     try:
         with socket.create_connection((u.hostname, u.port or 8786), timeout=5):

@@ -24,12 +24,9 @@ import math
 import threading
 
 from agents import loop as agent_loop
-from agents.config import AgentConfig
+from agents.config import AgentConfig, SingleShotConf
 from agents.models.base import Generation, GenRequest, RequestError
 from agents.types import Task, Trajectory
-
-STREAM_ENV = "FIXLAB_SWEEP_STREAM"  # "K,N", set by flows/sweep.py for the jobs of a -m sweep over candidates/iters
-
 
 class StreamMiss(RuntimeError):
     """A cut asked for an answer the stream does not hold (a bug, or a stream made with another config)."""
@@ -37,34 +34,35 @@ class StreamMiss(RuntimeError):
 
 def applies(agent: AgentConfig, plan: tuple[int, int] | None) -> bool:
     """Whether this job's point can be cut from a stream of plan = (K answers a round, N answers)."""
-    if plan is None or agent.strategy != "single_shot" or agent.redraws:
+    if plan is None or not isinstance(agent.strategy, SingleShotConf) or agent.strategy.redraws:
         return False
     K, N = plan
-    return K % agent.candidates == 0 and agent.candidates * (agent.iters + 1) <= N
+    k = agent.strategy.candidates
+    return K % k == 0 and k * (agent.iters + 1) <= N
 
 
 def stream_config(agent: AgentConfig, plan: tuple[int, int]) -> AgentConfig:
     K, N = plan
-    return dataclasses.replace(agent, candidates=K, iters=N // K - 1)
+    return dataclasses.replace(agent, strategy=dataclasses.replace(agent.strategy, candidates=K), iters=N // K - 1)
 
 
 def repair_from_stream(task: Task, cfg: AgentConfig, model, sandbox, cache, plan: tuple[int, int]) -> Trajectory:
     """This point's trajectory, cut from the task's stream (run first when the cache does not hold it yet)."""
     scfg = stream_config(cfg, plan)
-    K = scfg.candidates
+    K = scfg.strategy.candidates
     stream = cache.get(task, cfg.sample, candidates=K)
     if stream is None or stream.budget < scfg.iters:
         stream = agent_loop.run_agent(task, model, sandbox, scfg, prior=stream)
         if stream.error is not None:  # the caller turns it into this point's error trajectory
             raise RuntimeError(f"the stream of {task.task_id} failed: {stream.error}")
         cache.put(stream, task, candidates=K)
-    if cfg.candidates == K:
+    if cfg.strategy.candidates == K:
         return agent_loop.truncate(stream, cfg.iters)
     return cut(stream, K, task, cfg, sandbox)
 
 
 def cut(stream: Trajectory, K: int, task: Task, cfg: AgentConfig, sandbox) -> Trajectory:
-    """(cfg.candidates, cfg.iters) replayed from the recorded answers of a stream drafted K a round."""
+    """(cfg.strategy.candidates, cfg.iters) replayed from the recorded answers of a stream drafted K a round."""
     answers = RecordedAnswers(stream)
     traj = agent_loop.run_agent(task, answers, sandbox, cfg)
     if answers.missed:
@@ -130,11 +128,9 @@ def iters_for_answers(answers: int, candidates: int) -> int:
     return answers // candidates - 1
 
 
-def parse_plan(value: str | None) -> tuple[int, int] | None:
-    if not value:
+def parse_plan(value: list[int] | None) -> tuple[int, int] | None:
+    """The job config's `sweep_stream` ([K, N], set by the sweep callback) as a plan; None when absent or not one."""
+    if not value or len(value) != 2:
         return None
-    try:
-        K, N = (int(x) for x in value.split(","))
-    except ValueError:
-        return None
+    K, N = (int(x) for x in value)
     return (K, N) if K >= 1 and N >= K and N % K == 0 else None

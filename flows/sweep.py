@@ -17,11 +17,11 @@ import sys
 import time
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from .config import SWEEP_ITERS_ENV
-from .stream import STREAM_ENV, stream_plan
 from .neutral import result_neutral
+from .schema import TrackingConf, typed
+from .stream import stream_plan
 from .tracking import PARENT_ENV, RunTracker, git_state
 
 # Params that differ between jobs without being what the sweep is about.
@@ -36,7 +36,8 @@ class SweepParentRun(Callback):
         self.t0 = 0.0
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        tracking = OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config else {}
+        tracking = typed(TrackingConf, OmegaConf.to_container(config.tracking, resolve=True) if "tracking" in config
+                         else {}, "tracking")
         overrides = list(config.hydra.overrides.task) if "hydra" in config else []
         swept = [o for o in overrides if "," in o or "range(" in o or "choice(" in o]
         self.tracker = RunTracker(tracking)
@@ -47,10 +48,13 @@ class SweepParentRun(Callback):
         os.environ[PARENT_ENV] = self.run_id
         budgets = swept_budgets(overrides)
         if len(budgets) > 1:  # each task runs to the largest budget once; the other jobs cut it (flows/core.py)
-            os.environ[SWEEP_ITERS_ENV] = str(max(budgets))
+            # An override every job of the sweep gets: Hydra's sweeper reads the task overrides after this callback.
+            with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
+                config.hydra.overrides.task.append(f"sweep_ahead_to={max(budgets)}")
         plan = stream_plan(sweep_points(overrides, config))
         if plan:  # single_shot: one stream of answers per task holds every (candidates, iters) job (flows/stream.py)
-            os.environ[STREAM_ENV] = f"{plan[0]},{plan[1]}"
+            with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
+                config.hydra.overrides.task.append(f"sweep_stream=[{plan[0]},{plan[1]}]")
         self.t0 = time.perf_counter()
         atexit.register(self._abandon)  # a job that ends the process (bad config) must not leave it RUNNING
         SweepParentRun.live = self
@@ -64,8 +68,6 @@ class SweepParentRun(Callback):
             self.tracker.client.set_terminated(self.run_id, status="FINISHED")
         finally:
             os.environ.pop(PARENT_ENV, None)
-            os.environ.pop(SWEEP_ITERS_ENV, None)
-            os.environ.pop(STREAM_ENV, None)
             self.run_id = None
 
     def _abandon(self, status: str = "FAILED") -> None:
@@ -87,7 +89,10 @@ def swept_budgets(overrides: list[str]) -> list[int]:
     """The budgets an `iters=...` sweep override lists (iters=0,1,2,3, iters=range(0,4)...); [] when iters is not swept
     or the override cannot be read (the sweep then simply runs each budget on its own)."""
     values = _values(overrides, "iters")
-    return sorted({int(v) for v in values}) if len(values) > 1 else []
+    try:
+        return sorted({int(v) for v in values}) if len(values) > 1 else []
+    except (TypeError, ValueError):  # iters=a,b: each job fails on its own, in one line
+        return []
 
 
 def _values(overrides: list[str], key: str) -> list:

@@ -26,22 +26,25 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterable
 
+from agents.tasks import project_root
+
 from .config import ConfigError
 from .core import safe_name, task_order
 from .neutral import result_neutral
+from .schema import TrackingConf
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-MLRUNS = REPO_ROOT / "mlruns"
+MLRUNS = project_root() / "mlruns"  # the checkout's (or, installed, the working directory's)
 # Set by the sweep callback (flows/sweep.py): every job of a Hydra multirun becomes a child of this run.
 PARENT_ENV = "FIXLAB_PARENT_RUN_ID"
 
 
-def tracking_uri(tracking: dict) -> str:
-    return tracking.get("uri") or f"sqlite:///{MLRUNS / 'mlflow.db'}"
+def tracking_uri(tracking: TrackingConf) -> str:
+    return tracking.uri or f"sqlite:///{MLRUNS / 'mlflow.db'}"
 
 
-def artifact_root(tracking: dict) -> str:
-    return Path(tracking.get("artifacts") or MLRUNS / "artifacts").resolve().as_uri()
+def artifact_root(tracking: TrackingConf) -> str:
+    return Path(tracking.artifacts or MLRUNS / "artifacts").resolve().as_uri()
 
 
 # ---------------------------------------------------------------- one sqlite store, many processes
@@ -195,7 +198,7 @@ def machine_name() -> str:
 class RunTracker:
     """One MLflow run per Hydra job. Thread-safe enough for per-task logging (one file per task)."""
 
-    def __init__(self, tracking: dict):
+    def __init__(self, tracking: TrackingConf):
         import mlflow
 
         self.mlflow = mlflow
@@ -203,11 +206,11 @@ class RunTracker:
         self.client = open_client(self.uri)
         mlflow.set_tracking_uri(self.uri)
         db = sqlite_path(self.uri)
-        self.experiment_id = get_or_create_experiment(self.client, tracking.get("experiment", "humanevalfix"),
+        self.experiment_id = get_or_create_experiment(self.client, tracking.experiment,
                                                       artifact_root(tracking), store_lock(db) if db else None)
         self.run_id: str | None = None
         # Local per-task state (resume) lives beside the artifacts: mlruns/state by default.
-        self.store_dir = Path(tracking.get("artifacts") or MLRUNS / "artifacts").resolve().parent
+        self.store_dir = Path(tracking.artifacts or MLRUNS / "artifacts").resolve().parent
         self._claim = None
 
     def start(self, run_name: str, params: dict, tags: dict, resume_run_id: str | None = None) -> str:
@@ -512,4 +515,4 @@ if __name__ == "__main__":
     # so a server opening a fresh store cannot run its migrations at the same moment as a job starting beside it.
     if len(sys.argv) < 2 or sys.argv[1] != "init-store":
         sys.exit("usage: python -m flows.tracking init-store [TRACKING_URI]")
-    open_client(sys.argv[2] if len(sys.argv) > 2 else tracking_uri({}))
+    open_client(sys.argv[2] if len(sys.argv) > 2 else tracking_uri(TrackingConf()))

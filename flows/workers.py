@@ -38,17 +38,22 @@ def model_and_sandbox(settings: JobSettings) -> tuple:
     def make():
         sandbox = make_sandbox(settings.sandbox)
         model = build_model(settings.model, dataset=settings.dataset)
-        print(f"fixlab: process {os.getpid()} loaded model {settings.model.get('name')}", file=sys.stderr, flush=True)
+        print(f"fixlab: process {os.getpid()} loaded model {settings.model.name}", file=sys.stderr, flush=True)
         return model, sandbox
-    return _once(["context", settings.model, settings.sandbox, settings.dataset], make)
+    return _once(["context", _record(settings.model), _record(settings.sandbox), _record(settings.dataset)], make)
 
 
 def trajectory_cache(settings: JobSettings) -> TrajectoryCache | None:
     if not settings.cache or not TrajectoryCache.applies(settings.model):
         return None
-    return _once(["cache", settings.cache_dir, settings.model, settings.sandbox, repr(settings.agent)],
+    key = ["cache", settings.cache_dir, _record(settings.model), _record(settings.sandbox), repr(settings.agent)]
+    return _once(key,
                  lambda: TrajectoryCache(Path(settings.cache_dir) if settings.cache_dir else default_cache_dir(),
                                          settings.model, settings.agent, settings.sandbox))
+
+
+def _record(conf) -> dict:
+    return {"record": type(conf).__name__, **dataclasses.asdict(conf)}
 
 
 def stream_cache(settings: JobSettings) -> TrajectoryCache | None:
@@ -56,25 +61,24 @@ def stream_cache(settings: JobSettings) -> TrajectoryCache | None:
     the stream's answers into rounds."""
     if not settings.cache or not TrajectoryCache.applies(settings.model):
         return None
-    agent = dataclasses.replace(settings.agent, candidates=1)
-    return _once(["stream-cache", settings.cache_dir, settings.model, settings.sandbox, repr(agent)],
+    agent = dataclasses.replace(settings.agent, strategy=dataclasses.replace(settings.agent.strategy, candidates=1))
+    key = ["stream-cache", settings.cache_dir, _record(settings.model), _record(settings.sandbox), repr(agent)]
+    return _once(key,
                  lambda: TrajectoryCache(Path(settings.cache_dir) if settings.cache_dir else default_cache_dir(),
                                          settings.model, agent, settings.sandbox))
 
 
-def repair_in_process(task: Task, sample: int, settings: JobSettings) -> Trajectory:
-    """One task with this process's model, sandbox and cache (core.repair turns a crash into an error trajectory;
-    so does a model that cannot be built in a worker)."""
+def repair_in_process(task: Task, sample: int, settings: JobSettings) -> Trajectory | Exception:
+    """One task with this process's model, sandbox and cache. A crash (a model that cannot be built in a worker
+    included) is returned, not raised: Prefect would log a traceback per task, and run_job (flows/job.py) makes the
+    error trajectory of it."""
     try:
         model, sandbox = model_and_sandbox(settings)
-        cache = trajectory_cache(settings)
         scache = stream_cache(settings) if settings.stream_applies else None
+        return repair(task, sample, settings.agent, model, sandbox, trajectory_cache(settings),
+                      run_ahead=settings.run_ahead, stream=(settings.stream, scache) if scache is not None else None)
     except Exception as e:
-        from .core import error_trajectory
-
-        return error_trajectory(task, sample, settings.agent, e)
-    return repair(task, sample, settings.agent, model, sandbox, cache, run_ahead=settings.run_ahead,
-                  stream=(settings.stream, scache) if scache is not None else None)
+        return e
 
 
 def close_all() -> None:

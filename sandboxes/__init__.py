@@ -2,26 +2,27 @@
 from __future__ import annotations
 
 from .base import ExecResult, Sandbox, SandboxUnavailable
+from .config import SANDBOX_CONFS, DockerSandboxConf, E2BSandboxConf, LocalSandboxConf, SandboxConf
 from .program import IMPORT_HELPER, build_program
 
 
-def make_sandbox(cfg: dict) -> Sandbox:
-    """Build the backend named by cfg["backend"] (conf/sandbox/*.yaml)."""
-    backend = cfg.get("backend", "local")
-    opts = {k: v for k, v in cfg.items() if k not in ("backend", "timeout_s", "audit", "strict")}  # caller's keys
-    if backend == "local":
+def make_sandbox(conf: SandboxConf) -> Sandbox:
+    """The backend `conf` is the record of (sandboxes/config.py; conf/sandbox/*.yaml)."""
+    if isinstance(conf, LocalSandboxConf):
         from .local import LocalSandbox
 
-        return LocalSandbox(**opts)
-    if backend == "docker":
+        return LocalSandbox(conf)
+    if isinstance(conf, DockerSandboxConf):
         from .docker import DockerSandbox
 
-        return DockerSandbox(**opts)
-    if backend == "e2b":
+        return DockerSandbox(conf)
+    if isinstance(conf, E2BSandboxConf):
         from .e2b import E2BSandbox
 
-        return E2BSandbox(**opts)
-    raise SandboxUnavailable(f"unknown sandbox backend {backend!r}: use sandbox=local, sandbox=docker or sandbox=e2b")
+        return E2BSandbox(conf)
+    options = ", ".join(f"sandbox={name}" for name in SANDBOX_CONFS)
+    raise SandboxUnavailable(f"unknown sandbox backend {conf.backend!r}: use {options}")
 
 
-__all__ = ["ExecResult", "Sandbox", "SandboxUnavailable", "IMPORT_HELPER", "build_program", "make_sandbox"]
+__all__ = ["ExecResult", "Sandbox", "SandboxConf", "SandboxUnavailable", "IMPORT_HELPER", "build_program",
+           "make_sandbox"]

@@ -9,6 +9,7 @@ import json
 import sys
 
 from . import SandboxUnavailable, make_sandbox
+from .config import SANDBOX_CONFS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot read {args.file}: {e}", file=sys.stderr)
         return 2
     try:
-        sbx = make_sandbox({"backend": args.backend, "workers": 1} if args.backend != "e2b" else {"backend": "e2b"})
+        record = SANDBOX_CONFS[args.backend]
+        sbx = make_sandbox(record() if args.backend == "e2b" else record(workers=1))
     except SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -21,19 +21,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from .base import OUTPUT_CAP_BYTES, SandboxUnavailable
+from .base import SandboxUnavailable
+from .config import DockerSandboxConf, conf_with
 from .local import _JAIL, _WORKER_CAPS, _WorkerPool, _Worker, _live
 
 log = logging.getLogger("sandboxes.docker")
 
-DEFAULT_IMAGE = "fixlab-sandbox:latest"
+DEFAULT_IMAGE = DockerSandboxConf.image  # fixlab's own image: the only one built on first use
 _SCRATCH = "/scratch"            # the container's only writable place (tmpfs); one dir per program below it
 _CTL_DIR = "/run/fixlab"         # the host's socket directory, bind-mounted read-only
 _JAIL_IN = "/opt/fixlab/_jail.py"  # sandboxes/_jail.py, bind-mounted read-only: the image never goes stale
 _LABEL = "fixlab.sandbox"
-_OPTIONS = {"workers", "mode", "image", "memory_mb", "container_memory_mb", "cpus", "pids_limit", "cpu_s",
-            "max_processes", "max_file_mb", "max_open_files", "max_output_mb", "scratch_mb", "allow_fork",
-            "uid_base", "docker", "cgroup_parent", "ready_timeout_s", "output_cap_bytes", "build_image"}
 
 
 def _start_time(pid: int) -> str | None:
@@ -258,18 +256,14 @@ class DockerSandbox(_WorkerPool):
     isolated = True    # own pid namespace: the worker's kill(-1) ends whatever a program left behind
     switch_uid = True  # the worker is the container's root (6 capabilities); each program runs as uid_base+slot
 
-    def __init__(self, workers: int | None = None, mode: str = "fork", image: str = DEFAULT_IMAGE,
-                 memory_mb: int = 2048, container_memory_mb: int | None = None, cpus: float = 1.0,
-                 pids_limit: int = 64, cpu_s: int = 60, max_processes: int = 32, max_file_mb: int = 64,
-                 max_open_files: int = 256, max_output_mb: int = 16, scratch_mb: int = 256,
-                 allow_fork: bool = False, uid_base: int | None = None, docker: str = "docker",
-                 cgroup_parent: str | None = None, ready_timeout_s: float = 120.0, output_cap_bytes: int = OUTPUT_CAP_BYTES,
-                 build_image: bool = True, **unknown):
-        if unknown:
-            raise SandboxUnavailable(f"unknown docker sandbox option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+    def __init__(self, conf: DockerSandboxConf | None = None, **options):
+        """`conf` (sandboxes/config.py: the defaults), or its defaults, with keyword `options` applied."""
+        c = conf_with(DockerSandboxConf, conf, options)
         # uids apart from the local backend's (100000+...): RLIMIT_NPROC counts per uid across the machine.
-        self._init_pool(workers, mode, memory_mb, cpu_s, max_processes, max_file_mb, max_open_files,
-                        max_output_mb, scratch_mb, allow_fork, uid_base, 800000, ready_timeout_s, output_cap_bytes)
+        self._init_pool(c, 800000)
+        image, memory_mb, scratch_mb, cpus, pids_limit = c.image, c.memory_mb, c.scratch_mb, c.cpus, c.pids_limit
+        container_memory_mb, cgroup_parent, docker, build_image = (c.container_memory_mb, c.cgroup_parent, c.docker,
+                                                                   c.build_image)
         if container_memory_mb is None:  # the program, its scratch (tmpfs pages count) and the worker itself
             container_memory_mb = int(memory_mb + scratch_mb + 256)
         for k, v in (("cpus", cpus), ("container_memory_mb", container_memory_mb)):

@@ -20,14 +20,13 @@ import time
 import weakref
 
 from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable, tail_note
+from .config import E2BSandboxConf, conf_with
 from .local import parse_failure
 
 log = logging.getLogger("sandboxes.e2b")
 _live: "weakref.WeakSet[E2BSandbox]" = weakref.WeakSet()
 
 _RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jail.py")
-_OPTIONS = {"template", "sandbox_timeout_s", "request_timeout_s", "timeout_margin_s", "memory_mb", "cpu_s",
-            "max_file_mb", "max_open_files", "max_output_mb", "api_key"}
 
 # Runs inside the remote Jupyter kernel. Kept free of the secret's use: it only compares and reports.
 BOOTSTRAP = r'''
@@ -110,11 +109,10 @@ class E2BSandbox:
 
     name = "e2b"
 
-    def __init__(self, template: str | None = None, sandbox_timeout_s: int = 3600, request_timeout_s: float = 60.0,
-                 timeout_margin_s: float = 15.0, memory_mb: int = 2048, cpu_s: int = 60, max_file_mb: int = 64,
-                 max_open_files: int = 256, max_output_mb: int = 16, api_key: str | None = None, **unknown):
-        if unknown:
-            raise SandboxUnavailable(f"unknown e2b sandbox option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+    def __init__(self, conf: E2BSandboxConf | None = None, api_key: str | None = None, **options):
+        """`conf` (sandboxes/config.py: the defaults), or its defaults, with keyword `options` applied. The API key is
+        an argument, not a config key (a config is logged with the run), and defaults to $E2B_API_KEY."""
+        c = conf_with(E2BSandboxConf, conf, options)
         self.debug = os.environ.get("E2B_DEBUG", "false").lower() == "true"
         self.api_key = api_key or os.environ.get("E2B_API_KEY")
         if not self.api_key and not self.debug:
@@ -125,12 +123,12 @@ class E2BSandbox:
         except ImportError as e:
             raise SandboxUnavailable(f"e2b-code-interpreter is not installed ({e}): pip install "
                                      "e2b-code-interpreter==2.11.5") from e
-        self.template = template
-        self.sandbox_timeout_s, self.request_timeout_s = int(sandbox_timeout_s), float(request_timeout_s)
-        self.timeout_margin_s = float(timeout_margin_s)
-        self.max_output_bytes = int(max_output_mb * 1024 * 1024)
-        self.limits = {"memory_bytes": int(memory_mb * 1024 * 1024), "cpu_s": int(cpu_s),
-                       "file_bytes": int(max_file_mb * 1024 * 1024), "open_files": int(max_open_files)}
+        self.template = c.template
+        self.sandbox_timeout_s, self.request_timeout_s = int(c.sandbox_timeout_s), float(c.request_timeout_s)
+        self.timeout_margin_s = float(c.timeout_margin_s)
+        self.max_output_bytes = int(c.max_output_mb * 1024 * 1024)
+        self.limits = {"memory_bytes": int(c.memory_mb * 1024 * 1024), "cpu_s": int(c.cpu_s),
+                       "file_bytes": int(c.max_file_mb * 1024 * 1024), "open_files": int(c.max_open_files)}
         with open(_RUNNER, encoding="utf-8") as f:
             self._runner_src = f.read()
         self._local = threading.local()

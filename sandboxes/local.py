@@ -29,7 +29,8 @@ import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable, tail_note
+from .base import ExecResult, SandboxUnavailable, tail_note
+from .config import LocalSandboxConf, PoolSandboxConf, conf_with
 from .frames import parse_frames
 from .procs import processes_of_uids
 
@@ -41,9 +42,6 @@ _PROGRAM = "program.py"
 _NS_FLAGS = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
 # The worker keeps these to switch each child to its own uid, kill what the child left and clean its dir.
 _WORKER_CAPS = ["CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"]
-_OPTIONS = {"workers", "mode", "require_isolation", "memory_mb", "cpu_s", "max_processes", "max_file_mb",
-            "max_open_files", "max_output_mb", "scratch_mb", "allow_fork", "uid_base", "bwrap", "python",
-            "ready_timeout_s", "output_cap_bytes"}
 
 _probe_lock = threading.Lock()
 _probe_cache: dict[str, str | None] = {}
@@ -445,31 +443,29 @@ class _WorkerPool:
     isolated = False
     switch_uid = False
 
-    def _init_pool(self, workers, mode, memory_mb, cpu_s, max_processes, max_file_mb, max_open_files,
-                   max_output_mb, scratch_mb, allow_fork, uid_base, default_uid_base, ready_timeout_s,
-                   output_cap_bytes) -> None:
-        """Check and keep the options every backend shares (each error one line)."""
+    def _init_pool(self, c: PoolSandboxConf, default_uid_base: int) -> None:
+        """Check and keep the options every backend with a worker pool shares (each error one line)."""
+        mode, workers, uid_base = c.mode, c.workers, c.uid_base
         if mode not in ("fork", "fresh"):
             raise SandboxUnavailable(f"sandbox mode must be 'fork' or 'fresh', got {mode!r}")
         n = workers if workers is not None else (os.cpu_count() or 1)
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise SandboxUnavailable(f"sandbox workers must be a positive integer, got {workers!r}")
-        for k, v in (("memory_mb", memory_mb), ("cpu_s", cpu_s), ("max_processes", max_processes),
-                     ("max_file_mb", max_file_mb), ("max_open_files", max_open_files),
-                     ("max_output_mb", max_output_mb), ("scratch_mb", scratch_mb),
-                     ("output_cap_bytes", output_cap_bytes)):
+        for k in ("memory_mb", "cpu_s", "max_processes", "max_file_mb", "max_open_files", "max_output_mb",
+                  "scratch_mb", "output_cap_bytes"):
+            v = getattr(c, k)
             if not isinstance(v, (int, float)) or v <= 0:
                 raise SandboxUnavailable(f"sandbox option {k} must be a positive number, got {v!r}")
-        self.mode, self.workers, self.allow_fork = mode, n, bool(allow_fork)
+        self.mode, self.workers, self.allow_fork = mode, n, bool(c.allow_fork)
         if uid_base is None:  # per process, so that sandboxes of parallel processes do not share uids
             uid_base = default_uid_base + (os.getpid() % 10000) * 64
-        self.scratch_mb, self.uid_base = int(scratch_mb), int(uid_base)
-        self.ready_timeout_s = float(ready_timeout_s)
-        self.max_output_bytes = int(max_output_mb * 1024 * 1024)
-        self.output_cap_bytes = int(output_cap_bytes)
-        self.limits = {"memory_bytes": int(memory_mb * 1024 * 1024), "cpu_s": int(cpu_s),
-                       "processes": int(max_processes), "file_bytes": int(max_file_mb * 1024 * 1024),
-                       "open_files": int(max_open_files)}
+        self.scratch_mb, self.uid_base = int(c.scratch_mb), int(uid_base)
+        self.ready_timeout_s = float(c.ready_timeout_s)
+        self.max_output_bytes = int(c.max_output_mb * 1024 * 1024)
+        self.output_cap_bytes = int(c.output_cap_bytes)
+        self.limits = {"memory_bytes": int(c.memory_mb * 1024 * 1024), "cpu_s": int(c.cpu_s),
+                       "processes": int(c.max_processes), "file_bytes": int(c.max_file_mb * 1024 * 1024),
+                       "open_files": int(c.max_open_files)}
         self._lock = threading.Lock()
         self._sem = threading.BoundedSemaphore(n)
         self._idle: list[_Worker] = []
@@ -550,16 +546,11 @@ class LocalSandbox(_WorkerPool):
 
     name = "local"
 
-    def __init__(self, workers: int | None = None, mode: str = "fork", require_isolation: bool = False,
-                 memory_mb: int = 2048, cpu_s: int = 60, max_processes: int = 32, max_file_mb: int = 64,
-                 max_open_files: int = 256, max_output_mb: int = 16, scratch_mb: int = 256,
-                 allow_fork: bool = False, uid_base: int | None = None, bwrap: str = "bwrap",
-                 python: str | None = None, ready_timeout_s: float = 120.0,
-                 output_cap_bytes: int = OUTPUT_CAP_BYTES, **unknown):
-        if unknown:
-            raise SandboxUnavailable(f"unknown local sandbox option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}")
-        self._init_pool(workers, mode, memory_mb, cpu_s, max_processes, max_file_mb, max_open_files,
-                        max_output_mb, scratch_mb, allow_fork, uid_base, 100000, ready_timeout_s, output_cap_bytes)
+    def __init__(self, conf: LocalSandboxConf | None = None, **options):
+        """`conf` (sandboxes/config.py: the defaults), or its defaults, with keyword `options` applied."""
+        c = conf_with(LocalSandboxConf, conf, options)
+        self._init_pool(c, 100000)
+        python, bwrap, require_isolation = c.python, c.bwrap, c.require_isolation
         self.python = python or sys.executable
         self.bwrap = bwrap
         reason = probe_bwrap(bwrap)

@@ -16,6 +16,18 @@ DATA = (REPO / ".." / "shared" / "data" / "humanevalfix_python.jsonl").resolve()
 needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"HumanEvalFix data not found at {DATA}")
 
 
+def job_settings(*overrides: str, config_name: str = "config"):
+    """The typed settings `python -m flows.evaluate OVERRIDES` runs with: composed from conf/ and checked."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from flows.config import settings_from
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose(config_name=config_name, overrides=list(overrides))
+    return settings_from(OmegaConf.to_container(cfg, resolve=True))
+
+
 def base_env(tmp: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PREFECT_HOME=str(tmp / "prefect"),

@@ -7,10 +7,10 @@ import warnings
 
 import pytest
 
-from agents.config import PROTOCOLS, STRATEGIES, AgentConfig, round_seed, round_temperature
+from agents.config import PROTOCOLS, STRATEGIES, round_seed, round_temperature
 from agents.loop import run_agent, truncate
 from agents.models.doubles import ScriptedModel
-from agents_fixtures import fenced, sandbox, task
+from agents_fixtures import agent, fenced, sandbox, task
 from conftest import needs_data
 
 pytestmark = needs_data
@@ -25,7 +25,7 @@ BUGGY = SIG + "    return number % 1.0 + 1.0\n"
 
 def run(outputs, **kw):
     model = ScriptedModel(list(outputs))
-    traj = run_agent(task(2), model, sandbox(), AgentConfig(**kw))
+    traj = run_agent(task(2), model, sandbox(), agent(**kw))
     assert traj.error is None, traj.error
     return traj, model
 
@@ -109,14 +109,14 @@ def test_syntax_path_off_runs_the_code_and_shows_the_error():
 
 
 def test_temperature_schedules_and_seeds():
-    rising = AgentConfig(temperature_schedule="rising", temperature=0.0, temperature_step=0.3, temperature_max=0.8)
+    rising = agent(temperature_schedule="rising", temperature=0.0, temperature_step=0.3, temperature_max=0.8)
     assert [round_temperature(rising, r) for r in range(5)] == [0.0, 0.3, 0.6, 0.8, 0.8]
-    falling = AgentConfig(temperature_schedule="falling")
+    falling = agent(temperature_schedule="falling")
     assert [round_temperature(falling, r) for r in range(5)] == [0.7, 0.5, 0.3, 0.3, 0.3]
-    assert [round_temperature(AgentConfig(temperature=0.4), r) for r in range(3)] == [0.4, 0.4, 0.4]
-    assert round_temperature(AgentConfig(strategy="single_shot"), 1) == 0.8
-    cfg = AgentConfig()
-    assert round_seed(cfg, "Python/2", 1) == round_seed(AgentConfig(), "Python/2", 1)  # reproducible
+    assert [round_temperature(agent(temperature=0.4), r) for r in range(3)] == [0.4, 0.4, 0.4]
+    assert round_temperature(agent(strategy="single_shot"), 1) == 0.8
+    cfg = agent()
+    assert round_seed(cfg, "Python/2", 1) == round_seed(agent(), "Python/2", 1)  # reproducible
     seeds = {round_seed(dataclasses.replace(cfg, sample=s), t, r) for s in range(3) for t in ("a", "b") for r in range(4)}
     assert len(seeds) == 24  # every (sample, task, round) has its own seed
     _, model = run([fenced(WRONG_A), fenced(WRONG_B), fenced(FIX)], strategy="reflection", iters=2,
@@ -185,32 +185,32 @@ def test_budget_does_not_change_rounds_and_continuation_equals_fresh(strategy, k
     assert truncate(long, 1).first_pass_round is None and truncate(long, 1).stop_reason == "budget"
     # continue the short one: only the missing rounds are asked for, and the result equals the fresh long run
     more = ScriptedModel(SCRIPT[2:])
-    cont = run_agent(task(2), more, sandbox(), AgentConfig(iters=3, **kw), prior=short)
+    cont = run_agent(task(2), more, sandbox(), agent(iters=3, **kw), prior=short)
     assert requests(more) == requests(m3)[2:]
     assert view(cont) == view(long) and cont.first_pass_round == 3 and cont.budget == 3
     # a prior made before the last round's feedback was kept: it is computed when continuing
     old = truncate(short, 1)
     old.attempts[-1].feedback = None
     more = ScriptedModel(SCRIPT[2:])
-    assert view(run_agent(task(2), more, sandbox(), AgentConfig(iters=3, **kw), prior=old)) == view(long)
+    assert view(run_agent(task(2), more, sandbox(), agent(iters=3, **kw), prior=old)) == view(long)
 
 
 def test_continuing_a_finished_or_longer_prior_runs_nothing():
     solved, _ = run([fenced(FIX)], strategy="reflection", iters=1)
     none = ScriptedModel([])
-    again = run_agent(task(2), none, sandbox(), AgentConfig(strategy="reflection", iters=3), prior=solved)
+    again = run_agent(task(2), none, sandbox(), agent(strategy="reflection", iters=3), prior=solved)
     assert none.requests == [] and again.first_pass_round == 0 and again.budget == 3
     long, _ = run(SCRIPT, strategy="reflection", iters=3)
-    cut = run_agent(task(2), none, sandbox(), AgentConfig(strategy="reflection", iters=2), prior=long)
+    cut = run_agent(task(2), none, sandbox(), agent(strategy="reflection", iters=2), prior=long)
     assert none.requests == [] and view(cut) == view(long)[:3]
 
 
 def test_prior_from_another_config_is_refused():
     short, _ = run(SCRIPT, strategy="reflection", iters=1)
-    traj = run_agent(task(2), ScriptedModel(SCRIPT), sandbox(), AgentConfig(strategy="reflection", iters=1))
+    traj = run_agent(task(2), ScriptedModel(SCRIPT), sandbox(), agent(strategy="reflection", iters=1))
     assert traj.agent_key == short.agent_key
     with pytest.raises(ValueError, match="another agent config"):
-        run_agent(task(2), ScriptedModel(SCRIPT), sandbox(), AgentConfig(strategy="reflection", iters=3, seed=1),
+        run_agent(task(2), ScriptedModel(SCRIPT), sandbox(), agent(strategy="reflection", iters=3, seed=1),
                   prior=short)
 
 
@@ -307,11 +307,15 @@ class BySeedModel:
 
 @pytest.mark.parametrize("strategy", ["reflection", "single_shot"])
 def test_candidates_keep_the_first_that_passes_and_count_every_run(strategy):
-    cfg = AgentConfig(strategy=strategy, iters=1, candidates=3)
+    cfg = agent(strategy=strategy, iters=1, candidates=3)
     t = task(2)
     script = {(0, 0): WRONG_A, (0, 1): "# same\n" + WRONG_A, (0, 2): WRONG_B,
               (1, 0): BUGGY, (1, 1): FIX, (1, 2): WRONG_C}
-    model = BySeedModel({round_seed(cfg, t.task_id, r, i): fenced(code) for (r, i), code in script.items()})
+    # reflection: candidate i of round r has round r's seed with turn i; single_shot: answer p = 3r + i of its stream
+    # has round p's seed (flows/stream.py), so every (candidates, iters) point draws a prefix of one stream
+    def seed(r, i):
+        return round_seed(cfg, t.task_id, r, i) if strategy == "reflection" else round_seed(cfg, t.task_id, 3 * r + i)
+    model = BySeedModel({seed(r, i): fenced(code) for (r, i), code in script.items()})
     traj = run_agent(t, model, sandbox(), cfg)
     assert traj.error is None, traj.error
     r0, r1 = traj.attempts
@@ -327,9 +331,11 @@ def test_candidates_keep_the_first_that_passes_and_count_every_run(strategy):
     temps = sorted((r.seed, r.temperature) for r in model.requests)
     assert len({s for s, _ in temps}) == 6
     by_seed = dict(temps)
-    assert by_seed[round_seed(cfg, t.task_id, 0, 0)] == 0.0
-    assert {by_seed[round_seed(cfg, t.task_id, r, i)] for r in (0, 1) for i in (1, 2)} == {0.8}
-    r1_reqs = [r for r in model.requests if r.seed in {round_seed(cfg, t.task_id, 1, i) for i in range(3)}]
+    assert by_seed[seed(0, 0)] == 0.0
+    assert {by_seed[seed(r, i)] for r in (0, 1) for i in (1, 2)} == {0.8}
+    if strategy == "single_shot":  # the first answer of a later round is sampled too (it is not the stream's first)
+        assert by_seed[seed(1, 0)] == 0.8
+    r1_reqs = [r for r in model.requests if r.seed in {seed(1, i) for i in range(3)}]
     if strategy == "reflection":  # the revision prompt carries the kept answer and its feedback
         assert all(r.messages[-2]["content"] == fenced(WRONG_A) for r in r1_reqs)
     else:
@@ -337,11 +343,12 @@ def test_candidates_keep_the_first_that_passes_and_count_every_run(strategy):
 
 
 def test_candidates_are_refused_for_react_and_below_one():
-    from agents.config import check_config
+    from agents.config import ReactConf, check_config
 
-    for bad in (AgentConfig(strategy="react", candidates=2), AgentConfig(candidates=0)):
-        with pytest.raises(ValueError, match="candidates"):
-            check_config(bad)
+    with pytest.raises(TypeError, match="candidates"):
+        ReactConf(candidates=2)  # react makes one call per turn: its record has no such knob
+    with pytest.raises(ValueError, match="candidates"):
+        check_config(agent(candidates=0))
 
 
 def test_sweep_runs_each_task_ahead_to_its_largest_budget_once(tmp_path):
@@ -351,21 +358,23 @@ def test_sweep_runs_each_task_ahead_to_its_largest_budget_once(tmp_path):
     from flows.core import repair
 
     kw = dict(strategy="reflection", temperature_schedule="rising", temperature=0.1)
-    cache = TrajectoryCache(tmp_path, {"name": "m", "backend": "transformers", "dtype": "float32"},
-                            AgentConfig(**kw), {"backend": "local"})
+    from agents.models.config import TransformersModelConf
+    from sandboxes.config import LocalSandboxConf
+
+    cache = TrajectoryCache(tmp_path, TransformersModelConf(name="m", dtype="float32"), agent(**kw), LocalSandboxConf())
     first = ScriptedModel(SCRIPT)
-    job0 = repair(task(2), 0, AgentConfig(iters=0, **kw), first, sandbox(), cache, run_ahead=3)
+    job0 = repair(task(2), 0, agent(iters=0, **kw), first, sandbox(), cache, run_ahead=3)
     assert len(first.requests) == 4 and cache.get(task(2), 0).budget == 3
     fresh0, _ = run(SCRIPT, iters=0, **kw)
     assert view(job0) == view(fresh0) and job0.budget == 0 and job0.first_pass_round is None
     for iters in (1, 2, 3):
         none = ScriptedModel([])
-        job = repair(task(2), 0, AgentConfig(iters=iters, **kw), none, sandbox(), cache, run_ahead=3)
+        job = repair(task(2), 0, agent(iters=iters, **kw), none, sandbox(), cache, run_ahead=3)
         fresh, _ = run(SCRIPT, iters=iters, **kw)
         assert none.requests == [] and view(job) == view(fresh) and job.first_pass_round == fresh.first_pass_round
     # without a cache there is nothing to run ahead for: the job runs its own budget
     alone = ScriptedModel(SCRIPT)
-    repair(task(2), 0, AgentConfig(iters=1, **kw), alone, sandbox(), None, run_ahead=3)
+    repair(task(2), 0, agent(iters=1, **kw), alone, sandbox(), None, run_ahead=3)
     assert len(alone.requests) == 2
 
 

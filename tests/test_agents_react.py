@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 
-from agents.config import AgentConfig
 from agents.loop import run_agent, truncate
 from agents.models.base import Generation
 from agents.models.doubles import ScriptedModel
 from agents.strategies.react import parse_action, supports_tools
 from agents.types import ModelCall
-from agents_fixtures import sandbox, task
+from agents_fixtures import agent, sandbox, task
 from conftest import needs_data
 from test_agents_loop import BUGGY, FIX, SIG, WRONG_A, WRONG_B, requests, view
 
@@ -29,7 +28,7 @@ def tool(name: str, code: str, thought: str = "The + 1.0 is wrong.") -> str:
 
 def run(outputs, model=None, **kw):
     model = model or ScriptedModel(list(outputs))
-    cfg = AgentConfig(strategy="react", **{"tool_format": "text", **kw})
+    cfg = agent(strategy="react", **{"tool_format": "text", **kw})
     traj = run_agent(task(2), model, sandbox(), cfg)
     assert traj.error is None, traj.error
     return traj, model
@@ -195,5 +194,5 @@ def test_react_budget_invariant_and_continuation():
     assert requests(m1) == requests(m3)[:3] and view(short) == view(long)[:2]
     assert view(truncate(long, 1)) == view(short)
     more = ScriptedModel(script[3:])
-    cont = run_agent(task(2), more, sandbox(), AgentConfig(strategy="react", tool_format="text", iters=3), prior=short)
+    cont = run_agent(task(2), more, sandbox(), agent(strategy="react", tool_format="text", iters=3), prior=short)
     assert requests(more) == requests(m3)[3:] and view(cont) == view(long)

@@ -8,12 +8,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import yaml
 
-from agents.config import AgentConfig
 from agents.loop import run_agent
-from agents_fixtures import REPO, sandbox, task
-from conftest import needs_data
+from agents_fixtures import agent, sandbox, task
+from conftest import job_settings, needs_data
 
 DECISIONS = {"tested", "syntax_error", "no_code", "repeat", "submitted", "out_of_turns"}
 
@@ -22,9 +20,8 @@ DECISIONS = {"tested", "syntax_error", "no_code", "repeat", "submitted", "out_of
 def smollm2():
     from agents.models import ModelUnavailable, build_model
 
-    cfg = yaml.safe_load(open(REPO / "conf" / "model" / "smollm2-135m.yaml"))
     try:
-        model = build_model(cfg)
+        model = build_model(job_settings("model=smollm2-135m").model)
     except ModelUnavailable as e:
         pytest.skip(f"smollm2-135m pack unavailable here: {e}")
     yield model
@@ -35,10 +32,12 @@ def smollm2():
 @pytest.mark.slow
 def test_every_strategy_with_smollm2_on_two_tasks(smollm2):
     jobs = [(s, n) for s in ("single_shot", "reflection", "react") for n in (0, 2)]
-    cfg = dict(iters=1, max_new_tokens=96, max_turns=3, protocol="tests")
+    cfg = dict(iters=1, max_new_tokens=96, protocol="tests")
+    turns = {"react": {"max_turns": 3}}  # react's own knob
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(jobs)) as pool:  # concurrent tasks: the backend batches their requests
-        trajs = list(pool.map(lambda j: run_agent(task(j[1]), smollm2, sandbox(), AgentConfig(strategy=j[0], **cfg)), jobs))
+        trajs = list(pool.map(lambda j: run_agent(task(j[1]), smollm2, sandbox(),
+                                                  agent(strategy=j[0], **cfg, **turns.get(j[0], {}))), jobs))
     print(f"6 trajectories in {time.perf_counter() - t0:.1f} s")
     for (strategy, n), traj in zip(jobs, trajs):
         assert traj.error is None, (strategy, n, traj.error)

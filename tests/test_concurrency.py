@@ -141,10 +141,13 @@ ROUNDS, CACHED_TASKS = 30, 6
 
 
 def _cache(root):
-    from agents.config import AgentConfig
+    from agents.config import AgentConfig, SingleShotConf
+    from agents.models.config import OpenAIModelConf
     from flows.cache import TrajectoryCache
+    from sandboxes.config import LocalSandboxConf
 
-    return TrajectoryCache(root, {"name": "stand-in", "backend": "openai"}, AgentConfig(), {"backend": "local"})
+    return TrajectoryCache(root, OpenAIModelConf(name="stand-in", model="stand-in"), AgentConfig(SingleShotConf()),
+                           LocalSandboxConf())
 
 
 def _tasks():
@@ -192,8 +195,9 @@ def test_two_processes_sharing_the_trajectory_cache_keep_the_longest_entry(tmp_p
 # ---------------------------------------------------------------- a run is one job's at a time
 HOLD = """
 import sys, time
+from flows.schema import TrackingConf
 from flows.tracking import RunTracker
-t = RunTracker({"uri": sys.argv[1], "artifacts": sys.argv[2]})
+t = RunTracker(TrackingConf(uri=sys.argv[1], artifacts=sys.argv[2]))
 print(t.start("held", {"model": {"name": "canonical"}}, {}), flush=True)
 time.sleep(120)
 """
@@ -205,14 +209,15 @@ def test_a_run_that_a_live_job_holds_is_not_resumed_twice(tmp_path):
     from mlflow.tracking._tracking_service.utils import _get_store
 
     from flows.config import ConfigError
+    from flows.schema import TrackingConf
     from flows.tracking import RunTracker
 
-    tracking = {"uri": f"sqlite:///{tmp_path}/mlflow.db", "artifacts": str(tmp_path / "artifacts")}
+    tracking = TrackingConf(uri=f"sqlite:///{tmp_path}/mlflow.db", artifacts=str(tmp_path / "artifacts"))
     cfg = {"model": {"name": "canonical"}}
     stopped = RunTracker(tracking).start("stopped", cfg, {})  # its job is gone (as after kill -9): resumable
     # The store object MLflow hands every client of this URI (the trace exporter's too) takes the store lock.
-    assert _get_store(tracking["uri"])._fixlab_write_lock.lock_file == f"{tmp_path}/mlflow.db.lock"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, tracking["uri"], tracking["artifacts"]], cwd=REPO,
+    assert _get_store(tracking.uri)._fixlab_write_lock.lock_file == f"{tmp_path}/mlflow.db.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, tracking.uri, tracking.artifacts], cwd=REPO,
                               env=base_env(tmp_path), stdout=subprocess.PIPE, text=True)
     try:
         live = holder.stdout.readline().strip()

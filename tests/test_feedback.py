@@ -2,10 +2,20 @@
 timeouts named, a budget."""
 from __future__ import annotations
 
-from agents.feedback import edge_case, raw_feedback, shape_feedback, split_assertion, statement_at
+from agents.config import SingleShotConf
+from agents.feedback import edge_case, raw_feedback, split_assertion, statement_at
+from agents.feedback import shape_feedback as shape
 from agents_fixtures import sandbox, task
 from conftest import needs_data
 from sandboxes import build_program
+from sandboxes.config import SandboxConf
+
+
+def shape_feedback(res, code, test, sb, **kw):
+    """shape_feedback with the knobs a strategy passes by default (its record's), unless a test sets one."""
+    k = SingleShotConf()
+    return shape(res, code, test, sb, **{"timeout_s": SandboxConf.timeout_s, "max_chars": k.feedback_chars,
+                                         "compute_actual": k.compute_actual, "edge_case_hint": k.edge_case_hint, **kw})
 
 
 def _fail(code: str, test: str, timeout: float = 10.0):

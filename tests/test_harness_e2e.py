@@ -72,8 +72,9 @@ def test_sweep_over_budgets_makes_one_mlflow_run_per_job_with_curve_steps(evalua
     exp = client.get_experiment_by_name("humanevalfix")
     runs = client.search_runs([exp.experiment_id], "tags.`fixlab.kind` = 'job'")
     assert sorted(r.info.run_id for r in runs) == sorted(s["run_id"] for s in summaries)
-    # ... all children of the sweep's parent run (flows/sweep.py)
+    # ... all children of the sweep's parent run (flows/sweep.py), which hands each the sweep's largest budget
     assert len({r.data.tags["mlflow.parentRunId"] for r in runs}) == 1
+    assert {r.data.params["sweep_ahead_to"] for r in runs} == {"1"}
     steps = client.get_metric_history(summaries[1]["run_id"], "pass_at_1_by_iter")
     assert [m.step for m in steps] == [0, 1]
     arts = {a.path for a in client.list_artifacts(summaries[1]["run_id"], "tasks")}

@@ -15,6 +15,7 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, Qwen2Config  # noqa: E402
 
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
+from agents.models.config import TransformersModelConf  # noqa: E402
 from agents.serving.engine import BatchEngine, RequestError  # noqa: E402
 from agents.serving.hf import BadModelConfig, TransformersModel, parse_tool_calls  # noqa: E402
 from tiny_models import make_random_model  # noqa: E402
@@ -56,10 +57,9 @@ def run_concurrently(model, reqs):
 @pytest.fixture(scope="module", params=list(ARCHS))
 def tiny(request, tmp_path_factory):
     path = make_random_model(ARCHS[request.param](), tmp_path_factory.mktemp(request.param))
-    batched = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(path), "max_batch": 3,
-                                 "gather_ms": 50, "dtype": "float32"})
-    single = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(path), "batching": False,
-                                "dtype": "float32"})
+    batched = TransformersModel(TransformersModelConf(name="tiny", path=str(path), max_batch=3, gather_ms=50,
+                                                      dtype="float32"))
+    single = TransformersModel(TransformersModelConf(name="tiny", path=str(path), batching=False, dtype="float32"))
     yield batched, single
     batched.close()
     single.close()
@@ -181,7 +181,7 @@ def test_failing_forward_fails_only_that_request(tiny):
 
 def test_bad_config_errors(tiny, tmp_path):
     batched, _ = tiny
-    path = batched.cfg["path"]
+    path = batched.cfg.path
     cases = [({"path": path, "dtype": "float8"}, "unknown dtype"), ({"path": path, "device": "tpu"}, "device"),
              ({}, "names no weights"), ({"path": path, "model": "x/y"}, "set only one"),
              ({"path": str(tmp_path)}, "no config.json")]
@@ -189,18 +189,17 @@ def test_bad_config_errors(tiny, tmp_path):
         cases.append(({"path": path, "device": "cuda"}, "no CUDA device"))
     for extra, text in cases:
         with pytest.raises(ModelUnavailable) as e:
-            TransformersModel({"name": "bad", "backend": "transformers", **extra})
+            TransformersModel(TransformersModelConf(name="bad", **extra))
         assert text in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(BadModelConfig):
-        TransformersModel({"name": "bad", "backend": "transformers", "path": path, "dtype": "int3"})
+        TransformersModel(TransformersModelConf(name="bad", path=path, dtype="int3"))
     with pytest.raises(ModelUnavailable, match="cannot load model 'fixlab-test/nope@abc123'"):
-        TransformersModel({"name": "hub", "backend": "transformers", "model": "fixlab-test/nope",
-                           "revision": "abc123"})
+        TransformersModel(TransformersModelConf(name="hub", model="fixlab-test/nope", revision="abc123"))
 
 
 def test_close_fails_waiting_callers(tiny, tmp_path):
     batched, _ = tiny
-    m = TransformersModel({"name": "c", "backend": "transformers", "path": batched.cfg["path"]})
+    m = TransformersModel(TransformersModelConf(name="c", path=batched.cfg.path))
     assert m.generate(GenRequest(messages=msgs(1), max_new_tokens=2)).completion_tokens == 2
     m.close()
     with pytest.raises(RequestError, match="closed"):
@@ -444,10 +443,10 @@ def test_grouped_attention_is_on_by_default_and_keeps_greedy_answers(tiny, tmp_p
     batched, _ = tiny
     assert batched.model.config._attn_implementation == "fixlab_cpu"
     path = make_random_model(ARCHS["qwen2"](), tmp_path / "m")
-    sdpa = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(path), "max_batch": 3,
-                              "gather_ms": 50, "dtype": "float32", "cpu_attention": False})
-    ours = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(path), "max_batch": 3,
-                              "gather_ms": 50, "dtype": "float32"})
+    sdpa = TransformersModel(TransformersModelConf(name="tiny", path=str(path), max_batch=3, gather_ms=50,
+                                                   dtype="float32", cpu_attention=False))
+    ours = TransformersModel(TransformersModelConf(name="tiny", path=str(path), max_batch=3, gather_ms=50,
+                                                   dtype="float32"))
     try:
         assert sdpa.model.config._attn_implementation == "sdpa"
         reqs = [GenRequest(messages=msgs(k), max_new_tokens=10 + 2 * k) for k in range(1, 6)]

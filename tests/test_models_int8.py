@@ -13,6 +13,7 @@ import torch  # noqa: E402
 from transformers import Qwen2Config  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
+from agents.models.config import TransformersModelConf  # noqa: E402
 from agents.serving.hf import BadModelConfig, TransformersModel  # noqa: E402
 from agents.serving.int8 import Int8Linear, StackedSlice, quantize_int8  # noqa: E402
 from test_models_engine import msgs, run_concurrently  # noqa: E402
@@ -50,8 +51,8 @@ def tiny_int8(tmp_path_factory):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                       initializer_range=0.2, tie_word_embeddings=False)
     path = make_random_model(cfg, tmp_path_factory.mktemp("qwen2-int8"))
-    m = TransformersModel({"name": "tiny-int8", "backend": "transformers", "path": str(path), "max_batch": 3,
-                           "gather_ms": 50, "dtype": "float32", "weights": "int8"})
+    m = TransformersModel(TransformersModelConf(name="tiny-int8", path=str(path), max_batch=3, gather_ms=50,
+                                                dtype="float32", weights="int8"))
     yield m
     m.close()
 
@@ -109,5 +110,5 @@ def test_weights_auto_is_int8_on_cpu_only():
 
 def test_bad_weights_value_is_one_line(tiny_int8):
     with pytest.raises(BadModelConfig) as e:
-        TransformersModel({"name": "bad", "backend": "transformers", "path": tiny_int8.cfg["path"], "weights": "int4"})
+        TransformersModel(TransformersModelConf(name="bad", path=tiny_int8.cfg.path, weights="int4"))
     assert "unknown weights 'int4'" in str(e.value) and "\n" not in str(e.value)

@@ -2,6 +2,7 @@
 greedy answers, stop strings, prefix reuse counted, the server gone with close(), and the whole evaluate path."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -12,11 +13,11 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from agents.models import build_model  # noqa: E402
+from agents.models.config import LlamaCppModelConf  # noqa: E402
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
 from conftest import needs_data  # noqa: E402
 
-CFG = {"name": "smollm2-llamacpp-test", "backend": "llamacpp", "pack": "smollm2-135m", "slots": 2,
-       "context_per_slot": 2048, "threads": 1}
+CFG = LlamaCppModelConf(name="smollm2-llamacpp-test", pack="smollm2-135m", slots=2, context_per_slot=2048, threads=1)
 SYSTEM = {"role": "system", "content": "You are a helpful assistant who answers with Python code. " * 8}
 
 
@@ -31,6 +32,7 @@ def model():
     m.close()
 
 
+@pytest.mark.slow
 def test_greedy_answers_repeat_and_concurrent_requests_agree(model):
     req = GenRequest(messages=ask("Write a Python function add(a, b) that returns a + b."), max_new_tokens=40)
     first = model.generate(req)
@@ -50,6 +52,7 @@ def test_greedy_answers_repeat_and_concurrent_requests_agree(model):
     assert "def add(" in out["add"] and "def mul(" in out["mul"]
 
 
+@pytest.mark.slow
 def test_stop_strings_and_length_are_reported(model):
     req = GenRequest(messages=ask("Count from 1 to 30, one number per line."), max_new_tokens=200, stop=("\n5",))
     g = model.generate(req)
@@ -58,8 +61,9 @@ def test_stop_strings_and_length_are_reported(model):
     assert short.finish_reason == "length" and short.completion_tokens == 8
 
 
+@pytest.mark.slow
 def test_close_stops_the_server():
-    m = build_model(dict(CFG, slots=1))
+    m = build_model(dataclasses.replace(CFG, slots=1))
     addr = urlparse(m.base_url)
     with socket.create_connection((addr.hostname, addr.port), timeout=5):
         pass
@@ -70,14 +74,15 @@ def test_close_stops_the_server():
 
 def test_bad_config_is_one_line():
     with pytest.raises(ModelUnavailable, match="needs `pack` or `gguf`"):
-        build_model({"name": "x", "backend": "llamacpp"})
+        build_model(LlamaCppModelConf(name="x"))
     with pytest.raises(ModelUnavailable, match="no such file") as e:
-        build_model({"name": "x", "backend": "llamacpp", "gguf": "/nonexistent/model.gguf"})
+        build_model(LlamaCppModelConf(name="x", gguf="/nonexistent/model.gguf"))
     assert "\n" not in str(e.value)
     with pytest.raises(ModelUnavailable, match="model.slots must be an integer"):
-        build_model(dict(CFG, slots=0))
+        build_model(dataclasses.replace(CFG, slots=0))
 
 
+@pytest.mark.slow
 @needs_data
 def test_evaluate_through_llamacpp(evaluate):
     run = evaluate("model=smollm2-135m-llamacpp", "model.slots=2", "runner.workers=2", "strategy=reflection",

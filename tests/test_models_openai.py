@@ -2,6 +2,7 @@
 retry/backoff/key-rotation paths against a small local HTTP server."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -19,8 +20,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers import Qwen2Config  # noqa: E402
 
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
+from agents.models.config import OpenAIModelConf, TransformersModelConf  # noqa: E402
 from agents.models.openai_backend import OpenAIError, OpenAIModel  # noqa: E402
-from conftest import REPO, free_port  # noqa: E402
+from conftest import REPO, free_port, job_settings  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +71,9 @@ def bug(k: int = 1) -> list[dict]:
 def test_real_server_matches_local_greedy(server, tiny_dir):
     from agents.serving.hf import TransformersModel
 
-    local = TransformersModel({"name": "tiny", "backend": "transformers", "path": str(tiny_dir), "batching": False,
-                               "dtype": "float32"})
-    remote = OpenAIModel({"name": "tiny-remote", "backend": "openai", "base_url": server + "/v1",
-                          "model": str(tiny_dir), "max_concurrency": 2})
+    local = TransformersModel(TransformersModelConf(name="tiny", path=str(tiny_dir), batching=False, dtype="float32"))
+    remote = OpenAIModel(OpenAIModelConf(name="tiny-remote", base_url=server + "/v1", model=str(tiny_dir),
+                                         max_concurrency=2))
     try:
         reqs = [GenRequest(messages=bug(k), max_new_tokens=10) for k in (1, 2, 3)]
         want = [local.generate(r) for r in reqs]
@@ -148,7 +149,7 @@ def test_retries_429_and_5xx_rotating_keys(scripted, monkeypatch):
     monkeypatch.setenv("API_KEYS", "k1, k2")
     url, sc = scripted([(429, {"Retry-After": "0"}, {"error": {"message": "rate limited"}}, 0),
                         (503, {}, {"error": "busy"}, 0), (200, {}, OK, 0)])
-    m = OpenAIModel({"name": "x", "backend": "openai", "base_url": url, "model": "m", "backoff_s": 0.2})
+    m = OpenAIModel(OpenAIModelConf(name="x", base_url=url, model="m", backoff_s=0.2))
     t0 = time.perf_counter()
     g = m.generate(GenRequest(messages=bug(), max_new_tokens=5, seed=3, stop=("a", "b", "c", "d", "e"), tools=TOOLS))
     dt = time.perf_counter() - t0
@@ -166,13 +167,12 @@ def test_client_errors_fail_at_once_and_retries_are_bounded(scripted, monkeypatc
     monkeypatch.delenv("API_KEYS", raising=False)
     monkeypatch.setenv("OPENAI_API_KEY", "solo")
     url, sc = scripted([(400, {}, {"error": {"message": "model 'm' does not exist"}}, 0)])
-    m = OpenAIModel({"name": "x", "backend": "openai", "base_url": url, "model": "m", "backoff_s": 0.01})
+    m = OpenAIModel(OpenAIModelConf(name="x", base_url=url, model="m", backoff_s=0.01))
     with pytest.raises(OpenAIError, match="HTTP 400: model 'm' does not exist"):
         m.generate(GenRequest(messages=bug()))
     assert len(sc.seen) == 1 and sc.seen[0]["auth"] == "Bearer solo"
     url, sc = scripted([(500, {}, {"error": "boom"}, 0)])
-    m = OpenAIModel({"name": "x", "backend": "openai", "base_url": url, "model": "m", "backoff_s": 0.01,
-                     "max_retries": 2})
+    m = OpenAIModel(OpenAIModelConf(name="x", base_url=url, model="m", backoff_s=0.01, max_retries=2))
     with pytest.raises(OpenAIError, match="after 3 attempts .*HTTP 500: boom"):
         m.generate(GenRequest(messages=bug()))
     assert len(sc.seen) == 3
@@ -180,32 +180,23 @@ def test_client_errors_fail_at_once_and_retries_are_bounded(scripted, monkeypatc
 
 def test_timeout_is_retried(scripted):
     url, sc = scripted([(200, {}, OK, 1.5), (200, {}, OK, 0)])
-    m = OpenAIModel({"name": "x", "backend": "openai", "base_url": url, "model": "m", "backoff_s": 0.01,
-                     "timeout_s": 0.5})
+    m = OpenAIModel(OpenAIModelConf(name="x", base_url=url, model="m", backoff_s=0.01, timeout_s=0.5))
     g = m.generate(GenRequest(messages=bug()))
     assert g.completion_tokens == 7 and len(sc.seen) == 2 and m.stats["retries"] == 1
 
 
 def test_config_needs_model_name():
     with pytest.raises(ModelUnavailable, match="has no `model`"):
-        OpenAIModel({"name": "x", "backend": "openai", "base_url": "http://127.0.0.1:9/v1"})
+        OpenAIModel(OpenAIModelConf(name="x", base_url="http://127.0.0.1:9/v1"))
 
 
 # ---- hosted presets (conf/model/*.yaml with api_key_required) ------------------------------------------------------
-def _hosted_presets() -> list[Path]:
-    from omegaconf import OmegaConf
-
-    cfgs = {p: OmegaConf.to_container(OmegaConf.load(p)) for p in sorted((REPO / "conf" / "model").glob("*.yaml"))}
-    return [p for p, c in cfgs.items() if c.get("backend") == "openai" and c.get("api_key_required")]
+def _preset(path: Path) -> OpenAIModelConf:
+    return job_settings(f"model={path.stem}").model
 
 
-HOSTED = _hosted_presets()
-
-
-def _preset(path: Path) -> dict:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+HOSTED = [p for p in sorted((REPO / "conf" / "model").glob("*.yaml"))
+          if isinstance(m := _preset(p), OpenAIModelConf) and m.api_key_required]
 
 
 def test_hosted_presets_listed():
@@ -213,7 +204,7 @@ def test_hosted_presets_listed():
                                         "openai-gpt-4o-mini"}
     for p in HOSTED:
         cfg = _preset(p)
-        assert cfg["name"] == p.stem and cfg["base_url"].startswith("https://") and cfg["api_key_env"]
+        assert cfg.name == p.stem and cfg.base_url.startswith("https://") and cfg.api_key_env
 
 
 @pytest.mark.parametrize("preset", HOSTED, ids=lambda p: p.stem)
@@ -221,13 +212,13 @@ def test_hosted_preset_missing_key_is_one_line(preset, monkeypatch):
     from agents.models import build_model
 
     cfg = _preset(preset)
-    var = cfg["api_key_env"]
+    var = cfg.api_key_env
     monkeypatch.delenv(var, raising=False)
-    monkeypatch.delenv(cfg.get("api_keys_env", "API_KEYS"), raising=False)
+    monkeypatch.delenv(cfg.api_keys_env, raising=False)
     with pytest.raises(ModelUnavailable) as e:
         build_model(cfg)
     msg = str(e.value)
-    assert var in msg and cfg["name"] in msg and "\n" not in msg
+    assert var in msg and cfg.name in msg and "\n" not in msg
 
 
 @pytest.mark.parametrize("preset", HOSTED, ids=lambda p: p.stem)
@@ -237,9 +228,9 @@ def test_hosted_preset_request_path(preset, server, tiny_dir, monkeypatch):
 
     cfg = _preset(preset)
     key = f"dummy-{preset.stem}"
-    monkeypatch.delenv(cfg.get("api_keys_env", "API_KEYS"), raising=False)
-    monkeypatch.setenv(cfg["api_key_env"], key)
-    m = build_model({**cfg, "base_url": server + "/v1", "model": str(tiny_dir)})
+    monkeypatch.delenv(cfg.api_keys_env, raising=False)
+    monkeypatch.setenv(cfg.api_key_env, key)
+    m = build_model(dataclasses.replace(cfg, base_url=server + "/v1", model=str(tiny_dir)))
     try:
         assert isinstance(m, OpenAIModel) and m._next_key() == key
         sent: list = []
@@ -254,12 +245,5 @@ def test_hosted_preset_request_path(preset, server, tiny_dir, monkeypatch):
 @pytest.mark.parametrize("preset", HOSTED, ids=lambda p: p.stem)
 def test_hosted_preset_passes_config_check(preset):
     """`python -m flows.evaluate model=<preset> model.max_concurrency=16` composes and passes settings_from."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from flows.config import settings_from
-
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        cfg = compose(config_name="config", overrides=[f"model={preset.stem}", "model.max_concurrency=16"])
-    settings = settings_from(OmegaConf.to_container(cfg, resolve=True))
-    assert settings.model == {**_preset(preset), "max_concurrency": 16}
+    settings = job_settings(f"model={preset.stem}", "model.max_concurrency=16")
+    assert settings.model == dataclasses.replace(_preset(preset), max_concurrency=16)

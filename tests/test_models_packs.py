@@ -14,6 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from agents.serving import packs  # noqa: E402
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
+from agents.models.config import TransformersModelConf  # noqa: E402
 from agents.serving.packs import Pack, Part  # noqa: E402
 
 
@@ -164,8 +165,8 @@ def test_real_smollm2_pack_converts_once_and_batches_exactly(tmp_path, monkeypat
         t.join(900)
     assert len(paths) == 2 and paths[0] == paths[1] and (paths[0] / packs.DONE_MARKER).exists()
     assert [p.name for p in paths[0].parent.iterdir()] == [paths[0].name]
-    m = TransformersModel({"name": "smollm2", "backend": "transformers", "pack": "smollm2-135m", "max_batch": 4,
-                           "dtype": "float32"})  # batched = alone holds exactly in float32
+    # batched = alone holds exactly in float32
+    m = TransformersModel(TransformersModelConf(name="smollm2", pack="smollm2-135m", max_batch=4, dtype="float32"))
     try:
         assert "im_start" in m.tokenizer.chat_template
         bug = "Fix the bug in this Python function and reply with the corrected function only.\n\n" \

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from agents.config import AgentConfig
+from agents.config import AgentConfig, SingleShotConf
+from agents.models.config import TransformersModelConf
 from flows.cache import TrajectoryCache
 from flows.neutral import result_neutral
+from sandboxes.config import LocalSandboxConf
 
-MODEL = {"name": "m", "backend": "transformers", "pack": "qwen1.5b-coder-q4", "dtype": "float32", "threads": None,
-         "max_batch": 16, "prefix_cache_mib": 1024, "draft_tokens": 8}
-SANDBOX = {"backend": "local", "timeout_s": 10, "workers": None, "mode": "fork"}
+MODEL = {"name": "m", "pack": "qwen1.5b-coder-q4", "dtype": "float32"}
 
 
 def key(tmp_path, model=None, sandbox=None, agent=None) -> str:
-    return TrajectoryCache(tmp_path, {**MODEL, **(model or {})}, agent or AgentConfig(),
-                           {**SANDBOX, **(sandbox or {})}).key
+    return TrajectoryCache(tmp_path, TransformersModelConf(**{**MODEL, **(model or {})}),
+                           agent or AgentConfig(SingleShotConf()), LocalSandboxConf(**(sandbox or {}))).key
 
 
 def test_speed_knobs_keep_the_cache_key(tmp_path):
@@ -31,7 +31,8 @@ def test_what_changes_answers_changes_the_cache_key(tmp_path):
     assert key(tmp_path, model={"dtype": "bfloat16"}) != base
     assert key(tmp_path, model={"pack": "qwen0.5b-coder-q4"}) != base
     assert key(tmp_path, sandbox={"timeout_s": 5}) != base
-    assert key(tmp_path, agent=AgentConfig(temperature=0.5)) != base
+    assert key(tmp_path, agent=AgentConfig(SingleShotConf(), temperature=0.5)) != base
+    assert key(tmp_path, agent=AgentConfig(SingleShotConf(candidates=2))) != base
 
 
 def test_dtype_auto_is_keyed_by_what_it_resolves_to(tmp_path, monkeypatch):

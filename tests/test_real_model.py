@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import needs_data
 
 
+@pytest.mark.slow
 @needs_data
 def test_smollm2_pack_reflection_on_two_tasks(evaluate):
     run = evaluate("model=smollm2-135m", "strategy=reflection", "iters=1", "dataset.limit=2",

@@ -88,11 +88,12 @@ def test_kill_9_mid_run_then_resume_matches_uninterrupted_run(evaluate, prefect_
 def test_resume_with_other_settings_is_one_line_error(tmp_path):
     """Resuming with another config would mix two configs' results in one run: refused, naming the key."""
     from flows.config import ConfigError
+    from flows.schema import TrackingConf
     from flows.tracking import RunTracker
 
     import pytest
 
-    tracking = {"uri": f"sqlite:///{tmp_path}/mlflow.db", "artifacts": str(tmp_path / "artifacts")}
+    tracking = TrackingConf(uri=f"sqlite:///{tmp_path}/mlflow.db", artifacts=str(tmp_path / "artifacts"))
     cfg = {"model": {"name": "canonical"}, "iters": 1, "resume": None, "runner": {"workers": 8}}
     run_id = RunTracker(tracking).start("r", cfg, {})
     # runner, tracking, resume and speed knobs may change (another machine, more workers, threads) ...

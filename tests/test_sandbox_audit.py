@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from agents.config import AgentConfig
 from agents.context import Context
 from agents.types import Attempt
 from sandboxes import build_program
 from sandboxes.audit import audit_program, suspicion
 from sandboxes.local import LocalSandbox, probe_bwrap
 
+from agents_fixtures import agent
 from conftest import needs_data
 
 TEST = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(0, 0) == 0\n\ncheck(add)\n"
@@ -59,10 +59,10 @@ def test_honest_answers_are_clean(sbx):
 
 @needs_data
 def test_no_canonical_solution_is_flagged(sbx):
-    from agents.tasks import load_tasks
+    from agents.tasks import DatasetConf, load_tasks
     from conftest import DATA
 
-    tasks = load_tasks({"path": str(DATA)})
+    tasks = load_tasks(DatasetConf(path=str(DATA)))
     flagged = {}
     for t in tasks:
         r = sbx.run(audit_program(t.fixed_code, t.test, t.entry_point), 10)
@@ -80,7 +80,7 @@ class OneTask:
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_the_agent_records_the_flag_and_strict_fails_it(sbx, strict):
-    cfg = AgentConfig(strategy="single_shot", strict=strict)
+    cfg = agent(strategy="single_shot", strict=strict)
     ctx = Context.__new__(Context)  # only what execute() reads
     ctx.task, ctx.sandbox, ctx.cfg = OneTask, sbx, cfg
     from agents.context import visibility

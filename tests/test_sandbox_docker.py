@@ -2,6 +2,7 @@
 cleanup of closed and orphaned containers, the CLI. The attack suite runs on it too (test_sandbox_attacks.py)."""
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+from conftest import job_settings
 from docker_fixtures import docker_unavailable
 
 from sandboxes import SandboxUnavailable, build_program, make_sandbox
@@ -38,8 +39,8 @@ def docker_ok():
 
 @pytest.fixture(scope="module")
 def sbx(docker_ok):
-    cfg = yaml.safe_load((REPO / "conf" / "sandbox" / "docker.yaml").read_text())
-    s = make_sandbox({**cfg, "workers": 2, "uid_base": 64100})
+    cfg = job_settings("sandbox=docker").sandbox  # the config's own record (conf/sandbox/docker.yaml)
+    s = make_sandbox(dataclasses.replace(cfg, workers=2, uid_base=64100))
     yield s
     s.close()
 
@@ -182,7 +183,7 @@ def test_fresh_mode_runs_a_container_per_program(docker_ok):
 ])
 def test_bad_config_is_a_one_line_error(cfg, msg):
     with pytest.raises(SandboxUnavailable, match=msg.replace("(", r"\(").replace(")", r"\)")) as e:
-        make_sandbox({"backend": "docker", "timeout_s": 10, **cfg})
+        DockerSandbox(**cfg)
     assert "\n" not in str(e.value)
 
 

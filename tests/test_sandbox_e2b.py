@@ -16,6 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from sandboxes import SandboxUnavailable, build_program, make_sandbox
+from sandboxes.config import E2BSandboxConf
+from sandboxes.e2b import E2BSandbox
 from sandboxes.local import LocalSandbox, probe_bwrap
 
 PORT = 49999
@@ -88,7 +90,7 @@ def fake_e2b():
     old = {k: os.environ.get(k) for k in ("E2B_DEBUG", "E2B_API_KEY")}
     os.environ["E2B_DEBUG"] = "true"
     os.environ.pop("E2B_API_KEY", None)
-    sbx = make_sandbox({"backend": "e2b", "timeout_s": 10, "timeout_margin_s": 30})
+    sbx = make_sandbox(E2BSandboxConf(timeout_s=10, timeout_margin_s=30))
     yield sbx
     sbx.close()
     for k, v in old.items():
@@ -105,7 +107,7 @@ def test_missing_api_key_is_a_one_line_error(monkeypatch):
     monkeypatch.delenv("E2B_API_KEY", raising=False)
     monkeypatch.delenv("E2B_DEBUG", raising=False)
     with pytest.raises(SandboxUnavailable) as e:
-        make_sandbox({"backend": "e2b", "timeout_s": 10})
+        make_sandbox(E2BSandboxConf(timeout_s=10))
     msg = str(e.value)
     assert "E2B_API_KEY" in msg and "export" in msg and "\n" not in msg
 
@@ -113,7 +115,7 @@ def test_missing_api_key_is_a_one_line_error(monkeypatch):
 def test_unknown_option_is_refused(monkeypatch):
     monkeypatch.setenv("E2B_API_KEY", "e2b_test")
     with pytest.raises(SandboxUnavailable, match="unknown e2b sandbox option"):
-        make_sandbox({"backend": "e2b", "worker": 3})
+        E2BSandbox(worker=3)
 
 
 def test_pass_and_fail_through_the_sdk(fake_e2b):
@@ -176,7 +178,7 @@ def test_one_remote_sandbox_per_thread(fake_e2b):
 @pytest.mark.skipif(not os.environ.get("E2B_API_KEY"), reason="live E2B test: set E2B_API_KEY to run it")
 def test_live_e2b(monkeypatch):
     monkeypatch.delenv("E2B_DEBUG", raising=False)
-    sbx = make_sandbox({"backend": "e2b"})
+    sbx = make_sandbox(E2BSandboxConf())
     try:
         assert sbx.run(build_program(RIGHT, TEST), 30).status == "passed"
         bad = sbx.run(build_program(WRONG, TEST), 30)

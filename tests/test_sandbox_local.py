@@ -11,12 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import yaml
 
 import sandboxes.local as local_mod
-from sandboxes import ExecResult, SandboxUnavailable, build_program, make_sandbox
+from sandboxes import ExecResult, SandboxConf, SandboxUnavailable, build_program, make_sandbox
 from sandboxes.local import LocalSandbox, probe_bwrap
 from sandboxes.procs import processes_of_uids, sandbox_uids
+from conftest import job_settings
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = (REPO / ".." / "shared" / "data" / "humanevalfix_python.jsonl").resolve()
@@ -87,27 +87,27 @@ def test_bad_arguments_are_clear_errors(sbx):
     ({"mode": "spawn"}, "mode must be 'fork' or 'fresh'"),
     ({"memory_mb": -1}, "memory_mb must be a positive number"),
     ({"wrkers": 2}, "unknown local sandbox option"),
-    ({"backend": "podman"}, "unknown sandbox backend 'podman'"),
 ])
 def test_bad_config_is_a_one_line_error(cfg, msg):
     with pytest.raises(SandboxUnavailable, match=msg) as e:
-        make_sandbox({"backend": "local", "timeout_s": 10, **cfg})
+        LocalSandbox(**cfg)
     assert "\n" not in str(e.value)
+    with pytest.raises(SandboxUnavailable, match="unknown sandbox backend 'podman'"):
+        make_sandbox(SandboxConf(backend="podman"))
 
 
 def test_conf_files_build_sandboxes(monkeypatch):
-    cfg = yaml.safe_load((REPO / "conf" / "sandbox" / "local.yaml").read_text())
+    cfg = job_settings("sandbox=local").sandbox
     s = make_sandbox(cfg)
     try:
         assert isinstance(s, LocalSandbox) and s.mode == "fork"
-        assert s.run(build_program(RIGHT, TEST), cfg["timeout_s"]).passed
+        assert s.run(build_program(RIGHT, TEST), cfg.timeout_s).passed
     finally:
         s.close()
-    e2b_cfg = yaml.safe_load((REPO / "conf" / "sandbox" / "e2b.yaml").read_text())
     monkeypatch.delenv("E2B_API_KEY", raising=False)
     monkeypatch.delenv("E2B_DEBUG", raising=False)
     with pytest.raises(SandboxUnavailable, match="E2B_API_KEY"):
-        make_sandbox(e2b_cfg)
+        make_sandbox(job_settings("sandbox=e2b").sandbox)
 
 
 @jailed

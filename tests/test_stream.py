@@ -2,17 +2,15 @@
 the same point run alone, and a sweep over candidates x budgets runs the stream once."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import zlib
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from agents.config import AgentConfig
 from agents.loop import run_agent
 from agents.models.base import Generation, GenRequest
-from agents_fixtures import fenced, sandbox, task
+from agents_fixtures import agent, fenced, sandbox, task, tuned
 from conftest import needs_data
 from flows.stream import RecordedAnswers, StreamMiss, applies, cut, iters_for_answers, stream_config, stream_plan
 
@@ -66,12 +64,12 @@ POINTS = [(1, 0), (1, 3), (1, 7), (2, 0), (2, 1), (2, 3), (4, 0), (4, 1)]
 @needs_data
 @pytest.mark.parametrize("seed", range(6))
 def test_every_point_cut_from_the_stream_equals_the_point_run_alone(seed):
-    base = AgentConfig(strategy="single_shot", seed=seed)
+    base = agent("single_shot", seed=seed)
     plan = (4, 8)
     stream = run_agent(task(2), SeededAnswersModel(), sandbox(), stream_config(base, plan))
     assert stream.error is None and stream.budget == 1
     for k, r in POINTS:
-        cfg = dataclasses.replace(base, candidates=k, iters=r)
+        cfg = tuned(base, candidates=k, iters=r)
         assert applies(cfg, plan)
         alone = run_agent(task(2), SeededAnswersModel(), sandbox(), cfg)
         got = cut(stream, 4, task(2), cfg, sandbox()) if k != 4 else None
@@ -87,14 +85,14 @@ def test_every_point_cut_from_the_stream_equals_the_point_run_alone(seed):
 @needs_data
 def test_a_pass_late_in_the_stream_is_found_at_every_grouping():
     """With the fix rare, different groupings pass at different rounds of the same answer."""
-    base = AgentConfig(strategy="single_shot", seed=3)
+    base = agent("single_shot", seed=3)
     seen = set()
     for seed in range(24):
-        base = dataclasses.replace(base, seed=seed)
+        base = tuned(base, seed=seed)
         stream = run_agent(task(2), SeededAnswersModel(fix_weight=0 if seed % 2 else 1), sandbox(),
                            stream_config(base, (4, 8)))
         for k, r in ((1, 7), (2, 3)):
-            cfg = dataclasses.replace(base, candidates=k, iters=r)
+            cfg = tuned(base, candidates=k, iters=r)
             traj = cut(stream, 4, task(2), cfg, sandbox())
             alone = run_agent(task(2), SeededAnswersModel(fix_weight=0 if seed % 2 else 1), sandbox(), cfg)
             assert _same(traj) == _same(alone)
@@ -105,23 +103,23 @@ def test_a_pass_late_in_the_stream_is_found_at_every_grouping():
 
 @needs_data
 def test_an_answer_missing_from_the_stream_is_an_error_not_a_failure():
-    base = AgentConfig(strategy="single_shot", seed=1)
+    base = agent("single_shot", seed=1)
     stream = run_agent(task(2), SeededAnswersModel(fix_weight=0), sandbox(), stream_config(base, (2, 4)))
     with pytest.raises(StreamMiss):  # 8 answers asked of a stream of 4
-        cut(stream, 2, task(2), dataclasses.replace(base, candidates=1, iters=7), sandbox())
+        cut(stream, 2, task(2), tuned(base, candidates=1, iters=7), sandbox())
 
 
 def test_which_points_a_stream_holds():
-    ss = AgentConfig(strategy="single_shot")
+    ss = agent("single_shot")
     assert stream_plan([(1, 7), (2, 3), (4, 1), (8, 0)]) == (8, 8)
     assert stream_plan([(1, 0), (1, 1), (2, 0), (2, 1)]) == (2, 4)
     assert stream_plan([(1, 3), (3, 0)]) == (3, 6)  # lcm 3; 4 answers rounded up to whole rounds of 3
     assert stream_plan([(2, 3)]) is None  # one point: nothing to share
-    assert applies(dataclasses.replace(ss, candidates=2, iters=3), (8, 8))
-    assert not applies(dataclasses.replace(ss, candidates=2, iters=4), (8, 8))  # 10 answers > 8
-    assert not applies(dataclasses.replace(ss, candidates=3, iters=1), (8, 8))  # 3 does not divide 8
-    assert not applies(dataclasses.replace(ss, candidates=1, redraws=2), (8, 8))  # redraws are not stream answers
-    assert not applies(AgentConfig(strategy="reflection", candidates=2), (8, 8))  # rounds depend on feedback
+    assert applies(tuned(ss, candidates=2, iters=3), (8, 8))
+    assert not applies(tuned(ss, candidates=2, iters=4), (8, 8))  # 10 answers > 8
+    assert not applies(tuned(ss, candidates=3, iters=1), (8, 8))  # 3 does not divide 8
+    assert not applies(tuned(ss, candidates=1, redraws=2), (8, 8))  # redraws are not stream answers
+    assert not applies(agent("reflection", candidates=2), (8, 8))  # rounds depend on feedback
     assert iters_for_answers(8, 2) == 3
     with pytest.raises(ValueError, match="multiple of strategy.candidates"):
         iters_for_answers(6, 4)

@@ -23,6 +23,7 @@ def _rows(run, run_id, dest):
             for r in map(json.loads, open(path))}
 
 
+@pytest.mark.slow
 @needs_data
 @pytest.mark.timeout(1800)
 def test_sweep_equals_single_run_and_reuses_cached_rounds(evaluate, tmp_path):

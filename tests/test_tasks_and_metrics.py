@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from agents.tasks import DatasetError, load_tasks
+from agents.tasks import DatasetConf, DatasetError, load_tasks
 from agents.types import Attempt, Trajectory
 from conftest import DATA, needs_data
 from flows.core import pass_at_k
@@ -14,20 +14,20 @@ from flows.core import pass_at_k
 
 @needs_data
 def test_selection_by_limit_and_task_ids():
-    assert len(load_tasks({"path": str(DATA)})) == 164
-    assert [t.task_id for t in load_tasks({"path": str(DATA), "limit": 3})] == ["Python/0", "Python/1", "Python/2"]
-    got = load_tasks({"path": str(DATA), "task_ids": ["Python/38", 5]})
+    assert len(load_tasks(DatasetConf(path=str(DATA)))) == 164
+    assert [t.task_id for t in load_tasks(DatasetConf(path=str(DATA), limit=3))] == ["Python/0", "Python/1", "Python/2"]
+    got = load_tasks(DatasetConf(path=str(DATA), task_ids=["Python/38", 5]))
     assert [t.task_id for t in got] == ["Python/38", "Python/5"]
     assert "encode_cyclic" in got[0].declaration  # helpers stay with the task
     with pytest.raises(DatasetError, match="Python/999"):
-        load_tasks({"path": str(DATA), "task_ids": ["Python/999"]})
+        load_tasks(DatasetConf(path=str(DATA), task_ids=["Python/999"]))
 
 
 @needs_data
 def test_parquet_with_hub_schema_loads_like_jsonl(tmp_path):
     rows = [json.loads(l) for l in open(DATA)][:4]
     pd.DataFrame(rows).to_parquet(tmp_path / "hef.parquet")
-    got = load_tasks({"path": str(tmp_path / "hef.parquet")})
+    got = load_tasks(DatasetConf(path=str(tmp_path / "hef.parquet")))
     assert [t.task_id for t in got] == [r["task_id"] for r in rows]
     assert got[2].buggy_code == rows[2]["declaration"] + rows[2]["buggy_solution"]
 
@@ -35,7 +35,7 @@ def test_parquet_with_hub_schema_loads_like_jsonl(tmp_path):
 def test_offline_without_file_says_how_to_fix(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(DatasetError, match="dataset.path"):
-        load_tasks({"hub_id": "bigcode/humanevalpack", "hub_config": "python", "local_fallback": "no/such/file"})
+        load_tasks(DatasetConf(hub_id="bigcode/humanevalpack", hub_config="python", local_fallback="no/such/file"))
 
 
 def test_unbiased_pass_at_k_matches_closed_forms():

@@ -1,37 +1,34 @@
-"""Model backends. One file per provider; `build_model` picks one from a conf/model/*.yaml dict."""
+"""Model backends. One file per provider; `build_model` builds the one a model record names
+(agents/models/config.py; conf/model/*.yaml)."""
 from __future__ import annotations
 
 from .base import Generation, GenRequest, Model, ModelUnavailable
+from .config import (MODEL_CONFS, LlamaCppModelConf, ModelConf, OpenAIModelConf, OracleModelConf,
+                     TransformersModelConf)
 
-BACKENDS = ("transformers", "llamacpp", "openai", "oracle", "scripted")
+BACKENDS = tuple(MODEL_CONFS)
 
 
-def build_model(cfg: dict, dataset: dict | None = None) -> Model:
-    """A model from its config; the oracle test doubles read their answers from the job's `dataset` config."""
-    backend = cfg.get("backend")
-    if backend == "oracle":
-        from ..tasks import load_tasks
+def build_model(conf: ModelConf, dataset=None) -> Model:
+    """A model from its record; the oracle test doubles read their answers from the job's dataset (a DatasetConf)."""
+    if isinstance(conf, OracleModelConf):
+        from ..tasks import DatasetConf, load_tasks
         from .doubles import OracleModel
 
-        return OracleModel(load_tasks(dataset or {}), solution=cfg.get("solution", "canonical"),
-                           name=cfg.get("name", "oracle"), delay_s=cfg.get("delay_s", 0))
-    if backend == "scripted":
-        from .doubles import ScriptedModel
-
-        return ScriptedModel(cfg.get("outputs", []), name=cfg.get("name", "scripted"))
-    if backend == "transformers":
+        return OracleModel(load_tasks(dataset or DatasetConf()), conf)
+    if isinstance(conf, TransformersModelConf):
         from ..serving.hf import TransformersModel
 
-        return TransformersModel(cfg)
-    if backend == "llamacpp":
+        return TransformersModel(conf)
+    if isinstance(conf, LlamaCppModelConf):
         from ..serving.llamacpp import LlamaCppModel
 
-        return LlamaCppModel(cfg)
-    if backend == "openai":
+        return LlamaCppModel(conf)
+    if isinstance(conf, OpenAIModelConf):
         from .openai_backend import OpenAIModel
 
-        return OpenAIModel(cfg)
-    raise ModelUnavailable(f"unknown model backend {backend!r}: use one of {', '.join(BACKENDS)}")
+        return OpenAIModel(conf)
+    raise ModelUnavailable(f"unknown model backend {conf.backend!r}: use one of {', '.join(BACKENDS)}")
 
 
-__all__ = ["Generation", "GenRequest", "Model", "ModelUnavailable", "build_model"]
+__all__ = ["Generation", "GenRequest", "Model", "ModelConf", "ModelUnavailable", "build_model"]

@@ -13,15 +13,17 @@ import time
 from typing import Iterable
 
 from .base import Generation, GenRequest, ModelUnavailable
+from .config import OracleModelConf
 
 
 class OracleModel:
-    def __init__(self, tasks: Iterable, solution: str = "canonical", name: str = "oracle", delay_s: float = 0.0):
+    def __init__(self, tasks: Iterable, conf: OracleModelConf):
+        solution = conf.solution
         if solution not in ("canonical", "buggy"):
             raise ModelUnavailable(f"oracle solution must be 'canonical' or 'buggy', got {solution!r}")
-        self.name = name
+        self.name = conf.name
         self.solution = solution
-        self.delay_s = float(delay_s or 0)
+        self.delay_s = float(conf.delay_s or 0)
         self._tasks = list(tasks)
         self._code = {t.task_id: t.declaration + (t.canonical_solution if solution == "canonical" else t.buggy_solution)
                       for t in self._tasks}

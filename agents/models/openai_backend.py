@@ -20,6 +20,7 @@ import time
 import httpx
 
 from .base import Generation, GenRequest, ModelUnavailable, cut_at_stop
+from .config import OpenAIModelConf
 
 log = logging.getLogger(__name__)
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
@@ -30,32 +31,32 @@ class OpenAIError(RuntimeError):
 
 
 class OpenAIModel:
-    def __init__(self, cfg: dict):
-        self.cfg = dict(cfg)
-        self.name = cfg.get("name") or cfg.get("model") or "openai"
-        self.model = cfg.get("model")
+    def __init__(self, cfg: OpenAIModelConf):
+        self.cfg = cfg
+        self.name = cfg.name
+        self.model = cfg.model
         if not self.model:
             raise ModelUnavailable(f"openai model config {self.name!r} has no `model` (the server's model name)")
-        self.base_url = str(cfg.get("base_url") or os.environ.get("OPENAI_BASE_URL") or
+        self.base_url = str(cfg.base_url or os.environ.get("OPENAI_BASE_URL") or
                             "https://api.openai.com/v1").rstrip("/")
-        keys_env, key_env = cfg.get("api_keys_env", "API_KEYS"), cfg.get("api_key_env", "OPENAI_API_KEY")
+        keys_env, key_env = cfg.api_keys_env, cfg.api_key_env
         keys = [k.strip() for k in os.environ.get(keys_env, "").split(",") if k.strip()]
         if not keys and os.environ.get(key_env):
             keys = [os.environ[key_env]]
-        if not keys and cfg.get("api_key_required", False):  # hosted presets; local servers need no key
+        if not keys and cfg.api_key_required:  # hosted presets; local servers need no key
             raise ModelUnavailable(f"model {self.name} needs an API key: set {key_env} "
                                    f"(or {keys_env}=k1,k2 for several)")
         self._keys = itertools.cycle(keys) if keys else None
         self._key_lock = threading.Lock()
-        self.max_retries = int(cfg.get("max_retries", 6))
-        self.backoff_s = float(cfg.get("backoff_s", 1.0))
-        self.backoff_max_s = float(cfg.get("backoff_max_s", 60.0))
-        self.timeout_s = float(cfg.get("timeout_s", 120.0))
-        self.max_tokens_param = cfg.get("max_tokens_param", "max_tokens")  # some APIs want max_completion_tokens
-        self.extra_body = dict(cfg.get("extra_body") or {})
-        self._sem = threading.BoundedSemaphore(int(cfg.get("max_concurrency", 8)))
+        self.max_retries = int(cfg.max_retries)
+        self.backoff_s = float(cfg.backoff_s)
+        self.backoff_max_s = float(cfg.backoff_max_s)
+        self.timeout_s = float(cfg.timeout_s)
+        self.max_tokens_param = cfg.max_tokens_param
+        self.extra_body = dict(cfg.extra_body)
+        self._sem = threading.BoundedSemaphore(int(cfg.max_concurrency))
         self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=min(10.0, self.timeout_s)),
-                                    limits=httpx.Limits(max_connections=int(cfg.get("max_concurrency", 8)) + 2))
+                                    limits=httpx.Limits(max_connections=int(cfg.max_concurrency) + 2))
         self.stats = {"requests": 0, "retries": 0}
 
     def _next_key(self) -> str | None:

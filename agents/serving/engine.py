@@ -564,6 +564,9 @@ class BatchEngine:
                 prefill_tokens=len(r.prompt_ids) - r.reused, draft_tokens=r.drafted, draft_accepted=r.accepted))
 
 
+# Long (about 120 lines) because it is a class, not a procedure: GrowingLayer subclasses transformers' DynamicLayer,
+# so it is defined inside a function, on first use, to keep transformers' cache module out of this module's import.
+# Each of its methods is short and says what it does.
 def _growing_layer_class():
     from transformers.cache_utils import DynamicLayer
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..toolcalls import parse_tool_calls
 from ..models.base import Generation, GenRequest, ModelUnavailable
+from ..models.config import TransformersModelConf
 
 log = logging.getLogger(__name__)
 
@@ -95,38 +96,38 @@ def resolve_weights(name: str | None, device) -> str:
     return name
 
 
-def _source(cfg: dict) -> tuple[str, dict]:
+def _source(cfg: TransformersModelConf) -> tuple[str, dict]:
     """Where the weights come from: (path or hub id, from_pretrained kwargs)."""
-    given = [k for k in ("pack", "path", "model") if cfg.get(k)]
+    given = [k for k in ("pack", "path", "model") if getattr(cfg, k)]
     if not given:
-        raise BadModelConfig(f"model config {cfg.get('name', '?')!r} names no weights: set model (hub id), "
+        raise BadModelConfig(f"model config {cfg.name!r} names no weights: set model (hub id), "
                              "pack or path")
     if len(given) > 1:
-        raise BadModelConfig(f"model config {cfg.get('name', '?')!r} sets {' and '.join(given)}: set only one")
-    if cfg.get("pack"):
+        raise BadModelConfig(f"model config {cfg.name!r} sets {' and '.join(given)}: set only one")
+    if cfg.pack:
         from .packs import ensure_pack
 
-        return str(ensure_pack(cfg["pack"])), {}
-    if cfg.get("path"):
-        p = Path(cfg["path"]).expanduser()
+        return str(ensure_pack(cfg.pack)), {}
+    if cfg.path:
+        p = Path(cfg.path).expanduser()
         if not (p / "config.json").is_file():
             raise ModelUnavailable(f"model path {str(p)!r} has no config.json")
         return str(p), {}
     kw = {}
-    if cfg.get("revision"):
-        kw["revision"] = str(cfg["revision"])
-    return str(cfg["model"]), kw
+    if cfg.revision:
+        kw["revision"] = str(cfg.revision)
+    return str(cfg.model), kw
 
 
 class TransformersModel:
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: TransformersModelConf):
         import torch
 
-        self.cfg = dict(cfg)
-        self.name = cfg.get("name") or cfg.get("model") or cfg.get("pack") or "transformers"
-        self.device = resolve_device(cfg.get("device"))
-        self.weights = resolve_weights(cfg.get("weights"), self.device)
-        self.dtype = resolve_dtype(cfg.get("dtype"), self.device, self.weights)
+        self.cfg = cfg
+        self.name = cfg.name
+        self.device = resolve_device(cfg.device)
+        self.weights = resolve_weights(cfg.weights, self.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device, self.weights)
         t0 = time.perf_counter()
         self._load(cfg)
         self.load_seconds = time.perf_counter() - t0
@@ -135,7 +136,7 @@ class TransformersModel:
         self.eos_ids = self._eos_ids()
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.eos_ids, default=0)
-        self.max_context = int(cfg.get("max_context") or getattr(self.model.config, "max_position_embeddings", 0)
+        self.max_context = int(cfg.max_context or getattr(self.model.config, "max_position_embeddings", 0)
                                or 4096)
         self._cores = None
         if self.device.type == "cpu":
@@ -143,33 +144,33 @@ class TransformersModel:
             # and two processes that take every core starve each other: a fair share (agents/serving/cores.py).
             from .cores import claim_threads
 
-            self._cores = claim_threads(cfg.get("threads"))
+            self._cores = claim_threads(cfg.threads)
             torch.set_num_threads(self._cores.threads)
         self._lock = threading.Lock()  # the unbatched path runs one request at a time
         self.engine = None
-        if cfg.get("batching", True):
+        if cfg.batching:
             from .engine import BatchEngine
 
             self.engine = BatchEngine(
                 self.model, self.tokenizer, eos_ids=self.eos_ids, max_context=self.max_context,
-                max_batch=int(cfg.get("max_batch", 16)), gather_ms=float(cfg.get("gather_ms", 30)),
-                max_prefill_tokens=int(cfg.get("max_prefill_tokens", 8192)), pad_id=self.pad_id,
-                name=f"engine-{self.name}", prefix_cache_mib=float(cfg.get("prefix_cache_mib", 1024) or 0),
-                draft_tokens=int(cfg.get("draft_tokens", 8) or 0), draft_ngram=int(cfg.get("draft_ngram", 3)),
-                draft_step_tokens=int(cfg.get("draft_step_tokens", 16)))
+                max_batch=int(cfg.max_batch), gather_ms=float(cfg.gather_ms),
+                max_prefill_tokens=int(cfg.max_prefill_tokens), pad_id=self.pad_id,
+                name=f"engine-{self.name}", prefix_cache_mib=float(cfg.prefix_cache_mib or 0),
+                draft_tokens=int(cfg.draft_tokens or 0), draft_ngram=int(cfg.draft_ngram),
+                draft_step_tokens=int(cfg.draft_step_tokens))
 
-    def _load(self, cfg: dict) -> None:
+    def _load(self, cfg: TransformersModelConf) -> None:
         """Tokenizer and weights onto the device, with the CPU kernels' settings; one line when they cannot load."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         src, kw = _source(cfg)
-        trust = bool(cfg.get("trust_remote_code", False))
+        trust = bool(cfg.trust_remote_code)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust, **kw)
             mkw = dict(dtype=self.dtype, trust_remote_code=trust, **kw)
-            if cfg.get("attn_implementation"):
-                mkw["attn_implementation"] = cfg["attn_implementation"]
+            if cfg.attn_implementation:
+                mkw["attn_implementation"] = cfg.attn_implementation
             self.model = AutoModelForCausalLM.from_pretrained(src, **mkw)
         except ModelUnavailable:
             raise
@@ -183,21 +184,20 @@ class TransformersModel:
         if self.weights == "int8":
             from .int8 import quantize_int8
 
-            skip = cfg.get("int8_skip")  # null: the default; []: lm_head in int8 too
-            quantize_int8(self.model, skip=("lm_head",) if skip is None else tuple(skip),
-                          fuse=bool(cfg.get("int8_fuse", False)))  # no measured gain (conf/model/qwen1.5b-coder-q4.yaml)
-        if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.get("skinny_matmul", True):
+            quantize_int8(self.model, skip=tuple(cfg.int8_skip),  # []: lm_head in int8 too
+                          fuse=bool(cfg.int8_fuse))  # no measured gain (agents/models/config.py)
+        if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.skinny_matmul:
             # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
             from .engine import use_skinny_matmul
 
             use_skinny_matmul(self.model)
-        if self.device.type == "cpu" and cfg.get("sdpa_gqa", True):
+        if self.device.type == "cpu" and cfg.sdpa_gqa:
             # Batched rows carry a padding mask, and with a mask transformers expands grouped K/V heads
             # (repeat_kv: a full copy of the KV cache per layer per step) instead of SDPA's enable_gqa. On CPU
             # the GQA kernel takes masks and was 10x faster for Qwen2.5's 14:2 heads (same results). Process-wide
             # switch, read at call time; not set for CUDA, where a mask + GQA falls back to the math kernel.
             os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
-        if self.device.type == "cpu" and cfg.get("cpu_attention", True):
+        if self.device.type == "cpu" and cfg.cpu_attention:
             from .cpu_attention import use_grouped_attention
 
             use_grouped_attention(self.model)  # decode steps in fp32: grouped heads as batched matmuls

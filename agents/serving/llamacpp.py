@@ -15,6 +15,7 @@ import threading
 
 from ..models.base import Generation, GenRequest, ModelUnavailable
 from .cores import claim_threads
+from ..models.config import LlamaCppModelConf, OpenAIModelConf
 from ..models.openai_backend import OpenAIModel
 
 log = logging.getLogger(__name__)
@@ -28,22 +29,22 @@ def _free_port() -> int:
 
 
 class LlamaCppModel:
-    def __init__(self, cfg: dict):
-        self.cfg = dict(cfg)
-        self.name = cfg.get("name") or "llamacpp"
+    def __init__(self, cfg: LlamaCppModelConf):
+        self.cfg = cfg
+        self.name = cfg.name
+        slots = _positive(cfg, "slots")  # bad values first: one line before any pack is installed
+        ctx = _positive(cfg, "context_per_slot")
+        spec = cfg.speculative
+        if spec not in SPECULATIVE:
+            raise ModelUnavailable(f"model.speculative={spec!r} is unknown: use one of {', '.join(SPECULATIVE)}")
         gguf = self._gguf(cfg)
         try:
             import xllamacpp
         except ImportError:
             raise ModelUnavailable("backend llamacpp needs the xllamacpp package: pip install xllamacpp "
                                    "(or `make setup`)") from None
-        slots = _positive(cfg, "slots", 8)
-        ctx = _positive(cfg, "context_per_slot", 4096)
-        self._cores = claim_threads(cfg.get("threads"))  # a fair share beside other fixlab model processes
+        self._cores = claim_threads(cfg.threads)  # a fair share beside other fixlab model processes
         threads = self._cores.threads
-        spec = cfg.get("speculative", "none") or "none"
-        if spec not in SPECULATIVE:
-            raise ModelUnavailable(f"model.speculative={spec!r} is unknown: use one of {', '.join(SPECULATIVE)}")
         p = xllamacpp.CommonParams()
         p.model.path = str(gguf)
         p.hostnames = ["127.0.0.1"]
@@ -53,14 +54,14 @@ class LlamaCppModel:
         p.cpuparams.n_threads = int(threads)
         p.cpuparams_batch.n_threads = int(threads)
         p.model_alias = {self.name}
-        p.verbosity = int(cfg.get("log_verbosity", 1))  # 1: llama.cpp's warnings and errors only
-        p.cache_prompt = bool(cfg.get("cache_prompt", True))
-        p.cache_ram_mib = int(cfg.get("cache_ram_mib", 2048))  # host-memory copies of evicted slot prompts
+        p.verbosity = int(cfg.log_verbosity)  # 1: llama.cpp's warnings and errors only
+        p.cache_prompt = bool(cfg.cache_prompt)
+        p.cache_ram_mib = int(cfg.cache_ram_mib)  # host-memory copies of evicted slot prompts
         if spec == "ngram":
             # Prompt lookup: a repair copies most of the buggy code, so drafts come from n-grams already seen.
             p.speculative.types = [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
-            p.speculative.ngram_simple.size_n = _positive(cfg, "ngram_size", 3)
-            p.speculative.ngram_simple.size_m = _positive(cfg, "draft_tokens", 12)
+            p.speculative.ngram_simple.size_n = _positive(cfg, "ngram_size")
+            p.speculative.ngram_simple.size_m = _positive(cfg, "draft_tokens")
         self._lock = threading.Lock()
         try:
             self.server = xllamacpp.Server(p)
@@ -68,25 +69,25 @@ class LlamaCppModel:
             self._cores.release()
             raise ModelUnavailable(f"llama.cpp could not load {gguf} ({type(e).__name__}: {e})") from None
         self.base_url = f"{self.server.listening_address}/v1"
-        self.api = OpenAIModel({"name": self.name, "model": self.name, "base_url": self.base_url,
-                                "max_concurrency": slots, "timeout_s": float(cfg.get("timeout_s", 3600)),
-                                "max_retries": 0, "api_keys_env": "FIXLAB_NO_KEYS", "api_key_env": "FIXLAB_NO_KEY"})
+        self.api = OpenAIModel(OpenAIModelConf(
+            name=self.name, model=self.name, base_url=self.base_url, max_concurrency=slots, timeout_s=cfg.timeout_s,
+            max_retries=0, api_keys_env="FIXLAB_NO_KEYS", api_key_env="FIXLAB_NO_KEY"))
         log.info("llama.cpp serves %s at %s (%d slots x %d tokens, %s threads)", gguf, self.base_url, slots, ctx, threads)
 
     @staticmethod
-    def _gguf(cfg: dict):
+    def _gguf(cfg: LlamaCppModelConf):
         from pathlib import Path
 
-        if cfg.get("pack"):
+        if cfg.pack:
             from .packs import ensure_gguf
 
-            return ensure_gguf(cfg["pack"])
-        if cfg.get("gguf"):
-            path = Path(str(cfg["gguf"])).expanduser()
+            return ensure_gguf(cfg.pack)
+        if cfg.gguf:
+            path = Path(str(cfg.gguf)).expanduser()
             if not path.is_file():
                 raise ModelUnavailable(f"model.gguf={path}: no such file; give the path of a .gguf model file")
             return path
-        raise ModelUnavailable(f"llamacpp model config {cfg.get('name')!r} needs `pack` or `gguf` (a .gguf file)")
+        raise ModelUnavailable(f"llamacpp model config {cfg.name!r} needs `pack` or `gguf` (a .gguf file)")
 
     def generate(self, request: GenRequest) -> Generation:
         return self.api.generate(request)
@@ -101,10 +102,8 @@ class LlamaCppModel:
         del server  # the server's destructor stops its threads and frees the model
 
 
-def _positive(cfg: dict, key: str, default: int) -> int:
-    v = cfg.get(key, default)
-    if v is None:
-        v = default
+def _positive(cfg: LlamaCppModelConf, key: str) -> int:
+    v = getattr(cfg, key)
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ModelUnavailable(f"model.{key} must be an integer >= 1, got {v!r}")
     return v

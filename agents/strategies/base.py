@@ -13,7 +13,7 @@ class Strategy:
 
     def first_messages(self) -> list[dict]:
         ctx = self.ctx
-        return ([{"role": "system", "content": render("system.txt")}] + few_shot_messages(ctx.cfg.few_shot)
+        return ([{"role": "system", "content": render("system.txt")}] + few_shot_messages(ctx.cfg.strategy.few_shot)
                 + [{"role": "user", "content": render("fix.txt", task=ctx.task, code=ctx.view.code.strip("\n"),
                                                       tests=ctx.view.tests)}])
 
@@ -22,24 +22,25 @@ class Strategy:
         return State(messages=first, prefix=len(first))
 
     def produce(self, state: State, rnd: int) -> Attempt:
-        stop = CODE_STOP if self.ctx.cfg.stop_after_code else ()
+        knobs = self.ctx.cfg.strategy
+        stop = CODE_STOP if knobs.stop_after_code else ()
         messages = self.messages(state)
         calls = self.draw(messages, rnd, stop)
         if len(calls) > 1:
             return self._pick(calls, rnd, state)
-        if self.ctx.cfg.redraws:
+        if knobs.redraws:
             return self._redrawn(calls[0], messages, rnd, state, stop)
         return self._judged(calls[0], rnd, state)
 
     def draw(self, messages: list[dict], rnd: int, stop: tuple) -> list:
         """This round's answers: `candidates` of them, the first at the round's temperature."""
-        return self.ctx.calls(messages, rnd, self.ctx.cfg.candidates, stop=stop)
+        return self.ctx.calls(messages, rnd, self.ctx.cfg.strategy.candidates, stop=stop)
 
     def _redrawn(self, call, messages: list[dict], rnd: int, state: State, stop: tuple) -> Attempt:
         """`redraws`: an answer known to fail before it runs (a repeat, the bug handed back) teaches nothing and
         would spend the round: draw again from the same prompt (candidate_temperature, its own seed; the prompt's
         KV is reused) and keep the first other answer. Every call counts in the tokens; calls[-1] is the kept one."""
-        cfg, drawn = self.ctx.cfg, []
+        cfg, drawn = self.ctx.cfg.strategy, []
         while True:
             attempt = self._judged(call, rnd, state, run=False)
             known = attempt.decision == "repeat" or (attempt.decision == "tested" and attempt.unchanged)

@@ -75,7 +75,7 @@ def supports_tools(model) -> bool:
 class ReactStrategy(Strategy):
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        fmt = ctx.cfg.tool_format
+        fmt = ctx.cfg.strategy.tool_format
         self.native = supports_tools(ctx.model) if fmt == "auto" else fmt == "native"
         self.tools = tuple(json.loads(render("react_tools.json.j2", task=ctx.task,
                                              visible_only=ctx.cfg.protocol != "tests"))) if self.native else None
@@ -83,24 +83,23 @@ class ReactStrategy(Strategy):
     def first_messages(self) -> list[dict]:
         ctx = self.ctx
         return [{"role": "system", "content": render("react_system.txt", native=self.native,
-                                                     max_turns=ctx.cfg.max_turns)},
+                                                     max_turns=ctx.cfg.strategy.max_turns)},
                 {"role": "user", "content": render("react_task.txt", task=ctx.task, code=ctx.view.code.strip("\n"),
                                                    tests=ctx.view.tests)}]
 
     # -- one round: model turns until one sandbox execution (or the turns run out) --------------------------
     def produce(self, state: State, rnd: int) -> Attempt:
-        ctx, cfg = self.ctx, self.ctx.cfg
+        ctx, knobs = self.ctx, self.ctx.cfg.strategy
         attempt = Attempt(round=rnd, decision="out_of_turns")
         steps: list[dict] = []
         turn_msgs: list[dict] = []
         redraw = False  # the last turn repeated known-failing code: draw this one hotter, from the same conversation
         base = state.messages
-        while state.turns + len(attempt.calls) < cfg.max_turns:
+        stop = (() if self.native else TEXT_STOP) + (CODE_STOP if knobs.stop_after_code else ())
+        while state.turns + len(attempt.calls) < knobs.max_turns:
             turn = state.turns + len(attempt.calls)
-            call = ctx.call(base + turn_msgs, rnd, turn, tools=self.tools,
-                            stop=(() if self.native else TEXT_STOP) + (CODE_STOP if cfg.stop_after_code else ()),
-                            temperature=max(cfg.candidate_temperature, round_temperature(cfg, rnd)) if redraw else None)
-            redraw = False
+            hot = max(knobs.candidate_temperature, round_temperature(ctx.cfg, rnd)) if redraw else None
+            call = ctx.call(base + turn_msgs, rnd, turn, tools=self.tools, stop=stop, temperature=hot)
             attempt.calls.append(call)
             if call.error:
                 attempt.decision = "model_error"
@@ -109,52 +108,62 @@ class ReactStrategy(Strategy):
             action = parse_action(call)
             step = {"turn": turn, "action": action.name, "format": action.source}
             steps.append(step)
-            if action.name is None:
-                step.update(decision="no_action", observation=render("react_observation.txt", kind="no_action",
-                                                                     task=ctx.task))
-            elif action.code is None and action.name == "submit":
-                if state.last_tested is None:
-                    step.update(decision="submit_untested",
-                                observation=render("react_observation.txt", kind="submit_untested", task=ctx.task))
-                else:  # hands in the latest tested candidate, which failed (a pass ends the task at once)
-                    code, same = state.last_tested
-                    attempt.decision, attempt.code = "submitted", code
-                    attempt.same_as_round = same
-                    step.update(decision="submitted")
-                    break
+            if self.act(action, step, attempt, state, rnd):
+                break
+            redraw = bool(step.get("restart") or step.get("dropped"))
+            if step.get("restart"):  # start over; the hot draw keeps a greedy round from looping
+                base, turn_msgs = self.restart_messages(state.feedback.get(step["same_as_round"])), []
             else:
-                trial = Attempt(round=rnd, decision="tested")
-                verdict = ctx.judge(trial, action.code or "", state, run=False)
-                step["code"] = trial.code
-                if verdict in ("no_code", "syntax_error"):
-                    step.update(decision=verdict, observation=render("react_observation.txt", kind="invalid",
-                                                                     problem=trial.problem or "", task=ctx.task))
-                elif verdict == "repeat" and action.name == "run_tests":
-                    same = trial.same_as_round
-                    step.update(decision="repeat", same_as_round=same,
-                                observation=render("react_observation.txt", kind="repeat",
-                                                   unchanged=trial.unchanged, task=ctx.task))
-                    if cfg.rewrite_when_stuck:  # start over; the hot draw keeps a greedy round from looping
-                        step["restart"] = redraw = True
-                        base, turn_msgs = self.restart_messages(state.feedback.get(same)), []
-                        continue
-                    if cfg.repeat_redraw:
-                        step["dropped"] = redraw = True
-                elif verdict == "repeat":  # submitting code already known to fail: no new run, the task ends
-                    attempt.decision, attempt.code = "submitted", trial.code
-                    attempt.same_as_round = trial.same_as_round
-                    step.update(decision="submitted")
-                    break
-                else:
-                    attempt.code = trial.code
-                    attempt.problem, attempt.unchanged = trial.problem, trial.unchanged
-                    attempt.decision = "tested" if action.name == "run_tests" else "submitted"
-                    ctx.execute(attempt)
-                    step.update(decision=attempt.decision)
-                    break
-            turn_msgs += self.turn_messages(call, step, attempt)
+                turn_msgs += self.turn_messages(call, step, attempt)
         attempt.steps = steps
         return attempt
+
+    def act(self, action: Action, step: dict, attempt: Attempt, state: State, rnd: int) -> bool:
+        """Carry out one turn's action: record its decision (and observation) in `step`; True when the round is over
+        (a sandbox run, or a submit). A repeated run_tests marks the step `restart` (rewrite_when_stuck) or
+        `dropped` (repeat_redraw)."""
+        ctx, knobs = self.ctx, self.ctx.cfg.strategy
+        if action.name is None:
+            step.update(decision="no_action", observation=render("react_observation.txt", kind="no_action",
+                                                                 task=ctx.task))
+            return False
+        if action.code is None and action.name == "submit":
+            if state.last_tested is None:
+                step.update(decision="submit_untested",
+                            observation=render("react_observation.txt", kind="submit_untested", task=ctx.task))
+                return False
+            code, same = state.last_tested  # hands in the latest tested candidate, which failed (a pass ends the task)
+            attempt.decision, attempt.code = "submitted", code
+            attempt.same_as_round = same
+            step.update(decision="submitted")
+            return True
+        trial = Attempt(round=rnd, decision="tested")
+        verdict = ctx.judge(trial, action.code or "", state, run=False)
+        step["code"] = trial.code
+        if verdict in ("no_code", "syntax_error"):
+            step.update(decision=verdict, observation=render("react_observation.txt", kind="invalid",
+                                                             problem=trial.problem or "", task=ctx.task))
+            return False
+        if verdict == "repeat" and action.name == "run_tests":
+            step.update(decision="repeat", same_as_round=trial.same_as_round,
+                        observation=render("react_observation.txt", kind="repeat", unchanged=trial.unchanged,
+                                           task=ctx.task))
+            if knobs.rewrite_when_stuck:
+                step["restart"] = True
+            elif knobs.repeat_redraw:
+                step["dropped"] = True
+            return False
+        if verdict == "repeat":  # submitting code already known to fail: no new run, the task ends
+            attempt.decision, attempt.code = "submitted", trial.code
+            attempt.same_as_round = trial.same_as_round
+            step.update(decision="submitted")
+            return True
+        attempt.code = trial.code
+        attempt.problem, attempt.unchanged = trial.problem, trial.unchanged
+        attempt.decision = "tested" if action.name == "run_tests" else "submitted"
+        ctx.execute(attempt)
+        step.update(decision=attempt.decision)
+        return True
 
     def restart_messages(self, feedback: str | None) -> list[dict]:
         """A new conversation without the buggy body: the header, the visible tests and how the old code failed."""
@@ -195,12 +204,12 @@ class ReactStrategy(Strategy):
                 state.messages = state.messages + self.turn_messages(call, step, attempt)
         state.turns += len(attempt.calls)
         super().absorb(state, attempt)  # seen candidates; a visible pass ends the task
-        if (self.ctx.cfg.rewrite_when_stuck and attempt.decision == "tested" and attempt.unchanged
+        if (self.ctx.cfg.strategy.rewrite_when_stuck and attempt.decision == "tested" and attempt.unchanged
                 and not state.done):  # the bug handed back and run: start over from scratch
             state.messages = self.restart_messages(attempt.feedback)
         if attempt.decision == "tested" and attempt.code is not None:
             state.last_tested = (attempt.code, attempt.round)
         if attempt.decision == "submitted":
             state.done = "submitted"
-        elif attempt.decision == "out_of_turns" or (state.turns >= self.ctx.cfg.max_turns and not state.done):
+        elif attempt.decision == "out_of_turns" or (state.turns >= self.ctx.cfg.strategy.max_turns and not state.done):
             state.done = state.done or "out_of_turns"

@@ -11,16 +11,16 @@ class Reflection(Strategy):
     """Every round revises the previous answer: the prompt plus the last `history_rounds` (answer, feedback)."""
 
     def messages(self, state: State) -> list[dict]:
-        keep = 2 * max(1, self.ctx.cfg.history_rounds)
+        keep = 2 * max(1, self.ctx.cfg.strategy.history_rounds)
         return state.messages[:state.prefix] + state.messages[state.prefix:][-keep:]
 
     def absorb(self, state: State, attempt: Attempt) -> None:
         super().absorb(state, attempt)
         if state.done or attempt.decision == "model_error":
             return
-        task, diagnose = self.ctx.task, self.ctx.cfg.diagnose
+        task, diagnose = self.ctx.task, self.ctx.cfg.strategy.diagnose
         stuck = attempt.decision == "repeat" or (attempt.decision == "tested" and attempt.unchanged)
-        if stuck and self.ctx.cfg.rewrite_when_stuck:
+        if stuck and self.ctx.cfg.strategy.rewrite_when_stuck:
             # A small model that hands the bug back keeps copying what it is shown: start a new conversation
             # without the buggy body, from the signature, the visible tests and how the old code failed.
             seen_fb = attempt.feedback if attempt.decision == "tested" else state.feedback.get(attempt.same_as_round)

@@ -10,5 +10,5 @@ class SingleShot(Strategy):
     prefix of one stream, judged `candidates` at a time (flows/stream.py cuts them from one run)."""
 
     def draw(self, messages: list[dict], rnd: int, stop: tuple) -> list:
-        k = self.ctx.cfg.candidates
+        k = self.ctx.cfg.strategy.candidates
         return self.ctx.answers(messages, range(rnd * k, rnd * k + k), stop=stop)

@@ -1,0 +1,194 @@
+"""One evaluation job as a library function: `run_job(settings, runner)` -> the summary dict.
+
+Settings (flows/config.py) -> this process's model and sandbox (flows/workers.py) -> the MLflow run
+(flows/tracking.py) -> the core (flows/core.py: what runs, one repair per task, the summary) mapped by a runner
+-> the summary. The runner is flows/prefect_flow.py's by default (Prefect threads or Dask workers); any callable
+`runner(jobs, settings, done)` that calls `done(job, outcome)` once per job, as each finishes, will do: the outcome
+is the job's Trajectory or the exception it raised, which becomes an error trajectory here and only here.
+flows/evaluate.py is the command line around it (Hydra, signals).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Callable
+
+from agents.tasks import load_tasks
+from agents.types import Trajectory
+
+from . import core
+from .config import ConfigError, JobSettings
+from .core import Job
+from .tracking import RunTracker
+from .workers import model_and_sandbox
+
+Outcome = Trajectory | BaseException
+Runner = Callable[[list[Job], JobSettings, Callable[[Job, Outcome], None]], None]
+
+
+def run_job(settings: JobSettings, runner: Runner | None = None,
+            on_open: Callable[[Callable[[], None] | None], None] | None = None) -> dict:
+    """One job: model and sandbox up front, the MLflow run, the runner over the pending tasks, the summary.
+
+    on_open(mark_killed) is called once the MLflow run exists, with a function that marks it KILLED (for a stop that
+    cannot wait for the job to unwind, flows/evaluate.py), and with None when the job is over."""
+    from .prefect_flow import check_runner, run_jobs
+
+    runner = runner or run_jobs
+    t0 = time.perf_counter()
+    apply_offline(settings.offline)
+    tasks = load_tasks(settings.dataset)
+    # Build model and sandbox before any task starts, so a missing key or model is one error up front
+    # (not for dask: the model lives in the worker processes, possibly on other machines).
+    if settings.runner.name != "dask":
+        model_and_sandbox(settings)
+    check_runner(settings.runner)
+    tracker = RunTracker(settings.tracking)
+    run_id, resume = open_run(tracker, settings)
+    store = core.TaskStore(tracker.store_dir, run_id)
+    jobs, done = core.pending(tasks, settings.samples, store, bool(resume))
+    print(f"fixlab: {len(tasks)} tasks x {settings.samples} sample(s), {len(jobs)} to run, model={settings.model.name} "
+          f"strategy={settings.agent.strategy.name} iters={settings.agent.iters} run_id={run_id}", file=sys.stderr,
+          flush=True)
+    progress = Progress(len(tasks) * settings.samples, len(done), sum(t.passed for t in done.values()))
+
+    def finished(job: Job, outcome: Outcome) -> None:
+        task, sample = job
+        traj = outcome if isinstance(outcome, Trajectory) else core.error_trajectory(task, sample, settings.agent,
+                                                                                     outcome)
+        core.keep(store, traj, on_done=lambda t: _report(t, progress, tracker))
+
+    status = "FAILED"
+    if on_open:
+        on_open(lambda: tracker.client.set_terminated(run_id, status="KILLED"))
+    try:
+        if jobs:
+            runner(jobs, settings, finished)
+        summary = _summary(tracker, store, tasks, settings, run_id, t0)
+        if settings.stream_applies:  # cut from single_shot's answer stream (flows/stream.py)
+            summary["stream"] = {"candidates": settings.stream[0], "answers": settings.stream[1]}
+        if resume:
+            summary["resumed"] = True
+        status = "FINISHED"
+        tracker.finish(summary, status)
+        return summary
+    except BaseException as e:
+        # Ctrl-C is KILLED (resume=last continues it); anything else is FAILED.
+        status = "KILLED" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        raise
+    finally:
+        if on_open:
+            on_open(None)
+        if status != "FINISHED":
+            try:
+                tracker.client.set_terminated(run_id, status=status)
+            except Exception:
+                pass
+
+
+def _report(traj: Trajectory, progress: "Progress", tracker: RunTracker) -> None:
+    progress(traj)
+    try:
+        tracker.log_task(traj.to_dict())
+    except Exception as e:  # the local state file already holds it; the final upload retries
+        print(f"fixlab: could not log {traj.task_id} to MLflow now ({e}); it is kept for the final upload",
+              file=sys.stderr)
+
+
+def _summary(tracker: RunTracker, store: core.TaskStore, tasks: list, settings: JobSettings, run_id: str,
+             t0: float) -> dict:
+    """The job's figures from every kept trajectory, and its results files logged."""
+    trajs = store.load_all()
+    summary = core.summarize(trajs, tasks, settings.samples, settings.agent.iters)
+    summary.update(run_id=run_id, wall_s=round(time.perf_counter() - t0, 2), model=settings.model.name, strategy=settings.agent.strategy.name, protocol=settings.agent.protocol,
+                   iters=settings.agent.iters, samples=settings.samples)
+    tracker.log_lines(_result_rows(trajs), "results.jsonl")
+    # A resumed run (or a failed upload) may lack some tasks' trajectory files and traces: add them.
+    tracker.complete_tasks([t.to_dict() for t in trajs])
+    tracker.log_results_table([t.to_dict() for t in trajs])
+    return summary
+
+
+def open_run(tracker: RunTracker, settings: JobSettings) -> tuple[str, str | None]:
+    """(run id, the run id resumed or None): a new MLflow run, or the one `resume` names (last: the newest
+    unfinished one), refused in one line when its config differs in anything that changes answers."""
+    resume = settings.resume
+    if resume == "last":
+        resume = tracker.last_run_id()
+        if resume is None:
+            raise ConfigError("resume=last: no earlier run in this experiment to resume")
+    tags = {"model": settings.model.name, "strategy": settings.agent.strategy.name,
+            "protocol": settings.agent.protocol, "iters": str(settings.agent.iters)}
+    if settings.stream_applies:  # its trajectories are cut from a stream of K answers a round, N in all
+        tags["fixlab.stream"] = f"candidates={settings.stream[0]} answers={settings.stream[1]}"
+    try:
+        return tracker.start(settings.run_name, settings.raw, tags, resume_run_id=resume), resume
+    except ConfigError:
+        raise
+    except Exception as e:
+        if resume:
+            raise ConfigError(f"resume={resume}: no such MLflow run ({type(e).__name__})") from None
+        raise
+
+
+def _result_rows(trajs: list[Trajectory]):
+    for t in sorted(trajs, key=lambda t: (core.task_order(t.task_id), t.sample)):
+        yield {
+            "task_id": t.task_id, "sample": t.sample, "bug_type": t.bug_type, "passed": t.passed,
+            "first_pass_round": t.first_pass_round, "error": t.error, "seconds": t.seconds,
+            "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
+            "derived_from": t.derived_from,
+            # what each round cost: a run's rows give every smaller budget's cost too (flows/frontier.py)
+            "attempts": [{"round": a.round, "decision": a.decision, "code": a.code,
+                          "status": a.result.status if a.result else None,
+                          "test_output": (a.result.stderr[-2000:] if a.result else None),
+                          "feedback": a.feedback, "seconds": a.seconds,
+                          "prompt_tokens": sum(c.prompt_tokens for c in a.calls),
+                          "completion_tokens": sum(c.completion_tokens for c in a.calls),
+                          "model_calls": len(a.calls), "sandbox_runs": a.sandbox_runs} for a in t.attempts],
+        }
+
+
+class Progress:
+    """One stderr line per finished task: tasks done / total, passes so far, the rate."""
+
+    def __init__(self, total: int, already: int = 0, passed: int = 0):
+        self.total, self.done, self.passed = total, already, passed
+        self.lock = threading.Lock()
+        self.t0 = time.perf_counter()
+
+    def __call__(self, traj: Trajectory) -> None:
+        with self.lock:
+            self.done += 1
+            self.passed += traj.passed
+            verdict = "ERROR" if traj.error else (f"passed@{traj.first_pass_round}" if traj.passed else "failed")
+            rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
+            print(f"[{self.done:>4}/{self.total}] {traj.task_id:<12} {verdict:<9} passes so far {self.passed}"
+                  f"  ({rate * 60:.1f} tasks/min)" + (f"  {traj.error}" if traj.error else ""), file=sys.stderr, flush=True)
+
+
+def apply_offline(offline) -> bool:
+    """Go offline at once when the hub cannot be resolved (here DNS fails at once); else 20-50 s retries."""
+    if offline == "auto":
+        result = []
+        th = threading.Thread(target=lambda: result.append(_resolves("huggingface.co")), daemon=True)
+        th.start()
+        th.join(3.0)
+        offline = not (result and result[0])
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["HF_DATASETS_OFFLINE"] = "1"
+        if "huggingface_hub.constants" in sys.modules:
+            sys.modules["huggingface_hub.constants"].HF_HUB_OFFLINE = True
+    return bool(offline)
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, 443)
+        return True
+    except OSError:
+        return False

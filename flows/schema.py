@@ -1,0 +1,320 @@
+"""The job's typed config: one record per option of each config group, registered in Hydra's ConfigStore as the
+schema of its yaml file, and `typed`, which turns a plain dict into those records.
+
+Each default is defined once, beside the code that reads it: the strategies' in agents/config.py, the models' in
+agents/models/config.py, the sandboxes' in sandboxes/config.py, the dataset's in agents/tasks.py, the runners',
+tracking's and the job's own here. A yaml file names its record first in its defaults list (`- react_schema`)
+and holds only what differs from it. A wrong key or type, in a yaml file, on the command line or in a dict, is
+one line that names it and the nearest valid key (`describe`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+from agents.config import STRATEGY_CONFS, AgentConfig
+from agents.models.config import MODEL_CONFS
+from agents.tasks import DatasetConf
+from sandboxes.config import SANDBOX_CONFS
+
+
+CONF_DIR = Path(__file__).resolve().parent / "conf"  # the repository's conf/ (a link), or its copy in the package
+
+
+class ConfigError(ValueError):
+    """A bad config value. The message is one line that names the key, the value and what is allowed."""
+
+
+@dataclass
+class RunnerConf:
+    name: str  # threads | dask: set by each record below
+
+
+@dataclass
+class ThreadsRunnerConf(RunnerConf):
+    """Prefect ThreadPoolTaskRunner: tasks run in threads of this process and share one model and sandbox."""
+
+    name: str = "threads"
+    workers: int = 32  # tasks in flight; the model engine batches their requests (the 1.5B pack: max_batch 32)
+
+
+@dataclass
+class DaskRunnerConf(RunnerConf):
+    """Prefect DaskTaskRunner (prefect-dask): tasks run on a Dask cluster; each worker process loads the model once
+    and serves all its tasks through the batching engine. flows/README.md: several GPU machines."""
+
+    name: str = "dask"
+    address: str | None = None  # tcp://host:8786 of a running `dask scheduler`; null: start a local cluster
+    workers: int = 2  # local cluster: worker processes (one model copy each)
+    threads_per_worker: int = 4  # tasks in flight per worker process; the model engine batches their requests
+
+
+RUNNER_CONFS: dict[str, type[RunnerConf]] = {"threads": ThreadsRunnerConf, "dask": DaskRunnerConf}
+
+
+@dataclass
+class TrackingConf:
+    uri: str | None = None  # null: sqlite:///<repo>/mlruns/mlflow.db
+    artifacts: str | None = None  # null: <repo>/mlruns/artifacts
+    experiment: str = "humanevalfix"
+    run_name: str | None = None  # null: <model>-<strategy>-iters<k>
+
+
+@dataclass
+class JobConf:
+    """One evaluation job (conf/config.yaml). The agent's run-level defaults are AgentConfig's (agents/config.py)."""
+
+    model: Any = MISSING  # a group: conf/model/<option>.yaml (picked by the defaults list)
+    strategy: Any = MISSING  # conf/strategy/<option>.yaml
+    sandbox: Any = MISSING  # conf/sandbox/<option>.yaml
+    dataset: DatasetConf = field(default_factory=DatasetConf)  # conf/dataset/<option>.yaml
+    runner: Any = MISSING  # conf/runner/<option>.yaml
+    tracking: TrackingConf = field(default_factory=TrackingConf)
+    iters: int = AgentConfig.iters  # feedback rounds after the first attempt; 0 = single-shot pass@1
+    # Answers per task instead of iters: iters = answers / strategy.candidates - 1. The grid
+    # `strategy.candidates=1,2,4,8 answers=8 -m` (single_shot) costs one run: flows/stream.py
+    answers: int | None = None
+    seed: int = AgentConfig.seed  # with temperature 0 (greedy) runs are deterministic; seeds make sampling reproducible
+    temperature: float = AgentConfig.temperature  # first attempt's temperature (0 = greedy)
+    max_new_tokens: int = AgentConfig.max_new_tokens
+    protocol: str = AgentConfig.protocol  # tests | docs | hidden: what the agent sees (agents/README.md)
+    samples: int = 1  # independent trajectories per task (pass@k for k <= samples); n > 1 needs temperature > 0
+    offline: Any = "auto"  # auto: go offline at once when the Hugging Face hub cannot be resolved; true | false
+    cache: bool = True  # reuse trajectories across budgets (flows/cache.py): iters=0,1,2,3 -m costs about iters=3
+    cache_dir: str | None = None  # null: $FIXLAB_CACHE/trajectories or ~/.cache/fixlab/trajectories
+    # In a sweep over iters (-m), each task runs to the largest budget once, in the first job, as one conversation
+    # (prefix reuse sees every round); later jobs only cut it. Same answers either way.
+    sweep_ahead: bool = True
+    sweep_ahead_to: int | None = None  # that largest budget: set by the sweep callback (flows/sweep.py), not by hand
+    # [K, N]: a sweep's single_shot answer stream (K answers a round, N in all) its jobs are cut from (flows/stream.py):
+    # set by the sweep callback, not by hand
+    sweep_stream: list[int] | None = None
+    resume: str | None = None  # an MLflow run id, or "last": run only the tasks that run has not finished
+
+
+@dataclass
+class NightlyConf:
+    """conf/nightly.yaml's `nightly` block (flows/nightly.py). No defaults: that file pins every value."""
+
+    cron: str  # e.g. "0 2 * * *"
+    timezone: str  # IANA timezone of the cron string
+    tolerance: float  # fail when pass@1 drops by more than this (absolute) against the last good nightly
+    must_pass: list[str]  # task ids that must pass every night
+
+
+@dataclass
+class NightlyJobConf(JobConf):
+    nightly: NightlyConf = MISSING
+
+
+# group -> (the key that names the option's record, record by option)
+GROUPS: dict[str, tuple[str, dict[str, type]]] = {
+    "model": ("backend", MODEL_CONFS), "strategy": ("name", STRATEGY_CONFS), "sandbox": ("backend", SANDBOX_CONFS),
+    "runner": ("name", RUNNER_CONFS),
+}
+RECORDS: dict[str, type] = {c.__name__: c for c in (
+    *MODEL_CONFS.values(), *STRATEGY_CONFS.values(), *SANDBOX_CONFS.values(), *RUNNER_CONFS.values(), DatasetConf,
+    TrackingConf, JobConf, NightlyConf, NightlyJobConf)}
+
+
+def register() -> None:
+    """Every record in Hydra's ConfigStore: `<option>_schema` in its group (conf/<group>/*.yaml name it first in their
+    defaults list), `job_schema` and `nightly_schema` at the top."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="job_schema", node=JobConf)
+    cs.store(name="nightly_schema", node=NightlyJobConf)
+    cs.store(group="dataset", name="dataset_schema", node=DatasetConf)
+    for group, (_, records) in GROUPS.items():
+        for option, record in records.items():
+            cs.store(group=group, name=f"{option}_schema", node=record)
+
+
+register()
+
+
+# ---------------------------------------------------------------- plain dicts -> records
+def typed(record: type, data: Any, where: str = "", source: str | None = None):
+    """`data` (a dict from a resolved config) checked against `record` and turned into one; `where` is its key in
+    the job config ("model", "" for the top), `source` the yaml file it came from, for the message."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    check_values(record, data, where, source)
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(record), data)
+        return OmegaConf.to_object(node)
+    except OmegaConfBaseException as e:
+        raise ConfigError(describe(e, prefix=where, source=source)) from None
+
+
+def check_values(record: type, data: Any, where: str = "", source: str | None = None) -> None:
+    """The types OmegaConf would quietly convert: 3 or "yes" for true/false, true for a string... A value of the
+    wrong type is one ConfigError line. Unknown keys are left to OmegaConf (describe names the nearest)."""
+    if not isinstance(data, dict) or not dataclasses.is_dataclass(record):
+        return
+    hints = typing.get_type_hints(record)
+    for key, value in data.items():
+        if key not in hints:
+            continue
+        full = f"{where}.{key}" if where else key
+        if isinstance(value, dict) and dataclasses.is_dataclass(hints[key]):
+            check_values(hints[key], value, full, source)
+            continue
+        want = wrong_type(hints[key], value)
+        if want:
+            raise ConfigError(f"{full} must be {want}, got {value!r}" + (f" ({source})" if source else ""))
+
+
+def wrong_type(hint: Any, value: Any) -> str | None:
+    """What `value` should have been for a field typed `hint`, or None when it fits."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+        args = typing.get_args(hint)
+    if hint is Any or value == "???" or (isinstance(value, str) and value.startswith("${")):
+        return None  # anything goes / a value still to be given / an interpolation
+    if typing.get_origin(hint) is list:
+        if not isinstance(value, (list, tuple)):
+            return "a list"
+        bad = [w for w in (wrong_type(args[0], v) for v in value) if w] if args else []
+        return f"a list of {bad[0].removeprefix('a ').removeprefix('an ')}s" if bad else None
+    if hint is bool:
+        return None if isinstance(value, bool) else "true or false"
+    if hint is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+    if hint is float:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "a number"
+    if hint is str:
+        return None if isinstance(value, (str, int, float)) and not isinstance(value, bool) else "a string"
+    return None
+
+
+def group_record(group: str, data: Any) -> type:
+    """The record a group's dict is an option of, by its `backend` or `name`."""
+    key, records = GROUPS[group]
+    if not isinstance(data, dict) or data.get(key) not in records:
+        got = data.get(key) if isinstance(data, dict) else data
+        raise ConfigError(f"{group}.{key} {got!r} is unknown: use {' | '.join(records)} "
+                          f"(conf/{group}/*.yaml pick one: {group}=NAME)")
+    return records[data[key]]
+
+
+def job_conf(cfg: dict) -> JobConf:
+    """The whole job config as records (a NightlyJobConf when it has a `nightly` block)."""
+    data = dict(cfg)
+    for group in GROUPS:
+        data[group] = typed(group_record(group, cfg.get(group)), cfg.get(group), group)
+    return typed(NightlyJobConf if "nightly" in cfg else JobConf, data)
+
+
+def check_composed(cfg, overrides: list) -> None:
+    """What Hydra's composition let through, checked against the records: the values each chosen yaml file gives
+    (read as written) and each command-line override (`overrides`: Hydra's parsed Override objects). `cfg` is the
+    composed config with its `hydra` node (compose(..., return_hydra_config=True))."""
+    from omegaconf import OmegaConf
+
+    for group, option in cfg.hydra.runtime.choices.items():
+        path = CONF_DIR / group / f"{option}.yaml"
+        if group in cfg and not group.startswith("hydra") and path.is_file():
+            raw = OmegaConf.to_container(OmegaConf.load(path))
+            raw.pop("defaults", None)
+            check_values(OmegaConf.get_type(cfg[group]), raw, group, f"conf/{group}/{option}.yaml")
+    for o in overrides:
+        key = o.get_key_element()
+        if "." not in key and key in cfg.hydra.runtime.choices:
+            continue  # picks a group's option
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        record = OmegaConf.get_type(node) if node is not None else None
+        if not dataclasses.is_dataclass(record):
+            continue
+        hint = typing.get_type_hints(record).get(leaf)
+        try:
+            values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        except Exception:  # a sweep the basic sweeper cannot list (interval): the job checks its own value
+            values = []
+        for v in values if hint is not None else []:
+            want = wrong_type(hint, v)
+            if want:
+                raise ConfigError(f"{key} must be {want}, got {v!r}")
+
+
+# ---------------------------------------------------------------- errors as one line
+_WANT = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "a string"}
+
+
+def describe(e: BaseException, prefix: str = "", source: str | None = None) -> str:
+    """An OmegaConf or Hydra error about a key, a value or an option, as one line: the key, what is wrong with it,
+    the nearest valid key, and the yaml file it came from. Falls back to the error's own text, on one line."""
+    cause = e.__cause__ if e.__cause__ is not None else e
+    text = str(e)
+    m = re.match(r"In '([^']+)': ", text)
+    if m and m.group(1) != "config":  # an error inside a yaml file while Hydra composed the config
+        source = f"conf/{m.group(1)}.yaml"
+    where = f" ({source})" if source else ""
+    missing_option = re.search(r"Could not find '(\w+)/([^']+)'", text)
+    if missing_option:
+        group, option = missing_option.groups()
+        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        return f"{group}={option} is unknown: use one of {', '.join(options)} (conf/{group}/*.yaml)"
+    full = getattr(cause, "full_key", None) or _field(text, r"full_key: (\S+)")
+    obj = getattr(cause, "object_type", None)
+    record = obj if isinstance(obj, type) else RECORDS.get(_field(text, r"object_type=(\w+)") or "")
+    if full is None:
+        return " ".join(text.split("Config search path")[0].split())[:400]
+    full = f"{prefix}.{full}" if prefix and not full.startswith(prefix + ".") else full
+    key = full.rsplit(".", 1)[-1]
+    if re.search(r"Key '[^']+' (?:not in|is not in struct)", str(cause) + text):
+        return f"unknown key {full}: {_nearest(record, key)}{where}"[:400]
+    lines = [l for l in (str(cause) + "\n" + text).splitlines() if l.strip() and not l.startswith("In '")]
+    msg = lines[0] if lines else text
+    conv = re.search(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", msg)
+    if conv:
+        got = repr(conv.group(1)) if conv.group(2) == "str" else conv.group(1)
+        return f"{full} must be {_WANT.get(conv.group(3), conv.group(3))}, got {got}{where}"
+    bad_bool = re.search(r"Value '(.*)' is not a valid bool", msg)
+    if bad_bool:
+        return f"{full} must be true or false, got {bad_bool.group(1)}{where}"
+    if "Missing mandatory value" in msg:
+        return f"{full} must be set{where}"
+    if "is not a ListConfig" in msg:
+        return f"{full} must be a list{where}"
+    if "is not Optional" in msg:
+        return f"{full} cannot be null{where}"
+    return f"{full}: {msg}{where}"[:400]
+
+
+def _nearest(record: type | None, key: str) -> str:
+    """What to say about `key`, unknown to `record`: the nearest key it has, else the options of its group that
+    have it, else its keys."""
+    known = [f.name for f in dataclasses.fields(record)] if record else []
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if near:
+        return f"did you mean {near[0]}?"
+    for group, (_, records) in GROUPS.items():
+        if record in records.values():
+            mine = next(o for o, r in records.items() if r is record)
+            others = [o for o, r in records.items() if key in {f.name for f in dataclasses.fields(r)}]
+            if others:
+                return f"{group}={mine} has no {key} ({' and '.join(others)} {'have' if len(others) > 1 else 'has'} it)"
+            return f"{group}={mine} has {', '.join(known)}"
+    if known:
+        return f"use one of {', '.join(known)}"
+    return "check the spelling (`python -m flows.evaluate --cfg job` prints every setting)"
+
+
+def _field(text: str, pattern: str) -> str | None:
+    m = re.search(pattern, text)
+    return m.group(1) if m else None
