@@ -212,17 +212,18 @@ def test_frontier_of_the_sweep_is_logged_on_its_parent(sweep, frontier_on_parent
     assert mixed.stderr.strip() == ("error: the records cover 2 models (buggy, canonical): one frontier is for one "
                                     "model; pick one with --model NAME")
     assert one.returncode == 0, one.stderr[-2000:]
-    assert one.stdout.splitlines()[0].startswith("Cost-accuracy frontier: canonical, protocol `tests`, 4 tasks, 1 ")
+    # the iters=2 job holds budgets 0, 1 and 2 (its rows keep each round's cost): three configurations
+    assert one.stdout.splitlines()[0].startswith("Cost-accuracy frontier: canonical, protocol `tests`, 4 tasks, 3 ")
     client, parent_id = sweep["client"], frontier_on_parent["parent"].info.run_id
     # every job says where it ran, and its tasks' seconds make the time axis
     job = client.get_run(sweep["summaries"]["canonical"]["run_id"])
     assert job.data.tags["fixlab.machine"] == machine_name()
     data = json.loads(Path(client.download_artifacts(parent_id, "frontier.json", str(sweep["tmp"] / "fr"))).read_text())
-    (config,) = data["configs"]
-    assert (config["label"], config["passed"], config["total"], config["run_id"]) == (
-        "single_shot iters=2", 4, 4, job.info.run_id)
-    assert config["machine"] == machine_name() and config["seconds"] is not None and data["token_frontier"] == [
-        "single_shot iters=2"]
+    assert [(c["label"], c["passed"], c["total"], c["run_id"]) for c in data["configs"]] == [
+        (f"single_shot iters={b}", 4, 4, job.info.run_id) for b in range(3)]
+    config = data["configs"][0]  # the oracle passes at round 0: the smaller budgets cost the same, iters=0 is the point
+    assert config["machine"] == machine_name() and config["seconds"] is not None
+    assert data["token_frontier"][0] == "single_shot iters=0"
     arts = {a.path for a in client.list_artifacts(parent_id)}
     assert {"frontier.png", "frontier.html", "pass_at_1_vs_rounds.png"} <= arts
 

@@ -30,7 +30,8 @@ def _rows(client, run_id, dest):
     path = client.download_artifacts(run_id, "results.jsonl", str(dest))
     rows = [json.loads(l) for l in open(path)]
     # Durations differ between runs; everything the agent did must not.
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+    return [{k: ([{a: b for a, b in x.items() if a != "seconds"} for x in v] if k == "attempts" else v)
+             for k, v in r.items() if k != "seconds"} for r in rows]
 
 
 @needs_data
