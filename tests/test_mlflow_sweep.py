@@ -29,6 +29,15 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
 
 
 @pytest.fixture(scope="module")
+
+def render(page: str, shot, tmp) -> str:
+    """The page in headless Chromium after its scripts ran: its live DOM, and a screenshot written to `shot`."""
+    common = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'chromium'}", "--window-size=1400,1000",
+              "--virtual-time-budget=20000"]
+    dom = subprocess.run([*common, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    subprocess.run([*common, f"--screenshot={shot}", page], capture_output=True, text=True, timeout=120)
+    return dom
+
 def sweep(tmp_path_factory, prefect_api):
     if not Path(REPO / ".." / "shared" / "data" / "humanevalfix_python.jsonl").exists():
         pytest.skip("HumanEvalFix data not found")
@@ -180,10 +189,7 @@ def test_ui_serves_runs_over_rest_and_renders_run_page_in_chromium(sweep, ui):
     run_id = canonical["info"]["run_id"]
     page = f"{ui['url']}/#/experiments/{exp_id}/runs/{run_id}"
     shot = sweep["tmp"] / "run_page.png"
-    common = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={sweep['tmp'] / 'chromium'}", "--window-size=1400,1000",
-              "--virtual-time-budget=20000"]
-    dom = subprocess.run([*common, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
-    subprocess.run([*common, f"--screenshot={shot}", page], capture_output=True, text=True, timeout=120)
+    dom = render(page, shot, sweep["tmp"])
     # The single-page app rendered the run: its name, its metrics and its tags are in the live DOM.
     assert canonical["info"]["run_name"] in dom, dom[-2000:]
     assert "pass_at_1" in dom and "single_shot" in dom
@@ -240,10 +246,7 @@ def test_ui_shows_the_frontier_page_in_chromium(sweep, ui, frontier_on_parent):
     parent = frontier_on_parent["parent"]
     page = f"{ui['url']}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}/artifacts/frontier.html"
     shot = sweep["tmp"] / "frontier_page.png"
-    common = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={sweep['tmp'] / 'chromium'}", "--window-size=1400,1000",
-              "--virtual-time-budget=20000"]
-    dom = subprocess.run([*common, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
-    subprocess.run([*common, f"--screenshot={shot}", page], capture_output=True, text=True, timeout=120)
+    dom = render(page, shot, sweep["tmp"])
     assert "mlflow-html-iframe" in dom and "frontier.png" in dom, dom[-2000:]
     pixels = (matplotlib.image.imread(shot)[..., :3] * 255).round().astype(int)
     band = (pixels == [0x0B, 0x6E, 0x4F]).all(-1).sum()
