@@ -156,7 +156,8 @@ class TransformersModel:
                 max_prefill_tokens=int(cfg.get("max_prefill_tokens", 8192)), pad_id=self.pad_id,
                 name=f"engine-{self.name}", prefix_cache_mib=float(cfg.get("prefix_cache_mib", 1024) or 0),
                 draft_tokens=int(cfg.get("draft_tokens", 8) or 0), draft_ngram=int(cfg.get("draft_ngram", 3)),
-                draft_step_tokens=int(cfg.get("draft_step_tokens", 16)))
+                draft_step_tokens=int(cfg.get("draft_step_tokens", 16)),
+                kv_cache_mib=float(cfg.get("kv_cache_mib", 0) or 0))
 
     def _load(self, cfg: dict) -> None:
         """Tokenizer and weights onto the device, with the CPU kernels' settings; one line when they cannot load."""
