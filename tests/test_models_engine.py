@@ -512,3 +512,47 @@ def test_growing_cache_layer_moves_rows_and_columns_like_plain_tensors():
     join(3, 2)  # shorter rows into spare rows: no new buffer
     assert layer._kbuf is buf
     step()
+
+
+def test_kv_budget_holds_rows_back_without_changing_answers(tiny):
+    """kv_cache_mib bounds the running batch's cache (rows x padded length): requests that would exceed it wait
+    for rows to leave, a request bigger than the budget still runs alone, and every answer stays the same."""
+    batched, _ = tiny
+    reqs = [GenRequest(messages=msgs(k), max_new_tokens=6 + 2 * k) for k in range(1, 7)]
+    alone = [batched.generate(r) for r in reqs]
+    per_token = batched.engine.kv_token_bytes
+    stored = batched.engine.prefixes._entries  # finished rows' KV, exact: bytes per token as the engine counts them
+    assert per_token > 0 and all(size == len(ids) * per_token for ids, _, size in stored.values())
+    widest = max(len(batched.prompt_ids(r)) for r in reqs)
+    # no budget: all six rows together; below one row: one at a time; two and a half of the widest: some wait
+    for budget_rows, rows in ((0, {6}), (0.5, {1}), (2.5, {2, 3, 4, 5})):
+        m = TransformersModel({"name": "tiny", "backend": "transformers", "path": batched.cfg["path"], "max_batch": 6,
+                               "gather_ms": 200, "dtype": "float32", "prefix_cache_mib": 0,
+                               "kv_cache_mib": budget_rows * widest * per_token / 2**20})
+        try:
+            together = run_concurrently(m, reqs)
+            assert [g.text for g in together] == [a.text for a in alone]
+            assert m.engine.stats["max_rows"] in rows, (budget_rows, m.engine.stats["max_rows"])
+        finally:
+            m.close()
+
+
+def test_free_heap_goes_back_to_the_os():
+    """What the engine calls after a prefill: tensors freed into glibc's heap stop counting as resident."""
+    from agents.serving.heap import free_heap_bytes, release_free_heap
+
+    def anon() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon"))
+
+    big = torch.ones(30 << 18)
+    del big  # a 30 MiB block freed: glibc then keeps blocks up to that size in its heap
+    held = [torch.ones(2 << 18) for _ in range(64)]  # 64 x 2 MiB, in the heap
+    if free_heap_bytes() == 0 and not release_free_heap(0):
+        pytest.skip("not glibc")
+    del held[::2]  # 64 MiB free, between live blocks: glibc keeps it resident
+    before = anon()
+    assert free_heap_bytes() >= 60 << 20
+    assert release_free_heap(32 << 20)
+    assert before - anon() > 48 << 20
+    assert not release_free_heap(1 << 40)  # nothing close to that free: no call

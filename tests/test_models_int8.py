@@ -15,7 +15,7 @@ from transformers import Qwen2Config  # noqa: E402
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
 from agents.serving.hf import BadModelConfig, TransformersModel  # noqa: E402
-from agents.serving.int8 import Int8Linear, StackedSlice, quantize_int8  # noqa: E402
+from agents.serving.int8 import Int8Linear, StackedSlice, quantize_int8, quantize_rows  # noqa: E402
 from test_models_engine import msgs, run_concurrently  # noqa: E402
 from tiny_models import make_random_model  # noqa: E402
 
@@ -112,3 +112,110 @@ def test_bad_weights_value_is_one_line(tiny_int8):
     with pytest.raises(BadModelConfig) as e:
         TransformersModel(TransformersModelConf(name="bad", path=tiny_int8.cfg.path, weights="int4"))
     assert "unknown weights 'int4'" in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- quantizing a model loaded from a mapped safetensors file (issue #25: memory) ---------------------------------
+def _mapped_rss(path) -> int:
+    """Resident bytes of `path`'s mappings in this process (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                inside = line.rstrip("\n").endswith(str(path))
+            elif inside and head == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def _reference_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Int8Linear's rounding as first written (before quantize_rows): the values every int8 run so far used."""
+    w = w.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+@pytest.fixture(scope="module")
+def mapped_model_dir(tmp_path_factory):
+    cfg = Qwen2Config(vocab_size=512, hidden_size=512, intermediate_size=2048, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.2, tie_word_embeddings=False)
+    return make_random_model(cfg, tmp_path_factory.mktemp("qwen2-mapped"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="needs Linux /proc")
+def test_int8_from_a_mapped_file_is_bit_equal_and_leaves_float_pages_unread(mapped_model_dir):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(mapped_model_dir, dtype=torch.float32).eval()
+    linear_bytes = sum(m.weight.numel() * 4 for n, m in model.named_modules()
+                       if type(m) is torch.nn.Linear and not n.endswith("lm_head"))
+    loaded = _mapped_rss(mapped_model_dir / "model.safetensors")
+    assert loaded < linear_bytes / 2  # transformers maps the file and reads it lazily
+    assert quantize_int8(model) == 2 * 7
+    # the float32 weights were read with pread: their pages of the mapping stay unread (before: all resident)
+    assert _mapped_rss(mapped_model_dir / "model.safetensors") - loaded < linear_bytes / 10
+    want = load_file(mapped_model_dir / "model.safetensors")  # a plain copy, the reference's source
+    for name, mod in model.named_modules():
+        if isinstance(mod, Int8Linear):
+            q, scale = _reference_int8(want[name + ".weight"])
+            assert torch.equal(mod.qweight, q) and torch.equal(mod.scale, scale), name
+            if mod.bias is not None:
+                assert torch.equal(mod.bias, want[name + ".bias"]), name
+    assert type(model.lm_head) is torch.nn.Linear and torch.equal(model.lm_head.weight, want["lm_head.weight"])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="needs Linux /proc")
+def test_int8_quantizes_a_weight_changed_in_memory_not_the_file(mapped_model_dir):
+    """A weight written after loading (its pages are then private copies) must be quantized from memory."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(mapped_model_dir, dtype=torch.float32).eval()
+    w = model.model.layers[1].mlp.up_proj.weight
+    with torch.no_grad():
+        w[3, :7] = 5.0  # one page of the mapping becomes an anonymous copy
+    changed = w.detach().clone()
+    quantize_int8(model)
+    q, scale = _reference_int8(changed)
+    assert torch.equal(model.model.layers[1].mlp.up_proj.qweight, q)
+    assert torch.equal(model.model.layers[1].mlp.up_proj.scale, scale)
+
+
+def test_quantize_rows_equals_the_first_rounding_on_hard_rows():
+    torch.manual_seed(1)
+    w = torch.randn(9, 64) * 3
+    w[1] = 0.0  # all zero: scale clamped
+    w[2] = -w[2].abs()  # only negative: absmax from the minimum
+    w[3, 5] = -0.0
+    w[4] = torch.linspace(-1, 1, 64) * 1e-30  # tiny
+    w[5, :] = 127 * 0.5  # exact halves round to even
+    scale, q = quantize_rows(w.clone())
+    want_q, want_scale = _reference_int8(w)
+    assert torch.equal(q, want_q) and torch.equal(scale, want_scale)
+
+
+def test_int8_model_loaded_from_a_mapped_file_answers_as_before(mapped_model_dir):
+    """Same logits as before: the weights in anonymous memory, rounded as first written."""
+    from transformers import AutoModelForCausalLM
+
+    mapped = AutoModelForCausalLM.from_pretrained(mapped_model_dir, dtype=torch.float32).eval()
+    quantize_int8(mapped)
+    before = AutoModelForCausalLM.from_pretrained(mapped_model_dir, dtype=torch.float32).eval()
+    for p in list(before.parameters()) + list(before.buffers()):
+        p.data = p.data.clone()  # off the mapping: what a cast or an older loader gives
+    quantize_int8(before)
+    for name, mod in before.named_modules():
+        if isinstance(mod, Int8Linear):
+            mod.qweight, mod.scale = _reference_int8(
+                mapped_reference_weight(mapped_model_dir, name))
+    ids = torch.randint(0, 512, (3, 21), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(mapped(input_ids=ids).logits, before(input_ids=ids).logits)
+
+
+def mapped_reference_weight(folder, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        return f.get_tensor(name + ".weight").clone()

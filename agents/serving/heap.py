@@ -1,0 +1,43 @@
+"""Giving the C allocator's free heap memory back to the OS (glibc malloc_trim), for the batching engine.
+
+torch's CPU tensors come from glibc malloc. Below its mmap threshold (which glibc raises to 32 MiB once a large block
+is freed) they live in the heap, and freed heap memory stays resident until malloc_trim returns it. A prefill leaves
+its group caches and activations free in the heap: 1.5 GiB still resident after the first wave of 32 prompts in the
+default job, on top of the KV cache and prefix store that grew next (benchmarks/memory.py, series).
+Measured here: trimming 2.4 GiB took 130 ms, a call with little to free 0.3 ms, the free-bytes check 0.6 ms.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):  # not glibc (musl, macOS) or glibc < 2.33: nothing to do
+        return None
+
+
+_LIBC = _libc()
+
+
+def free_heap_bytes() -> int:
+    """Bytes free inside the allocator's heaps (all arenas), still resident; 0 where unknown."""
+    return int(_LIBC.mallinfo2().fordblks) if _LIBC is not None else 0
+
+
+def release_free_heap(min_bytes: int = 64 << 20) -> bool:
+    """malloc_trim when at least `min_bytes` sit free in the heaps. True when it ran."""
+    if _LIBC is None or free_heap_bytes() < min_bytes:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
