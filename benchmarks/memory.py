@@ -137,10 +137,16 @@ def gib(d: dict) -> dict:
 
 
 # ---- the parts, each in its own child process ------------------------------------------------------------------
-def model_cfg(name: str) -> dict:
+def model_cfg(name: str):
+    """conf/model/<name>.yaml over its schema (a transformers model's record)."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / f"{name}.yaml"), resolve=True)
+    from agents.models.config import TransformersModelConf
+    from flows.schema import typed
+
+    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / f"{name}.yaml"), resolve=True)
+    cfg.pop("defaults", None)
+    return typed(TransformersModelConf, cfg, "model", f"conf/model/{name}.yaml")
 
 
 def tensor_split(model) -> dict:

@@ -148,6 +148,11 @@ SPEED: list[tuple[str, str]] = [
     ("sandbox", "sandbox-20261126T171051Z.json"),
     ("sweep_cache", "sweep.json"),
     ("decode_profile", "decode-profile-20261126T182131Z.json"),
+    ("memory", "memory-20261126T171409Z-after-int8.json"),
+    ("memory", "memory-20261126T174015Z-series-int8.json"),
+    ("memory", "memory-20261126T182944Z-trim.json"),
+    ("memory", "memory-20261126T190738Z-iters1-new.json"),
+    ("memory", "memory-20261126T191709Z-iters1-prefix1024.json"),
 ]
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
@@ -655,7 +660,7 @@ def section_speed(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
            "running beside them; the CPU of each is named). Short benchmarks and whole jobs can disagree: a whole "
            "job keeps many rows decoding, a short one spends its time in the tail.", ""]
     for part in (speed_llamacpp(sweeps), speed_endtoend(results), speed_sweeps(sweeps, results), speed_history(sweeps),
-                 speed_weights(results), speed_decode_profile(results), speed_generation(results),
+                 speed_weights(results), speed_decode_profile(results), speed_memory(results), speed_generation(results),
                  speed_sandbox(results)):
         out += part + [""]
     return out
@@ -788,6 +793,25 @@ def speed_decode_profile(results: Path) -> list[str]:
             "timed at its Python entry point over the steps after a warm-up.", "",
             *table(["results file", "machine", "rows", "context", "step ms", "tokens/s",
                     *(f"{k} ms" for k in DECODE_PARTS)], rows)]
+
+
+def speed_memory(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "memory"):
+        with reading(name):
+            for part, m in d["parts"].items():
+                peak = m.get("time_v_max_rss_gib")
+                tree = (m.get("tree_peak") or {}).get("tree")
+                what = {"convert": "converting the pack", "load": "loading the model, one answer",
+                        "job": "a short default job"}.get(part, part)
+                rows.append([name, _machine(d), d.get("label", ""), what, f"{peak:.2f}" if peak is not None else "-",
+                             f"{tree:.2f}" if tree is not None else "-", f"{m['seconds']:.0f}" if "seconds" in m else "-"])
+    return ["### Peak resident memory (`benchmarks/memory.py`)", "",
+            "Each part in a child process of its own: `/usr/bin/time -v`'s maximum resident set of the process, and "
+            "the whole process tree's peak (sandbox workers, Prefect's server) sampled with psutil. A short job is "
+            "32 tasks in flight (`dataset.limit=32`), as many as the full job keeps.", "",
+            *table(["results file", "machine", "label", "part", "peak RSS GiB (time -v)", "process tree GiB", "seconds"],
+                   rows)]
 
 
 DECODE_PARTS = ("int8 matmuls", "lm_head", "attention", "rest of the forward", "engine outside the forward")

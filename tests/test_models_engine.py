@@ -526,9 +526,9 @@ def test_kv_budget_holds_rows_back_without_changing_answers(tiny):
     widest = max(len(batched.prompt_ids(r)) for r in reqs)
     # no budget: all six rows together; below one row: one at a time; two and a half of the widest: some wait
     for budget_rows, rows in ((0, {6}), (0.5, {1}), (2.5, {2, 3, 4, 5})):
-        m = TransformersModel({"name": "tiny", "backend": "transformers", "path": batched.cfg["path"], "max_batch": 6,
-                               "gather_ms": 200, "dtype": "float32", "prefix_cache_mib": 0,
-                               "kv_cache_mib": budget_rows * widest * per_token / 2**20})
+        m = TransformersModel(TransformersModelConf(name="tiny", path=batched.cfg.path, max_batch=6, gather_ms=200,
+                                                    dtype="float32", prefix_cache_mib=0,
+                                                    kv_cache_mib=budget_rows * widest * per_token / 2**20))
         try:
             together = run_concurrently(m, reqs)
             assert [g.text for g in together] == [a.text for a in alone]
