@@ -28,8 +28,6 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
                   "--disable-component-update", "--no-first-run", "--hide-scrollbars"]
 
 
-@pytest.fixture(scope="module")
-
 def render(page: str, shot, tmp) -> str:
     """The page in headless Chromium after its scripts ran: its live DOM, and a screenshot written to `shot`."""
     common = [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'chromium'}", "--window-size=1400,1000",
@@ -38,6 +36,8 @@ def render(page: str, shot, tmp) -> str:
     subprocess.run([*common, f"--screenshot={shot}", page], capture_output=True, text=True, timeout=120)
     return dom
 
+
+@pytest.fixture(scope="module")
 def sweep(tmp_path_factory, prefect_api):
     if not Path(REPO / ".." / "shared" / "data" / "humanevalfix_python.jsonl").exists():
         pytest.skip("HumanEvalFix data not found")
