@@ -30,7 +30,7 @@ eval: setup
 	$(PY) -m flows.evaluate $(ARGS)
 
 test: setup
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q --durations=15 $(ARGS)
 
 # The suite without the tests marked slow (those that need a real model pack: download, conversion, real decoding)
 test-quick: setup

@@ -13,6 +13,7 @@ the parent samples the child's whole process tree with psutil (sandbox workers, 
     nice -n 19 .venv/bin/python benchmarks/memory.py                      # load + job
     nice -n 19 .venv/bin/python benchmarks/memory.py --parts convert load job
     nice -n 19 .venv/bin/python benchmarks/memory.py --parts job --job-args dataset.limit=32 iters=1
+    .venv/bin/python benchmarks/memory.py --parts job --job-args iters=3 --keep /tmp/full   # make eval's job, store kept
 
 Writes benchmarks/results/memory-<UTC time>.json (the machine named) and prints a table.
 """
@@ -382,10 +383,13 @@ def main() -> None:
     ap.add_argument("--pack", default="qwen1.5b-coder-q4", help="pack converted by the convert part")
     ap.add_argument("--job-args", nargs="*", default=DEFAULT_JOB, help="overrides of the job part")
     ap.add_argument("--label", default="", help="a word for the results file (e.g. before / after)")
+    ap.add_argument("--keep", default=None, help="a folder for the job's MLflow store and logs, kept afterwards "
+                    "(for benchmarks/fullsize.py); default: a temporary folder, removed")
     args = ap.parse_args()
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    work = Path(tempfile.mkdtemp(prefix="fixlab-memory-"))
+    work = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="fixlab-memory-"))
+    work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", DO_NOT_TRACK="true",
                MLFLOW_DISABLE_TELEMETRY="true", PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -416,7 +420,8 @@ def main() -> None:
             if "error" in res:
                 print(res["error"], file=sys.stderr)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     if "job" in result["parts"]:
         result["peak_rss_gib"] = result["parts"]["job"]["time_v_max_rss_gib"]
     out = REPO / "benchmarks" / "results" / f"memory-{stamp}{'-' + args.label if args.label else ''}.json"
