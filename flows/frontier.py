@@ -212,7 +212,7 @@ def records_from_file(path: Path, order: int = 0) -> list[Record]:
                 (f"{guess} (file text)", "file text") if guess else ("unknown", "unknown")
             rec = Record(
                 run_id=r["run_id"], source=Path(path).name, recorded=str(doc.get("recorded", "")), order=order * 1000 + i,
-                params={k: str(v) for k, v in r["params"].items()}, status=r.get("status", "FINISHED"),
+                params=param_values(r["params"]), status=r.get("status", "FINISHED"),
                 passed=int(r["overall"]["passed"]), total=total, cost=_per_task_cost(r, total),
                 outcomes=r.get("first_pass_round"), seconds=round(secs / total, 3) if secs is not None and total
                 else None, machine=machine,
@@ -222,6 +222,19 @@ def records_from_file(path: Path, order: int = 0) -> list[Record]:
             raise FrontierError(f"{path}: run {i} lacks {e} (run_id, params, overall); record it with "
                                 "benchmarks/fullsize.py") from None
     return out
+
+
+def param_values(params: dict) -> dict[str, str]:
+    """Params as strings, a whole number written one way: the typed config logs `10.0` where older runs logged `10`,
+    and the same setting must not read as a knob that differs."""
+    def one(v) -> str:
+        v = str(v)
+        try:
+            f = float(v)
+        except ValueError:
+            return v
+        return str(int(f)) if f.is_integer() and v.lstrip("-").replace(".", "", 1).isdigit() else v
+    return {k: one(v) for k, v in params.items()}
 
 
 def budgets(rec: Record, cost_by_round: list[dict] | None) -> list[Record]:
@@ -260,7 +273,7 @@ def record_from_run(run: dict, order: int = 0) -> Record:
     start = run["run"].info.start_time or 0
     return Record(run_id=run["run_id"], source="mlflow",
                   recorded=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start / 1000)), order=order,
-                  params=dict(run["params"]), status=run["run"].info.status,
+                  params=param_values(run["params"]), status=run["run"].info.status,
                   passed=sum(f is not None for f in firsts.values()), total=total,
                   cost={k: m[k] / total for k in COSTS if k in m and total}, outcomes=firsts,
                   seconds=None if secs is None or not total else round(secs / total, 3), machine=machine,
@@ -517,6 +530,41 @@ def _time_line(fr: Frontier) -> str:
             "benchmarks/fullsize.py kept them have none)")
 
 
+def verdict_words(fr: Frontier) -> str:
+    """The frontier in one paragraph: which strategies lie on it, which lie off it, and what its steps buy."""
+    placed = [c for c in fr.configs if c.paired]
+    on = [c for c in placed if c.on_token_frontier]
+    if not on:
+        return "No configuration keeps per-task outcomes, so none is placed on the frontier."
+    fams = list(dict.fromkeys(c.family for c in on))
+    off = sorted({c.strategy for c in placed} - {c.strategy for c in on})
+    steps = [s for s in fr.steps if s.axis == "completion tokens" and "next cheaper" in s.why]
+    bought = [s for s in steps if s.buys]
+    def span(f: str) -> str:
+        its = sorted(c.iters for c in on if c.family == f)
+        return f"{f} at iters={its[0]}" + (f"-{its[-1]}" if len(its) > 1 else "")
+    text = (f"On completion tokens the frontier is {' and '.join(span(f) for f in fams)} ({len(on)} point"
+            f"{'s' if len(on) > 1 else ''}, pass@1 {on[0].pass_at_1:.3f} to {on[-1].pass_at_1:.3f})")
+    text += f"; {', '.join(off)} lie{'s' if len(off) == 1 else ''} off it." if off else "."
+    if steps:
+        text += (f" Of its {len(steps)} steps to the next cheaper point, {len(bought)} buy{'s' if len(bought) == 1 else ''}"
+                 " something the paired test sees" + (": " + "; ".join(
+                     f"{s.point} over {s.against} ({s.diff * 100:+.1f} points, p = {_fmt_p(s.p_value)})"
+                     for s in bought) if bought else "") + ".")
+        inside = [s for s in fr.steps if s.axis == "completion tokens" and "cheapest" in s.why]
+        if inside:
+            text += (f" Against the cheapest configuration inside its interval, {sum(s.buys for s in inside)} of "
+                     f"{len(inside)} frontier points buy something.")
+    dominated = [c for c in placed if not c.on_token_frontier and any(
+        o.pass_at_1 >= c.pass_at_1 and o.cost.get("completion_tokens", 0) < c.cost.get("completion_tokens", 0)
+        and o.family != c.family for o in on) and c.strategy == on[0].strategy]
+    if dominated:
+        n = len(dominated)
+        text += (f" {n} other {on[0].strategy} configuration{'s are' if n > 1 else ' is'} matched or beaten by a "
+                 "frontier point at fewer completion tokens.")
+    return text
+
+
 def markdown(fr: Frontier) -> str:
     head, rows = table_rows(fr)
     machines = sorted({c.machine for c in fr.configs})
@@ -525,7 +573,8 @@ def markdown(fr: Frontier) -> str:
              + _time_line(fr) + ".", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    lines += ["", "Frontier on completion tokens per task (cheapest first): " + (" < ".join(fr.token_frontier) or "-")]
+    lines += ["", "In words: " + verdict_words(fr), ""]
+    lines += ["Frontier on completion tokens per task (cheapest first): " + (" < ".join(fr.token_frontier) or "-")]
     if fr.time_frontier:
         lines.append(f"Frontier on seconds per task ({fr.time_machine}): " + " < ".join(fr.time_frontier))
     lines += ["", "Paired verdicts (exact McNemar on the shared tasks, 95% Newcombe interval of the difference):"]

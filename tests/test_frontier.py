@@ -77,6 +77,28 @@ def test_fixture_pareto_sets_and_paired_verdicts_match_the_hand_computed_ones():
     assert f"| {C} | 0.550 [0.342, 0.742] | 11/20 | 1,000 | 360 | 3.0 | 2.0 | 11.0 | seconds |  |" in md
 
 
+def test_the_verdict_in_words_and_a_whole_number_logged_two_ways(tmp_path):
+    fr = fl.frontier(fl.records_from_file(FIXTURE))
+    # The frontier A < B < D < E spans two strategies; its next-cheaper steps are B/A (buys), D/B and E/D (do not);
+    # D/B and E/B are the steps against the cheapest inside the interval; C is single_shot, beaten by D at fewer tokens.
+    assert fl.verdict_words(fr) == (
+        "On completion tokens the frontier is single_shot at iters=0-1 and reflection at iters=1-3 (4 points, pass@1 "
+        f"0.200 to 0.700). Of its 3 steps to the next cheaper point, 1 buys something the paired test sees: {B} over "
+        f"{A} (+30.0 points, p = 0.031). Against the cheapest configuration inside its interval, 0 of 2 frontier "
+        "points buy something. 1 other single_shot configuration is matched or beaten by a frontier point at fewer "
+        "completion tokens.")
+    # The typed config logs 10.0 where older runs logged 10: one setting, not a knob that differs.
+    doc = json.loads(FIXTURE.read_text())
+    for i, run in enumerate(doc["runs"]):
+        run["params"]["sandbox.timeout_s"] = "10.0" if i % 2 else 10
+    (tmp_path / FIXTURE.name).write_text(json.dumps(doc))
+    recs = fl.records_from_file(tmp_path / FIXTURE.name)
+    assert {r.params["sandbox.timeout_s"] for r in recs} == {"10"}
+    assert sorted(c.label for c in fl.frontier(recs).configs) == sorted([A, B, C, D, E])
+    assert fl.param_values({"a": "10.0", "b": "0.5", "c": "1e3", "d": "True", "e": "-2.0"}) == \
+        {"a": "10", "b": "0.5", "c": "1e3", "d": "True", "e": "-2"}
+
+
 def test_command_writes_table_json_picture_and_page(tmp_path, capsys):
     out = tmp_path / "pics" / "frontier.png"
     out.parent.mkdir()
