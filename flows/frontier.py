@@ -628,8 +628,10 @@ def figure(fr: Frontier):
         ax.grid(alpha=0.3)
         ax.set_ylim(max(-0.02, min(c.ci95[0] for c in fr.configs) - 0.05),
                     min(1.02, max(c.ci95[1] for c in fr.configs) + 0.05))
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="configuration (iN: iters=N)",
-                       title_fontsize=7)
+    # One legend for both panels, from the token panel: it holds every family (the seconds panel only the timed ones).
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    axes[0][-1].legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                       title="configuration (iN: iters=N)", title_fontsize=7)
     fig.suptitle(f"{fr.model}, protocol {fr.protocol}: pass@1 against cost per task, {fr.tasks} tasks", fontsize=10)
     fig.tight_layout()
     return fig
