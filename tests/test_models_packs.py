@@ -193,12 +193,11 @@ def test_real_smollm2_pack_converts_once_and_batches_exactly(tmp_path, monkeypat
 
 @pytest.mark.slow
 def test_real_qwen_pack_chat_template_has_tools():
-    """Qwen2.5-Coder's template survives the GGUF conversion, tools included (478 MB; converts once)."""
-    from transformers import AutoTokenizer
-
+    """Qwen2.5-Coder's template survives the GGUF conversion, tools included: the tokenizer `convert` writes, read
+    from the 478 MB GGUF (its weights are not converted: nothing here needs them)."""
     from agents.serving.hf import parse_tool_calls
 
-    tok = AutoTokenizer.from_pretrained(packs.ensure_pack("qwen0.5b-coder-q4"))
+    tok = packs.load_tokenizer(packs.get_pack("qwen0.5b-coder-q4"), packs.ensure_gguf("qwen0.5b-coder-q4").parent)
     tools = [{"type": "function", "function": {"name": "run_tests", "description": "Run the tests",
                                                "parameters": {"type": "object", "properties": {}}}}]
     text = tok.apply_chat_template([{"role": "user", "content": "fix it"}], tools=tools, tokenize=False,

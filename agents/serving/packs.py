@@ -244,7 +244,25 @@ def convert(pack: Pack, gguf_dir: Path, out: Path, streamed: bool = True) -> str
     transformers' own conversion holds the whole float32 model, and saving it copied it again (14.5 GiB peak for
     the 1.5B pack). Returns how: "streamed" or "whole-model"."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(pack, gguf_dir)
+    how = "streamed"
+    if not (streamed and write_weights_streamed(gguf_dir / pack.gguf_name, out)):
+        how = "whole-model"
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=pack.gguf_name, dtype=torch.float32)
+        # transformers refuses to save a model that still claims to be quantized; the weights are plain floats now.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return how
+
+
+def load_tokenizer(pack: Pack, gguf_dir: Path):
+    """The pack's tokenizer with its chat template, read from the GGUF, as `convert` writes it (checked to render)."""
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=pack.gguf_name)
     if not getattr(tok, "chat_template", None):
@@ -258,17 +276,7 @@ def convert(pack: Pack, gguf_dir: Path, out: Path, streamed: bool = True) -> str
     kw = {"tools": tools} if "tools" in tok.chat_template else {}
     if "hi" not in tok.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **kw):
         raise ModelUnavailable(f"pack {pack.name}: the chat template does not render a conversation")
-    how = "streamed"
-    if not (streamed and write_weights_streamed(gguf_dir / pack.gguf_name, out)):
-        how = "whole-model"
-        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=pack.gguf_name, dtype=torch.float32)
-        # transformers refuses to save a model that still claims to be quantized; the weights are plain floats now.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return how
+    return tok
 
 
 # Tensor processors that map one GGUF tensor to one transformers tensor of the same shape (llama's un-permutes the
