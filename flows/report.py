@@ -161,6 +161,9 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261126T182944Z-trim.json"),
     ("memory", "memory-20261126T190738Z-iters1-new.json"),
     ("memory", "memory-20261126T191709Z-iters1-prefix1024.json"),
+    ("memory", "memory-20261126T205331Z-fullsize-default.json"),
+    ("memory", "memory-20261126T213416Z-ab-trim-on-kv1536-prefill2048.json"),
+    ("memory", "memory-20261126T213836Z-ab-trim-off-nokv-prefill8192.json"),
 ]
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
@@ -830,8 +833,12 @@ def speed_memory(results: Path) -> list[str]:
             for part, m in d["parts"].items():
                 peak = m.get("time_v_max_rss_gib")
                 tree = (m.get("tree_peak") or {}).get("tree")
+                args = [a for a in d.get("job_args", []) if not a.startswith(("tracking.", "hydra.", "cache="))]
+                short = any(a.startswith("dataset.limit=") for a in args)
+                job = ("a short default job" if short else "the default job, every task") + (
+                    f" (`{' '.join(args)}`)" if args else "")
                 what = {"convert": "converting the pack", "load": "loading the model, one answer",
-                        "job": "a short default job"}.get(part, part)
+                        "job": job}.get(part, part)
                 rows.append([name, _machine(d), d.get("label", ""), what, f"{peak:.2f}" if peak is not None else "-",
                              f"{tree:.2f}" if tree is not None else "-", f"{m['seconds']:.0f}" if "seconds" in m else "-"])
     return ["### Peak resident memory (`benchmarks/memory.py`)", "",

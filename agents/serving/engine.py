@@ -115,7 +115,7 @@ class BatchEngine:
     def __init__(self, model, tokenizer, *, eos_ids: set[int], max_context: int, max_batch: int = 16,
                  gather_ms: float = 30.0, max_prefill_tokens: int = 8192, pad_id: int = 0,
                  name: str = "engine", prefix_cache_mib: float = 0, draft_tokens: int = 0,
-                 draft_ngram: int = 3, draft_step_tokens: int = 16, kv_cache_mib: float = 0):
+                 draft_ngram: int = 3, draft_step_tokens: int = 16, kv_cache_mib: float = 0, heap_trim: bool = True):
         self.model = model
         self.tok = tokenizer
         self.eos_ids = set(eos_ids)
@@ -141,6 +141,7 @@ class BatchEngine:
         self.prefixes = PrefixStore(int(prefix_cache_mib * 2**20)) if prefix_cache_mib > 0 else None
         # KV budget of the running batch (rows x padded length x kv_token_bytes); 0 = none. See _take_new.
         self.kv_budget, self.kv_token_bytes = int(kv_cache_mib * 2**20), kv_token_bytes(model)
+        self.heap_trim = bool(heap_trim)  # hand free heap memory back to the OS (agents/serving/heap.py)
         self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0,
                       "prefill_s": 0.0, "decode_s": 0.0, "prompt_tokens": 0, "reused_tokens": 0,
                       "draft_steps": 0, "draft_tokens": 0, "draft_accepted": 0}
@@ -194,7 +195,8 @@ class BatchEngine:
                 try:
                     if new:
                         self._admit(new)
-                        release_free_heap()  # the prefill's caches and activations, freed into the heap
+                        if self.heap_trim:
+                            release_free_heap()  # the prefill's caches and activations, freed into the heap
                     if self._rows:
                         self._step()
                 except BaseException as e:  # never let the worker die with callers blocked
@@ -537,7 +539,8 @@ class BatchEngine:
                 self._complete(r)
         if not keep:
             self._reset_batch()
-            release_free_heap()  # the batch's KV buffers
+            if self.heap_trim:
+                release_free_heap()  # the batch's KV buffers
             return
         if len(keep) < len(self._rows):
             # rows beyond the new batch size fill the holes: the cache moves only those rows (rows are independent,

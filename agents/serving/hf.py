@@ -157,7 +157,8 @@ class TransformersModel:
                 max_prefill_tokens=int(cfg.max_prefill_tokens), pad_id=self.pad_id,
                 name=f"engine-{self.name}", prefix_cache_mib=float(cfg.prefix_cache_mib or 0),
                 draft_tokens=int(cfg.draft_tokens or 0), draft_ngram=int(cfg.draft_ngram),
-                draft_step_tokens=int(cfg.draft_step_tokens), kv_cache_mib=float(cfg.kv_cache_mib or 0))
+                draft_step_tokens=int(cfg.draft_step_tokens), kv_cache_mib=float(cfg.kv_cache_mib or 0),
+                heap_trim=bool(cfg.heap_trim))
 
     def _load(self, cfg: TransformersModelConf) -> None:
         """Tokenizer and weights onto the device, with the CPU kernels' settings; one line when they cannot load."""
