@@ -227,14 +227,7 @@ def records_from_file(path: Path, order: int = 0) -> list[Record]:
 def param_values(params: dict) -> dict[str, str]:
     """Params as strings, a whole number written one way: the typed config logs `10.0` where older runs logged `10`,
     and the same setting must not read as a knob that differs."""
-    def one(v) -> str:
-        v = str(v)
-        try:
-            f = float(v)
-        except ValueError:
-            return v
-        return str(int(f)) if f.is_integer() and v.lstrip("-").replace(".", "", 1).isdigit() else v
-    return {k: one(v) for k, v in params.items()}
+    return {k: re.sub(r"^(-?\d+)\.0+$", r"\1", str(v)) for k, v in params.items()}
 
 
 def budgets(rec: Record, cost_by_round: list[dict] | None) -> list[Record]:

@@ -12,20 +12,18 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from transformers import LlamaConfig, Qwen2Config  # noqa: E402
+from transformers import LlamaConfig  # noqa: E402
 
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
 from agents.serving.engine import BatchEngine, RequestError  # noqa: E402
 from agents.serving.hf import BadModelConfig, TransformersModel, parse_tool_calls  # noqa: E402
-from tiny_models import make_random_model  # noqa: E402
+from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
 # initializer_range well above the default: random logits then have clear winners, so a greedy comparison
 # tests the batching logic rather than float ties.
 ARCHS = {
-    "qwen2": lambda: Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                 initializer_range=0.2, tie_word_embeddings=False),
+    "qwen2": tiny_qwen2,
     "llama": lambda: LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
                                  initializer_range=0.2),

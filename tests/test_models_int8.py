@@ -10,14 +10,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from transformers import Qwen2Config  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
 from agents.serving.hf import BadModelConfig, TransformersModel  # noqa: E402
 from agents.serving.int8 import Int8Linear, StackedSlice, quantize_int8, quantize_rows  # noqa: E402
 from test_models_engine import msgs, run_concurrently  # noqa: E402
-from tiny_models import make_random_model  # noqa: E402
+from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
 
 def test_int8_linear_rows_are_independent_and_close_to_fp32():
@@ -47,10 +46,7 @@ def test_quantize_skips_lm_head_and_keeps_zero_rows_finite():
 
 @pytest.fixture(scope="module")
 def tiny_int8(tmp_path_factory):
-    cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      initializer_range=0.2, tie_word_embeddings=False)
-    path = make_random_model(cfg, tmp_path_factory.mktemp("qwen2-int8"))
+    path = make_random_model(tiny_qwen2(), tmp_path_factory.mktemp("qwen2-int8"))
     m = TransformersModel(TransformersModelConf(name="tiny-int8", path=str(path), max_batch=3, gather_ms=50,
                                                 dtype="float32", weights="int8"))
     yield m
@@ -77,9 +73,7 @@ def test_stacked_qkv_and_gate_up_are_bit_equal_to_separate_matmuls(tmp_path):
 
     from transformers import AutoModelForCausalLM
 
-    cfg = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      initializer_range=0.2, tie_word_embeddings=False)
+    cfg = tiny_qwen2(vocab_size=256, intermediate_size=96, max_position_embeddings=128)
     base = AutoModelForCausalLM.from_pretrained(make_random_model(cfg, tmp_path / "m"), dtype=torch.float32).eval()
     separate, stacked = copy.deepcopy(base), copy.deepcopy(base)
     assert quantize_int8(separate) == quantize_int8(stacked, fuse=True) == 2 * 7
@@ -137,10 +131,8 @@ def _reference_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def mapped_model_dir(tmp_path_factory):
-    cfg = Qwen2Config(vocab_size=512, hidden_size=512, intermediate_size=2048, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      initializer_range=0.2, tie_word_embeddings=False)
-    return make_random_model(cfg, tmp_path_factory.mktemp("qwen2-mapped"))
+    return make_random_model(tiny_qwen2(hidden_size=512, intermediate_size=2048),
+                             tmp_path_factory.mktemp("qwen2-mapped"))
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="needs Linux /proc")

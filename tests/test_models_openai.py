@@ -17,8 +17,6 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from transformers import Qwen2Config  # noqa: E402
-
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
 from agents.models.config import OpenAIModelConf, TransformersModelConf  # noqa: E402
 from agents.models.openai_backend import OpenAIError, OpenAIModel  # noqa: E402
@@ -27,12 +25,9 @@ from conftest import REPO, free_port, job_settings  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from tiny_models import make_random_model
+    from tiny_models import make_random_model, tiny_qwen2
 
-    cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      initializer_range=0.2, tie_word_embeddings=False)
-    return make_random_model(cfg, tmp_path_factory.mktemp("tiny"))
+    return make_random_model(tiny_qwen2(), tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,16 @@ def make_test_tokenizer(vocab_size: int = 512):
     return fast
 
 
+def tiny_qwen2(**overrides):
+    """A Qwen2Config small enough to build and run in milliseconds (2 layers, 4 heads over 2 KV heads, untied
+    lm_head); `overrides` change any field (a bigger hidden size where a test needs large matrices)."""
+    from transformers import Qwen2Config
+
+    fields = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, tie_word_embeddings=False)
+    return Qwen2Config(**{**fields, **overrides})
+
+
 def make_random_model(config, folder: str | Path, seed: int = 0, tokenizer=None) -> Path:
     """Save a randomly initialised model of `config` (a PretrainedConfig of a real architecture) and a test
     tokenizer to `folder`, loadable with `path: folder`."""
