@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
-from .heap import release_free_heap
+from .heap import map_large_blocks, release_free_heap
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,8 @@ class BatchEngine:
         # KV budget of the running batch (rows x padded length x kv_token_bytes); 0 = none. See _take_new.
         self.kv_budget, self.kv_token_bytes = int(kv_cache_mib * 2**20), kv_token_bytes(model)
         self.heap_trim = bool(heap_trim)  # hand free heap memory back to the OS (agents/serving/heap.py)
+        if self.heap_trim:
+            map_large_blocks()  # process-wide: freed KV buffers and activations leave at once, not at the next trim
         self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0,
                       "prefill_s": 0.0, "decode_s": 0.0, "prompt_tokens": 0, "reused_tokens": 0,
                       "draft_steps": 0, "draft_tokens": 0, "draft_accepted": 0}
