@@ -29,8 +29,11 @@ $(STAMP): pyproject.toml
 eval: setup
 	$(PY) -m flows.evaluate $(ARGS)
 
+# Two workers, whole files each (module fixtures load a model once), longest files first; one thread per model
+# (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q --durations=15 $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(ARGS)
 
 # The suite without the tests marked slow (those that need a real model pack: download, conversion, real decoding)
 test-quick: setup

@@ -79,6 +79,7 @@ class _Stop:
 
     mark_killed = None
     GRACE_S = 3.0  # tasks in flight (a model call can take minutes) are dropped after this; resume reruns them
+    MARK_WAIT_S = 1.0  # then the KILLED mark gets this long
 
     @classmethod
     def hold(cls, mark_killed) -> None:
@@ -112,15 +113,24 @@ def _leave_after_grace(fd: int) -> None:
     while os.read(fd, 1)[0] not in (signal.SIGTERM, signal.SIGINT):
         pass
     time.sleep(_Stop.GRACE_S)
-    try:
-        if _Stop.mark_killed is not None:
-            _Stop.mark_killed()
-        from .sweep import SweepParentRun
 
-        SweepParentRun.mark_stopped()
-    except Exception:
-        pass
-    print("fixlab: stopped; the run is marked KILLED and `resume=last` continues it", file=sys.stderr)
+    def mark() -> None:
+        try:
+            if _Stop.mark_killed is not None:
+                _Stop.mark_killed()
+            from .sweep import SweepParentRun
+
+            SweepParentRun.mark_stopped()
+        except Exception:
+            pass
+
+    # The mark must not hold the stop: a store write can wait 20 s on sqlite's lock (seen once: a 23 s stop). An
+    # unmarked run stays RUNNING, and resume=last still finds it (its job lock went with this process).
+    marker = threading.Thread(target=mark, name="fixlab-mark-killed", daemon=True)
+    marker.start()
+    marker.join(_Stop.MARK_WAIT_S)
+    said = "the run is marked KILLED" if not marker.is_alive() else "the store was busy, the run left RUNNING"
+    print(f"fixlab: stopped; {said} and `resume=last` continues it", file=sys.stderr)
     stop_now(130)
 
 

@@ -3,8 +3,9 @@
 Shared by the trajectory cache key (flows/cache.py), resume's config check (flows/tracking.py), sweep labels
 (flows/sweep.py) and the nightly report's config diff (flows/nightly.py), so a speed knob changed between two
 runs neither throws the cache away nor blocks a resume nor reads as a config change. Keys are flattened
-("model.threads"); an entry ending in "." covers a whole group. In float32 these knobs leave every answer as it
-is (tests); in bf16 batch size and drafts move the last bits of a row's logits (README "Speed").
+("model.threads"); an entry ending in "." covers a whole group. On the tiny test models these knobs leave every
+answer as it is (tests); on real packs the batch a row shares moves the last bits of its fp32 lm_head and attention
+(and more in bf16), so reruns differ on a few tasks either way (docs/RESULTS.md, memory): compare by paired tests.
 """
 from __future__ import annotations
 

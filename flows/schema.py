@@ -82,7 +82,7 @@ class JobConf:
     # Answers per task instead of iters: iters = answers / strategy.candidates - 1. The grid
     # `strategy.candidates=1,2,4,8 answers=8 -m` (single_shot) costs one run: flows/stream.py
     answers: int | None = None
-    seed: int = AgentConfig.seed  # with temperature 0 (greedy) runs are deterministic; seeds make sampling reproducible
+    seed: int = AgentConfig.seed  # seeds sampling; greedy is not bit-reproducible on real packs (flows/neutral.py)
     temperature: float = AgentConfig.temperature  # first attempt's temperature (0 = greedy)
     max_new_tokens: int = AgentConfig.max_new_tokens
     protocol: str = AgentConfig.protocol  # tests | docs | hidden: what the agent sees (agents/README.md)

@@ -16,6 +16,25 @@ DATA = (REPO / ".." / "shared" / "data" / "humanevalfix_python.jsonl").resolve()
 needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"HumanEvalFix data not found at {DATA}")
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`make test`: 2 workers, whole files each), every model a worker or its evaluate subprocesses
+    load takes 1 thread: two workers whose torch takes every core starve each other (agents/serving/cores.py)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and "FIXLAB_THREADS" not in os.environ:
+        os.environ["FIXLAB_THREADS"] = "1"
+
+
+# The longest files first (make test --durations, EPYC), so that two workers given whole files end together; the rest
+# keep their order. Only a scheduling hint: a stale list costs minutes, never a result.
+LONGEST_FIRST = ("test_resume.py", "test_models_packs.py", "test_concurrency.py", "test_stream.py", "test_dask.py",
+                 "test_sweep_cache.py", "test_harness_e2e.py", "test_mlflow_sweep.py", "test_models_llamacpp.py",
+                 "test_nightly.py", "test_real_model.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
 def job_settings(*overrides: str, config_name: str = "config"):
     """The typed settings `python -m flows.evaluate OVERRIDES` runs with: composed from conf/ and checked."""
     from hydra import compose, initialize_config_dir
