@@ -51,7 +51,7 @@ class TransformersModelConf(ModelConf):
     max_context: int | None = None  # null = the model config's max_position_embeddings
     prefix_cache_mib: float = 1024.0  # KV of earlier prompts kept for reuse by a later round (0 = off)
     kv_cache_mib: float = 0.0  # budget of the running batch's KV; requests wait while it is full (0 = none)
-    heap_trim: bool = True  # free heap back to the OS: 1 MiB mmap threshold, trim after prefills (serving/heap.py)
+    heap_trim: bool = True  # free heap back to the OS: 4 MiB mmap threshold, trim after prefills (serving/heap.py)
     draft_tokens: int = 8  # prompt-lookup drafts per decode step (0 = off)
     draft_ngram: int = 3  # n-gram length a draft is looked up by
     draft_step_tokens: int = 16  # most drafted tokens checked in one forward

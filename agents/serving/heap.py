@@ -7,10 +7,11 @@ default job, on top of the KV cache and prefix store that grew next (benchmarks/
 Measured here: trimming 2.4 GiB took 130 ms, a call with little to free 0.3 ms, the free-bytes check 0.6 ms.
 
 Trimming after admissions still left the free heap of decode steps resident (2.2 GiB free in the heap at the peak
-of the default job on every task): KV buffers that grow, logits and activations of 1-20 MiB a step. So the engine
-also fixes the mmap threshold at 1 MiB (`map_large_blocks`): a block that large gets its own mapping and goes back to
-the OS when freed. Measured on 32 tasks (benchmarks/memory.py, EPYC): peak 4.17 against 4.40-4.44 GiB, and no slower
-(the mapping's page faults are about 1 ms a step against a 650 ms step).
+of the default job on every task): KV buffers that grow, logits and prefill activations of 4-30 MiB. So the engine
+also fixes the mmap threshold at 4 MiB (`map_large_blocks`): a block that large gets its own mapping and goes back to
+the OS when freed, and glibc no longer raises the threshold to 32 MiB. Not lower: a mapped block's pages fault in
+afresh, 440 us for a 1.1 MB tensor against 16-24 us from the heap (measured here), and a decode step at 32 rows makes
+a few hundred such activations (a 1 MiB threshold made the full job 10% slower; its peak at 99 tasks: 5.40 GiB).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def free_heap_bytes() -> int:
 M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
 
 
-def map_large_blocks(threshold: int = 1 << 20) -> bool:
+def map_large_blocks(threshold: int = 4 << 20) -> bool:
     """Blocks of at least `threshold` bytes from now on get a mapping of their own (returned to the OS on free), and
     glibc stops raising the threshold as large blocks are freed. True when set."""
     if _LIBC is None:
