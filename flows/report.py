@@ -167,6 +167,7 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261126T225444Z-rerun-defaults.json"),
     ("memory", "memory-20261126T230035Z-rerun-defaults.json"),
     ("memory", "memory-20261126T230550Z-mmap-threshold-1mib.json"),
+    ("memory", "memory-20261126T234117Z-fullsize-default-mmap4mib.json"),
 ]
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.

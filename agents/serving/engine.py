@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
-from .heap import map_large_blocks, release_free_heap
+from .heap import PREFILL_BLOCKS, map_large_blocks, release_free_heap
 
 log = logging.getLogger(__name__)
 
@@ -196,9 +196,14 @@ class BatchEngine:
                     break
                 try:
                     if new:
-                        self._admit(new)
                         if self.heap_trim:
-                            release_free_heap()  # the prefill's caches and activations, freed into the heap
+                            map_large_blocks(PREFILL_BLOCKS)  # activations reused from the heap (heap.py)
+                        try:
+                            self._admit(new)
+                        finally:
+                            if self.heap_trim:
+                                map_large_blocks()
+                                release_free_heap()  # the prefill's caches and activations, freed into the heap
                     if self._rows:
                         self._step()
                 except BaseException as e:  # never let the worker die with callers blocked

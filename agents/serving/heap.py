@@ -7,12 +7,12 @@ default job, on top of the KV cache and prefix store that grew next (benchmarks/
 Measured here: trimming 2.4 GiB took 130 ms, a call with little to free 0.3 ms, the free-bytes check 0.6 ms.
 
 Trimming after admissions still left the free heap of decode steps resident (2.2 GiB free in the heap at the peak
-of the default job on every task): KV buffers that grow, logits and prefill activations of 4-30 MiB. So the engine
-also fixes the mmap threshold at 4 MiB (`map_large_blocks`): a block that large gets its own mapping and goes back to
-the OS when freed, and glibc no longer raises the threshold to 32 MiB. Not lower: a mapped block's pages fault in
-afresh, 440 us for a 1.1 MB tensor against 16-24 us from the heap (measured here), and a decode step at 32 rows makes
-a few hundred such activations (at 1 MiB the full job did 3.85 tasks a minute over its first 99, against 4.15 over
-all 164 before; its peak by then: 5.40 GiB).
+of the default job on every task): KV buffers that grow and logits, 4-30 MiB each. So during decode the engine fixes
+the mmap threshold at 4 MiB (`map_large_blocks`): a block that large gets its own mapping and goes back to the OS when
+freed. Not during a prefill, and not lower: a mapped block's pages fault in afresh (440 us for a 1.1 MB tensor against
+16-24 us from the heap, measured here), and a prefill's activations of 4-30 MiB come and go layer after layer. With
+4 MiB throughout, the default job's prefills took 783 s against 591 (free heap at the peak 0.40 GiB, was 2.18); so a
+prefill runs with the threshold at 32 MiB (glibc's own ceiling, `PREFILL_BLOCKS`) and is trimmed after.
 """
 from __future__ import annotations
 
@@ -45,9 +45,11 @@ def free_heap_bytes() -> int:
 
 
 M_MMAP_THRESHOLD = -3  # mallopt parameter (malloc.h)
+DECODE_BLOCKS = 4 << 20  # mmap threshold while decoding
+PREFILL_BLOCKS = 32 << 20  # while prefilling: glibc's own ceiling (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)
 
 
-def map_large_blocks(threshold: int = 4 << 20) -> bool:
+def map_large_blocks(threshold: int = DECODE_BLOCKS) -> bool:
     """Blocks of at least `threshold` bytes from now on get a mapping of their own (returned to the OS on free), and
     glibc stops raising the threshold as large blocks are freed. True when set."""
     if _LIBC is None:
