@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .stats import Paired, paired, wilson
+from .stats import Paired, paired, sign_test_p, wilson
 from .frontier import FrontierError, png_bytes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -866,9 +866,13 @@ def memory_reruns(same_job: dict[str, list]) -> list[str]:
             continue
         tasks = set.intersection(*(set(a) for _, a in runs))
         differ = sorted(t for t in tasks if len({a[t]["code_sha"] for _, a in runs}) > 1)
+        (_, first), (_, last) = runs[0], runs[-1]
+        b = sum(first[t]["passed"] and not last[t]["passed"] for t in tasks)
+        c = sum(last[t]["passed"] and not first[t]["passed"] for t in tasks)
         out.append(f"- `{args}` ran {len(runs)} times ({', '.join(label for label, _ in runs)}): {len(differ)} of its "
                    f"{len(tasks)} tasks got different code in at least two runs; "
-                   f"{' / '.join(str(sum(a[t]['passed'] for t in tasks)) for _, a in runs)} passed.")
+                   f"{' / '.join(str(sum(a[t]['passed'] for t in tasks)) for _, a in runs)} passed; first against last, "
+                   f"{b} vs {c} tasks passed by one only (exact McNemar p = {sign_test_p(b, c):.2g}).")
     if out:
         out = ["Jobs run more than once, with changes between the runs that are meant to move memory only:", "", *out,
                "", "Greedy answers are not reproducible bit for bit on the 1.5B pack: which rows share a decode step "

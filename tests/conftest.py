@@ -25,9 +25,10 @@ def pytest_configure(config):
 
 # The longest files first (make test --durations, EPYC), so that two workers given whole files end together; the rest
 # keep their order. Only a scheduling hint: a stale list costs minutes, never a result.
-LONGEST_FIRST = ("test_resume.py", "test_models_packs.py", "test_concurrency.py", "test_stream.py", "test_dask.py",
-                 "test_sweep_cache.py", "test_harness_e2e.py", "test_mlflow_sweep.py", "test_models_llamacpp.py",
-                 "test_nightly.py", "test_real_model.py")
+LONGEST_FIRST = ("test_resume.py", "test_models_packs.py", "test_stream.py", "test_dask.py", "test_harness_e2e.py",
+                 "test_concurrency.py", "test_sweep_cache.py", "test_nightly.py", "test_mlflow_sweep.py",
+                 "test_sandbox_attacks.py", "test_errors.py", "test_models_llamacpp.py", "test_real_model.py",
+                 "test_agents_real_model.py")
 
 
 def pytest_collection_modifyitems(config, items):
