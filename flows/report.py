@@ -168,6 +168,7 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261126T230035Z-rerun-defaults.json"),
     ("memory", "memory-20261126T230550Z-mmap-threshold-1mib.json"),
     ("memory", "memory-20261126T234117Z-fullsize-default-mmap4mib.json"),
+    ("memory", "memory-20261127T003619Z-fullsize-default-int8head-prefill32.json"),
 ]
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.

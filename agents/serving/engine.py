@@ -196,14 +196,9 @@ class BatchEngine:
                     break
                 try:
                     if new:
+                        self._admit(new)
                         if self.heap_trim:
-                            map_large_blocks(PREFILL_BLOCKS)  # activations reused from the heap (heap.py)
-                        try:
-                            self._admit(new)
-                        finally:
-                            if self.heap_trim:
-                                map_large_blocks()
-                                release_free_heap()  # the prefill's caches and activations, freed into the heap
+                            release_free_heap()  # the prefill's caches and activations, freed into the heap
                     if self._rows:
                         self._step()
                 except BaseException as e:  # never let the worker die with callers blocked
@@ -287,7 +282,13 @@ class BatchEngine:
                 layer.update(k[:, :, :skip], v[:, :, :skip])
             ids, pos = ids[:, skip:], pos[:, skip:]
         t0 = time.perf_counter()
-        logits = self._forward(ids, mask, pos, cache)
+        if self.heap_trim:  # the forward's activations from the heap, not mapped afresh; its KV too (merged and freed)
+            map_large_blocks(PREFILL_BLOCKS)
+        try:
+            logits = self._forward(ids, mask, pos, cache)
+        finally:
+            if self.heap_trim:
+                map_large_blocks()  # decode: KV buffers that grow and logits leave when freed (heap.py)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.stats["prefill_s"] += time.perf_counter() - t0

@@ -12,7 +12,9 @@ the mmap threshold at 4 MiB (`map_large_blocks`): a block that large gets its ow
 freed. Not during a prefill, and not lower: a mapped block's pages fault in afresh (440 us for a 1.1 MB tensor against
 16-24 us from the heap, measured here), and a prefill's activations of 4-30 MiB come and go layer after layer. With
 4 MiB throughout, the default job's prefills took 783 s against 591 (free heap at the peak 0.40 GiB, was 2.18); so a
-prefill runs with the threshold at 32 MiB (glibc's own ceiling, `PREFILL_BLOCKS`) and is trimmed after.
+prefill's forward runs with the threshold at 32 MiB (glibc's own ceiling, `PREFILL_BLOCKS`), and the admission is
+trimmed after. Not the whole admission at 32 MiB: its merges copy the batch's KV into new buffers, and the old ones
+stayed as free heap (2.15 GiB free at the peak of that full job).
 """
 from __future__ import annotations
 
