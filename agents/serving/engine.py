@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
-from .heap import PREFILL_BLOCKS, map_large_blocks, release_free_heap
+from .heap import map_large_blocks, prefill_blocks, release_free_heap
 
 log = logging.getLogger(__name__)
 
@@ -282,13 +282,8 @@ class BatchEngine:
                 layer.update(k[:, :, :skip], v[:, :, :skip])
             ids, pos = ids[:, skip:], pos[:, skip:]
         t0 = time.perf_counter()
-        if self.heap_trim:  # the forward's activations from the heap, not mapped afresh; its KV too (merged and freed)
-            map_large_blocks(PREFILL_BLOCKS)
-        try:
+        with prefill_blocks(self.heap_trim):  # activations from the heap, not mapped afresh (heap.py)
             logits = self._forward(ids, mask, pos, cache)
-        finally:
-            if self.heap_trim:
-                map_large_blocks()  # decode: KV buffers that grow and logits leave when freed (heap.py)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.stats["prefill_s"] += time.perf_counter() - t0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from contextlib import contextmanager
 
 
 class _MallInfo2(ctypes.Structure):
@@ -57,6 +58,19 @@ def map_large_blocks(threshold: int = DECODE_BLOCKS) -> bool:
     if _LIBC is None:
         return False
     return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, int(threshold)))
+
+
+@contextmanager
+def prefill_blocks(enabled: bool = True):
+    """Within: blocks up to PREFILL_BLOCKS come from the heap (a prefill forward's activations); after: decode's
+    threshold again. A no-op when not `enabled`."""
+    if enabled:
+        map_large_blocks(PREFILL_BLOCKS)
+    try:
+        yield
+    finally:
+        if enabled:
+            map_large_blocks()
 
 
 def release_free_heap(min_bytes: int = 64 << 20) -> bool:
