@@ -7,17 +7,20 @@ exactly --new-tokens tokens (no EOS), greedy.
 
 Columns: `decode tok/s` = new tokens / time in decode steps (the part batching speeds up);
 `e2e tok/s` = new tokens / wall time including prefill (what a run sees; prefill is compute-bound on CPU, so
-with short answers and long prompts it caps the end-to-end gain). `exact` = greedy tokens of the first prompt
-equal transformers' one-at-a-time output.
+with short answers and long prompts it caps the end-to-end gain). `exact` = greedy tokens
+equal transformers' one-at-a-time output, for every prompt both answered (`agree_prefix`: the mean share of leading
+tokens equal; with bf16 and random weights near-ties are common, so a batched kernel may flip one).
 
     python benchmarks/generation.py                                # CPU default: 2 layers, 32 new tokens
     python benchmarks/generation.py --layers 0 --new-tokens 64     # full depth (slow on CPU)
     python benchmarks/generation.py --device cuda --dtype bfloat16 --layers 0 --new-tokens 128
     python benchmarks/generation.py --arch Qwen2.5-Coder-0.5B-Instruct --batches 1 16 --hf-cb   # + transformers CB
+    bash benchmarks/gpu_check.sh        # on a lent GPU machine: 1.5B architecture, bf16, batch 1/32/128 (issue #27)
 
 Flags: --arch (repeatable; default both), --layers N (0 = the real depth), --new-tokens, --prompt-len MIN MAX,
 --batches, --seq-prompts (prompts for the one-at-a-time baseline and batch 1), --threads, --hf-cb (also time
-transformers' own continuous batching `generate_batch`), --no-skinny (CPU: engine runs without the skinny_matmul and
+transformers' own continuous batching `generate_batch`), --hf-batched (also time plain `generate` on each batch,
+left-padded), --no-skinny (CPU: engine runs without the skinny_matmul and
 sdpa_gqa settings TransformersModel uses on CPU; the baseline is always stock transformers),
 --out (JSON path). Results are noisy when other
 processes share the CPU: note the load average printed in the table header.
@@ -38,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+import transformers  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
@@ -68,35 +72,51 @@ def build(arch: str, layers: int, device, dtype):
             cfg.layer_types = cfg.layer_types[:layers]
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        except TypeError:  # transformers before 4.56 names it torch_dtype
+            model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
     return model.eval(), cfg
+
+
+def _greedy(n: int) -> GenerationConfig:
+    return GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
+                            top_k=None, top_p=None, temperature=None)
 
 
 def baseline(model, prompts, new_tokens, device):
     """transformers generate, one prompt at a time; prefill timed separately (max_new_tokens=1)."""
+    return hf_batched(model, [[p] for p in prompts], new_tokens, device)
+
+
+def hf_batched(model, groups, new_tokens, device):
+    """transformers generate over each group of prompts as one left-padded batch (a group of one: no padding);
+    prefill timed separately (max_new_tokens=1)."""
     out_ids, total, prefill = [], 0.0, 0.0
     with torch.inference_mode():  # warm-up (allocator, thread pool), not timed
-        model.generate(input_ids=torch.tensor([prompts[0][:16]], device=device), max_new_tokens=2, do_sample=False,
-                       pad_token_id=0)
-    for p in prompts:
-        inp = torch.tensor([p], device=device)
+        model.generate(input_ids=torch.tensor([groups[0][0][:16]], device=device), max_new_tokens=2,
+                       do_sample=False, pad_token_id=0)
+    for group in groups:
+        width = max(len(p) for p in group)
+        inp = torch.tensor([[0] * (width - len(p)) + p for p in group], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=device)
+        if len(group) > 1:  # a batch's first call at its shape pays one-off costs (kernel choice): not timed
+            with torch.inference_mode():
+                model.generate(input_ids=inp, attention_mask=mask, generation_config=_greedy(1))
         for n in (1, new_tokens):
-            gc = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
-                                  pad_token_id=0, top_k=None, top_p=None, temperature=None)
             _sync(device)
             t0 = time.perf_counter()
             with torch.inference_mode():
-                o = model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), generation_config=gc)
+                o = model.generate(input_ids=inp, attention_mask=mask, generation_config=_greedy(n))
             _sync(device)
             dt = time.perf_counter() - t0
             if n == 1:
                 prefill += dt
             else:
                 total += dt
-        out_ids.append(o[0, len(p):].tolist())
-    toks = len(prompts) * new_tokens
-    return {"tokens": toks, "wall_s": total, "prefill_s": prefill, "decode_s": total - prefill,
-            "ids0": out_ids[0]}
+        out_ids += [row[width:].tolist() for row in o]
+    toks = len(out_ids) * new_tokens
+    return {"tokens": toks, "wall_s": total, "prefill_s": prefill, "decode_s": total - prefill, "ids": out_ids}
 
 
 def engine_run(model, tok, prompts, new_tokens, batch, max_context, decode_ids=True):
@@ -116,20 +136,24 @@ def engine_run(model, tok, prompts, new_tokens, batch, max_context, decode_ids=T
         stats = dict(eng.stats)
     finally:
         eng.close()
-    ids0 = [int(w[1:]) for w in gens[0].text.split()] if decode_ids else gens[0].text
+    ids = [[int(w[1:]) for w in g.text.split()] if decode_ids else g.text for g in gens]
     return {"tokens": sum(g.completion_tokens for g in gens), "wall_s": wall, "prefill_s": stats["prefill_s"],
-            "decode_s": stats["decode_s"], "steps": stats["steps"], "ids0": ids0}
+            "decode_s": stats["decode_s"], "steps": stats["steps"], "ids": ids}
 
 
-def hf_continuous(model, prompts, new_tokens):
-    gc = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
-                          pad_token_id=0, top_k=None, top_p=None, temperature=None)
-    t0 = time.perf_counter()
-    out = model.generate_batch(inputs=prompts, generation_config=gc, progress_bar=False)
-    wall = time.perf_counter() - t0
-    outs = sorted(out.values(), key=lambda o: int(str(o.request_id).split("_")[-1]))
-    return {"tokens": sum(len(o.generated_tokens) for o in outs), "wall_s": wall, "prefill_s": None,
-            "decode_s": None, "ids0": list(outs[0].generated_tokens)}
+def hf_continuous(model, prompts, new_tokens, device, one_at_a_time=False):
+    """transformers' continuous batching (generate_batch) over all prompts at once, or one call per prompt."""
+    model.generate_batch(inputs=[prompts[0][:16]], generation_config=_greedy(2), progress_bar=False)  # warm-up
+    ids, wall = [], 0.0
+    for group in ([[p] for p in prompts] if one_at_a_time else [prompts]):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = model.generate_batch(inputs=group, generation_config=_greedy(new_tokens), progress_bar=False)
+        _sync(device)
+        wall += time.perf_counter() - t0
+        outs = sorted(out.values(), key=lambda o: int(str(o.request_id).split("_")[-1]))
+        ids += [list(o.generated_tokens) for o in outs]
+    return {"tokens": sum(len(i) for i in ids), "wall_s": wall, "prefill_s": None, "decode_s": None, "ids": ids}
 
 
 BUGGY = '''from typing import List
@@ -166,7 +190,7 @@ def pack_prompts(tok, n: int) -> list[list[int]]:
     return out
 
 
-def run_pack(name: str, args, results) -> None:
+def run_pack(name: str, args, results, out: Path) -> None:
     """A real registry pack (real weights and tokenizer): same modes as above, EOS ignored so every request
     makes exactly --new-tokens tokens."""
     from agents.models.config import TransformersModelConf
@@ -180,15 +204,20 @@ def run_pack(name: str, args, results) -> None:
     nmax = max(args.batches + [args.seq_prompts])
     prompts = pack_prompts(m.tokenizer, nmax)
     tok = m.tokenizer
-    rows = measure(m.model, tok, prompts, args, m.device, m.max_context, decode_ids=False)
-    base = rows[0][2]
-    base_text = tok.decode(base["ids0"], skip_special_tokens=True)
-    for label, b, r in rows:
-        r["exact"] = r is base or r["ids0"] == base_text
-        r["e2e_tps"] = r["tokens"] / r["wall_s"]
-        r["decode_tps"] = r["tokens"] / r["decode_s"] if r.get("decode_s") else None
-        results["runs"].append({"arch": f"pack:{name}", "mode": label, "batch": b, "layers": m.model.config.num_hidden_layers,
-                                "prompt_tokens": len(prompts[0]), **{k: v for k, v in r.items() if k != "ids0"}})
+    base_texts: list = []
+
+    def record(label, b, r):
+        if not base_texts:  # the first row is the one-at-a-time baseline; the engine answers in text
+            base_texts.extend(tok.decode(i, skip_special_tokens=True) for i in r["ids"])
+        else:
+            r["ids"] = [tok.decode(i, skip_special_tokens=True) if isinstance(i, list) else i for i in r["ids"]]
+        judge(r, base_texts, args.new_tokens, same=lambda a, b: a == b)
+        results["runs"].append({"arch": f"pack:{name}", "mode": label, "batch": b,
+                                "layers": m.model.config.num_hidden_layers, "prompt_tokens": len(prompts[0]),
+                                **{k: v for k, v in r.items() if k != "ids"}})
+        save(results, out)
+
+    measure(m.model, tok, prompts, args, m.device, m.max_context, record, decode_ids=False)
     m.close()
 
 
@@ -203,28 +232,85 @@ def set_tuning(model, on: bool) -> None:
     os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1" if on else "0"
 
 
-def measure(model, tok, prompts, args, device, ctx, decode_ids=True):
-    """Rows of (label, batch, result). The one-at-a-time baseline and the engine at batch 1 run interleaved,
-    prompt by prompt, so load drift on a shared machine hits both alike."""
+def measure(model, tok, prompts, args, device, ctx, record, decode_ids=True):
+    """Calls record(label, batch, result) for each row as it is done, the one-at-a-time baseline first. The baseline
+    and the engine at batch 1 run interleaved, prompt by prompt, so load drift on a shared machine hits both alike.
+    A mode that fails is recorded with its error and the others go on (a GPU check has one try)."""
     tune = device.type == "cpu" and not args.no_skinny
     base_parts, one_parts = [], []
     for p in prompts[: args.seq_prompts]:
         set_tuning(model, False)
         base_parts.append(baseline(model, [p], args.new_tokens, device))
         set_tuning(model, tune)
-        one_parts.append(engine_run(model, tok, [p], args.new_tokens, 1, ctx, decode_ids))
-    rows = [("one at a time (transformers generate)", 1, _merge(base_parts)), ("engine batch 1", 1, _merge(one_parts))]
+        one_parts.append(_guarded(engine_run, model, tok, [p], args.new_tokens, 1, ctx, decode_ids))
+    record("one at a time (transformers generate)", 1, _merge(base_parts))
+    record("engine batch 1", 1, _merge(one_parts))
     print("  done one at a time", flush=True)
+    set_tuning(model, False)
+    if args.hf_cb:
+        record("transformers generate_batch 1", 1, _guarded(hf_continuous, model, prompts[: args.seq_prompts],
+                                                             args.new_tokens, device, one_at_a_time=True))
     for b in [b for b in args.batches if b > 1]:
-        rows.append((f"engine batch {b}", b, engine_run(model, tok, prompts[:b], args.new_tokens, b, ctx, decode_ids)))
+        set_tuning(model, tune)
+        record(f"engine batch {b}", b, _guarded(engine_run, model, tok, prompts[:b], args.new_tokens, b, ctx,
+                                                decode_ids))
+        set_tuning(model, False)
+        if args.hf_batched:
+            record(f"transformers generate batch {b}", b, _guarded(hf_batched, model, [prompts[:b]], args.new_tokens,
+                                                                   device))
+        if args.hf_cb:
+            record(f"transformers generate_batch {b}", b, _guarded(hf_continuous, model, prompts[:b], args.new_tokens,
+                                                                   device))
         print(f"  done batch {b}", flush=True)
-    return rows
+
+
+def _guarded(fn, *a, **kw) -> dict:
+    try:
+        return fn(*a, **kw)
+    except Exception as e:  # report, don't hide
+        print(f"  {fn.__name__} failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def _merge(parts):
+    bad = [p for p in parts if "error" in p]
+    if bad:
+        return bad[0]
     out = {k: sum(p[k] for p in parts) for k in ("tokens", "wall_s", "prefill_s", "decode_s")}
-    out["ids0"] = parts[0]["ids0"]
+    out["ids"] = [i for p in parts for i in p["ids"]]
     return out
+
+
+def judge(r: dict, base_ids: list, new_tokens: int, same=None) -> None:
+    """Greedy agreement with the one-at-a-time baseline over the prompts both answered: `exact` when all are equal;
+    `exact_prompts` how many; `agree_prefix` the mean share of leading tokens equal (bf16 and random weights give
+    near-ties, so batched kernels may flip one: the prefix says how far answers agree before that)."""
+    if "error" in r:
+        return
+    pairs = list(zip(r["ids"], base_ids))
+    if same is not None:  # texts (a pack's engine answers): equal or not
+        eq = [same(a, b) for a, b in pairs]
+        r.update(exact=all(eq), exact_prompts=f"{sum(eq)}/{len(eq)}")
+    else:
+        def prefix(a, b):
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            return n
+        eq = [a == b for a, b in pairs]
+        r.update(exact=all(eq), exact_prompts=f"{sum(eq)}/{len(eq)}",
+                 agree_prefix=round(sum(prefix(a, b) for a, b in pairs) / (len(pairs) * new_tokens), 3))
+    r["e2e_tps"] = r["tokens"] / r["wall_s"]
+    r["decode_tps"] = r["tokens"] / r["decode_s"] if r.get("decode_s") else None
+
+
+def save(results: dict, out: Path) -> None:
+    """Written after every row: a run cut short (a GPU lease ends) keeps what it measured."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
 
 
 def _sync(device):
@@ -244,6 +330,8 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the cores we may use)")
     ap.add_argument("--hf-cb", action="store_true", help="also time transformers' generate_batch")
+    ap.add_argument("--hf-batched", action="store_true", help="also time transformers generate on each batch as "
+                    "one left-padded batch")
     ap.add_argument("--no-skinny", action="store_true", help="CPU: engine runs without skinny_matmul/sdpa_gqa")
     ap.add_argument("--pack", action="append", default=[], help="also (or, with --arch none, only) time a real "
                     "registry pack, e.g. smollm2-135m, qwen0.5b-coder-q4")
@@ -259,10 +347,13 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads or usable_cores())
     archs = [a for a in (args.arch or ["deepseek-coder-1.3b-instruct", "Qwen2.5-Coder-0.5B-Instruct"]) if a != "none"]
     rng = random.Random(0)
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / (
+        f"generation-{device.type}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     results = {"meta": {"device": str(device), "cpu_tuning": device.type == "cpu" and not args.no_skinny,
                         "dtype": str(dtype).replace("torch.", ""), "layers": args.layers,
                         "new_tokens": args.new_tokens, "prompt_len": list(args.prompt_len),
                         "threads": torch.get_num_threads(), "torch": torch.__version__,
+                        "transformers": transformers.__version__,
                         "cpu": platform.processor() or platform.machine(), "loadavg_start": os.getloadavg(),
                         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                         "time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "runs": []}
@@ -276,35 +367,25 @@ def main(argv=None) -> None:
         nmax = max(args.batches + [args.seq_prompts])
         prompts = [[rng.randrange(100, cfg.vocab_size) for _ in range(rng.randint(*args.prompt_len))]
                    for _ in range(nmax)]
-        ctx = cfg.max_position_embeddings
-        rows = measure(model, tok, prompts, args, device, ctx)
-        base = rows[0][2]
-        if args.hf_cb:
-            for b in [b for b in args.batches if b > 1]:
-                try:
-                    rows.append((f"transformers generate_batch {b}", b, hf_continuous(model, prompts[:b],
-                                                                                       args.new_tokens)))
-                except Exception as e:  # report, don't hide
-                    print(f"  generate_batch failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-                    rows.append((f"transformers generate_batch {b}", b, {"error": f"{type(e).__name__}: {e}"[:300]}))
-        for label, b, r in rows:
-            if "error" in r:
-                results["runs"].append({"arch": arch, "mode": label, "batch": b, **r})
-                continue
-            r["exact"] = r["ids0"] == base["ids0"]
-            r["e2e_tps"] = r["tokens"] / r["wall_s"]
-            r["decode_tps"] = r["tokens"] / r["decode_s"] if r.get("decode_s") else None
-            results["runs"].append({"arch": arch, "mode": label, "batch": b, "layers": cfg.num_hidden_layers,
-                                    **{k: v for k, v in r.items() if k != "ids0"}})
+        base_ids: list = []
+
+        def record(label, b, r, arch=arch, layers=cfg.num_hidden_layers):
+            if not base_ids:
+                base_ids.extend(r["ids"])
+            judge(r, base_ids, args.new_tokens)
+            results["runs"].append({"arch": arch, "mode": label, "batch": b, "layers": layers,
+                                    **{k: v for k, v in r.items() if k != "ids"}})
+            save(results, out)
+
+        measure(model, tok, prompts, args, device, cfg.max_position_embeddings, record)
         del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     for name in args.pack:
-        run_pack(name, args, results)
+        run_pack(name, args, results, out)
     results["meta"]["loadavg_end"] = os.getloadavg()
     _table(results)
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / (
-        f"generation-{device.type}-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    save(results, out)
     print(f"wrote {out}")
 
 
@@ -327,9 +408,11 @@ def _table(results) -> None:
         b, o = base[r["arch"]], one.get(r["arch"])
         dec = r.get("decode_tps")
         cells = [f"{dec:.1f}" if dec else "-", f"{dec / b['decode_tps']:.2f}x" if dec else "-",
-                 f"{dec / o['decode_tps']:.2f}x" if dec and o else "-"]
+                 f"{dec / o['decode_tps']:.2f}x" if dec and o and o.get("decode_tps") else "-"]
+        exact = ("yes" if r["exact"] else "NO") + f" ({r.get('exact_prompts', '')}" + (
+            f", prefix {r['agree_prefix']:.2f})" if "agree_prefix" in r else ")")
         print(f"| {r['arch']} | {r['layers']} | {r['mode']} | {r['tokens'] // m['new_tokens']} | {' | '.join(cells)} | "
-              f"{r['e2e_tps']:.1f} | {r['e2e_tps'] / b['e2e_tps']:.2f}x | {'yes' if r['exact'] else 'NO'} |")
+              f"{r['e2e_tps']:.1f} | {r['e2e_tps'] / b['e2e_tps']:.2f}x | {exact} |")
 
 
 if __name__ == "__main__":

@@ -353,6 +353,14 @@ def job_answers(artifacts: Path) -> dict:
     return dict(sorted(out.items()))
 
 
+def job_model_config(outputs: Path) -> dict | None:
+    """The model group as the job resolved it (Hydra's .hydra/config.yaml), so a file says what it ran with."""
+    import yaml
+
+    f = outputs / ".hydra" / "config.yaml"
+    return (yaml.safe_load(f.read_text()) or {}).get("model") if f.exists() else None
+
+
 def machine() -> dict:
     info = {"python": platform.python_version(), "cpus": os.cpu_count()}
     try:
@@ -414,6 +422,7 @@ def main() -> None:
             res = run_part(part, argv, dict(env, PREFECT_HOME=str(work / "prefect")), work / f"{part}.log")
             if part == "job":
                 res["answers"] = job_answers(work / "artifacts")
+                res["model_config"] = job_model_config(work / "outputs")
             result["parts"][part] = res
             print(f"memory: {part}: max RSS {res.get('time_v_max_rss_gib')} GiB (time -v), process tree "
                   f"{res['tree_peak']['tree']} GiB", file=sys.stderr, flush=True)

@@ -151,6 +151,8 @@ SPEED: list[tuple[str, str]] = [
     ("generation", "generation-cpu-20261122-053032.json"),
     ("generation", "generation-cpu-20261122-055229.json"),
     ("generation", "generation-cpu-20261122-060607.json"),
+    ("generation_gpu", "generation-cuda-bf16-20261127T020827Z.json"),
+    ("generation_gpu", "generation-cuda-fp32-20261127T020827Z.json"),
     ("sandbox", "sandbox-20261122T045625Z.json"),
     ("sandbox", "sandbox-20261122T050819Z.json"),
     ("sandbox", "sandbox-20261126T171051Z.json"),
@@ -698,7 +700,7 @@ def section_speed(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
            "job keeps many rows decoding, a short one spends its time in the tail.", ""]
     for part in (speed_llamacpp(sweeps), speed_endtoend(results), speed_sweeps(sweeps, results), speed_history(sweeps),
                  speed_weights(results), speed_decode_profile(results), speed_memory(results), speed_generation(results),
-                 speed_sandbox(results)):
+                 speed_generation_gpu(results), speed_sandbox(results)):
         out += part + [""]
     return out
 
@@ -809,6 +811,32 @@ def speed_generation(results: Path) -> list[str]:
             *table(["results file", "architecture", "layers", "dtype", "one at a time: decode tokens/s",
                     "engine: decode tokens/s", "at batch", "largest batch vs one at a time",
                     "greedy output identical batched and alone"], rows)]
+
+
+def speed_generation_gpu(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "generation_gpu"):
+        with reading(name):
+            m = d["meta"]
+            for r in d["runs"]:
+                if "error" in r:
+                    rows.append([name, m["dtype"], r["mode"], str(r["batch"]), f"error: {r['error'][:80]}", "-", "-"])
+                    continue
+                rows.append([name, m["dtype"], r["mode"], str(r["batch"]), f"{r['e2e_tps']:.0f}",
+                             f"{r['decode_tps']:.0f}" if r.get("decode_tps") else "-",
+                             f"{r['exact_prompts']} (leading tokens {r['agree_prefix'] * 100:.0f}%)"])
+    if not rows:
+        return []
+    meta = next(speed_files(results, "generation_gpu"))[1]["meta"]
+    return ["### On a GPU: fixlab's engine, `generate` and transformers' continuous batching (`benchmarks/gpu_check.sh`)",
+            "", f"The Qwen2.5-Coder-1.5B architecture with random weights, {meta['gpu']} (torch {meta['torch']}, "
+            f"transformers {meta.get('transformers', '?')}), prompts of {meta['prompt_len'][0]}-{meta['prompt_len'][1]} "
+            "tokens, every request the same number of new tokens (no EOS, so padded `generate` wastes no slots here as "
+            "it would on real answers). Greedy answers are compared with one-at-a-time `generate` on the first 3 "
+            "prompts: in bf16 random weights give near-ties that batched kernels flip, so float32 is the exactness "
+            "check.", "",
+            *table(["results file", "dtype", "mode", "batch", "tokens/s (with prefill)", "decode tokens/s",
+                    "greedy equal to one at a time"], rows)]
 
 
 SANDBOX_WAYS = {"a_fresh_interpreter": "local, new interpreter per program",
