@@ -1,10 +1,12 @@
 """Where a decode step's time goes: the default 1.5B pack (conf/model/qwen1.5b-coder-q4.yaml as is) through fixlab's
-engine, B rows decoding at about C tokens of context, each step split into int8 matmuls (with their activation
-rounding), the fp32 lm_head, decode attention, the rest of the forward (norms, rotary, residuals, MLP activation,
-KV cache writes, transformers' Python) and the engine outside the forward (sampling, stop checks, retiring rows).
+engine, B rows decoding at about C tokens of context, each step split into the decoder's int8 matmuls (with their
+activation rounding; `of which torch._int_mm` is the integer products alone, the lm_head's included), the lm_head,
+decode attention, the rest of the forward (norms, rotary, residuals, MLP activation, KV cache writes, transformers'
+Python) and the engine outside the forward (sampling, stop checks, retiring rows).
 
 Each part is timed by wrapping its Python entry point (CPU ops are synchronous, so wall time is the cost), over the
-steps after a few warm-up steps; no profiler overhead.
+steps after a few warm-up steps; no profiler overhead. The prefill of the same prompts (in groups of the model's
+max_prefill_tokens) is split the same way, per prompt token.
 
     .venv/bin/python benchmarks/decode_profile.py                      # B=32, C=700, 48 new tokens a row
     .venv/bin/python benchmarks/decode_profile.py --rows 16 --context 300 --set cpu_attention=false
@@ -34,6 +36,8 @@ from agents.serving.hf import TransformersModel  # noqa: E402
 from weights import _cpu_name, decode_ids, prompts  # noqa: E402
 
 PARTS = ("int8 matmuls", "lm_head", "attention", "rest of the forward", "engine outside the forward")
+# inside "int8 matmuls": torch._int_mm itself; the rest is rounding each input row and scaling the product back
+MM = "of which torch._int_mm"
 
 
 def default_model(overrides: dict):
@@ -49,11 +53,16 @@ def default_model(overrides: dict):
 
 
 class Clock:
-    """Wall seconds per part while `on` (only decode steps count)."""
+    """Wall seconds per part while `on`, kept apart for decode steps (after the warm-up) and prefills."""
 
     def __init__(self):
         self.on = False
-        self.s = dict.fromkeys(PARTS + ("forward", "step"), 0.0)
+        self.phase = "decode"
+        self.by_phase = {ph: dict.fromkeys(PARTS + (MM, "forward", "step"), 0.0) for ph in ("decode", "prefill")}
+
+    @property
+    def s(self) -> dict:
+        return self.by_phase["decode"]
 
     def wrap(self, part: str, fn):
         def timed(*a, **kw):
@@ -63,7 +72,7 @@ class Clock:
             try:
                 return fn(*a, **kw)
             finally:
-                self.s[part] += time.perf_counter() - t0
+                self.by_phase[self.phase][part] += time.perf_counter() - t0
         return timed
 
 
@@ -73,8 +82,10 @@ def instrument(m: TransformersModel, clock: Clock) -> None:
     from agents.serving.int8 import Int8Linear
 
     Int8Linear.forward = clock.wrap("int8 matmuls", Int8Linear.forward)
+    torch._int_mm = clock.wrap(MM, torch._int_mm)  # looked up on every call by Int8Linear.forward
     head = m.model.get_output_embeddings()
     head.forward = clock.wrap("lm_head", head.forward)
+    clock.head_int8 = isinstance(head, Int8Linear)  # then its time is inside "int8 matmuls" too: taken out there
     impl = m.model.config._attn_implementation
     fn = AttentionInterface._global_mapping.get(impl) if impl != "eager" else None
     if fn is not None:
@@ -92,8 +103,21 @@ def instrument(m: TransformersModel, clock: Clock) -> None:
             clock.steps += 1
             clock.rows += len(eng._rows) if eng._rows else 0
         clock.on = False
-    clock.steps = clock.rows = 0
+    prefill = eng._prefill
+
+    def timed_prefill(rows, *a, **kw):
+        clock.on, clock.phase = True, "prefill"
+        t0 = time.perf_counter()
+        try:
+            return prefill(rows, *a, **kw)
+        finally:
+            clock.by_phase["prefill"]["step"] += time.perf_counter() - t0
+            clock.prefill_tokens += sum(len(r.prompt_ids) + len(r.out_ids) for r in rows)
+            clock.prefill_padded += len(rows) * max(len(r.prompt_ids) + len(r.out_ids) for r in rows)
+            clock.on, clock.phase = False, "decode"
+    clock.steps = clock.rows = clock.prefill_tokens = clock.prefill_padded = 0
     eng._step = timed_step
+    eng._prefill = timed_prefill
 
 
 def main() -> None:
@@ -122,10 +146,14 @@ def main() -> None:
     finally:
         m.close()
     s = clock.s
-    rest = s["forward"] - s["int8 matmuls"] - s["lm_head"] - s["attention"]
-    split = {"int8 matmuls": s["int8 matmuls"], "lm_head": s["lm_head"], "attention": s["attention"],
-             "rest of the forward": rest, "engine outside the forward": s["step"] - s["forward"]}
+    split = _split(s, clock.head_int8)
     per_step = {k: round(v / clock.steps * 1000, 1) for k, v in split.items()}
+    p = clock.by_phase["prefill"]
+    pre = _split(p, clock.head_int8)
+    prefill = {"seconds": round(p["step"], 2), "tokens": clock.prefill_tokens, "padded_tokens": clock.prefill_padded,
+               "tok_s": round(clock.prefill_tokens / p["step"], 1) if p["step"] else None,
+               "ms_per_token": {k: round(v / max(1, clock.prefill_tokens) * 1000, 2) for k, v in pre.items()},
+               "share": {k: round(v / p["step"], 3) for k, v in pre.items()} if p["step"] else {}}
     out = {"benchmark": "decode-profile", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "machine": {"cpu": platform.processor() or _cpu_name(), "threads": torch.get_num_threads(),
                        "torch": torch.__version__, "load_avg_start": os.getloadavg()},
@@ -134,14 +162,27 @@ def main() -> None:
            "rows": args.rows, "context": args.context, "new_tokens": args.new, "steps_timed": clock.steps,
            "step_ms": round(s["step"] / clock.steps * 1000, 1), "decode_tok_s": round(clock.rows / s["step"], 1),
            "ms_per_step": per_step, "share": {k: round(v / s["step"], 3) for k, v in split.items()},
-           "wall_s_with_prefill": round(wall, 1)}
+           "prefill": prefill, "wall_s_with_prefill": round(wall, 1)}
     dest = Path(args.out or REPO / "benchmarks" / "results" /
                 f"decode-profile-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     dest.write_text(json.dumps(out, indent=1) + "\n")
     print(f"{args.rows} rows at ~{args.context} tokens: {out['step_ms']} ms a step, {out['decode_tok_s']} tokens/s")
-    for k in PARTS:
+    for k in split:
         print(f"  {k:<28} {per_step[k]:>7.1f} ms  {out['share'][k] * 100:5.1f}%")
+    if p["step"]:
+        print(f"prefill: {clock.prefill_tokens} tokens ({clock.prefill_padded} with padding) in {p['step']:.1f} s, "
+              f"{prefill['tok_s']} tokens/s")
+        for k in pre:
+            print(f"  {k:<28} {prefill['ms_per_token'][k]:>7.2f} ms a token  {prefill['share'][k] * 100:5.1f}%")
     print(f"wrote {dest}")
+
+
+def _split(s: dict, head_int8: bool) -> dict:
+    """Parts that add up to the step; MM (torch._int_mm, the lm_head's included) is a part of the int8 time."""
+    int8 = s["int8 matmuls"] - (s["lm_head"] if head_int8 else 0.0)  # the decoder's linears
+    return {"int8 matmuls": int8, MM: s[MM], "lm_head": s["lm_head"], "attention": s["attention"],
+            "rest of the forward": s["forward"] - int8 - s["lm_head"] - s["attention"],
+            "engine outside the forward": s["step"] - s["forward"]}
 
 
 if __name__ == "__main__":

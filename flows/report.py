@@ -1,12 +1,14 @@
-"""The results document: docs/RESULTS.md and the README's headline block, generated from benchmarks/results/*.json.
+"""The results document: docs/RESULTS.md and the README's headline and speed blocks, generated from
+benchmarks/results/*.json.
 
-    python -m flows.report            # rewrite docs/RESULTS.md and the README block between the results markers
+    python -m flows.report            # rewrite docs/RESULTS.md and the README blocks between the results markers
     python -m flows.report --check    # exit 1, naming the command that fixes it, where either differs from the files
 
 Which results file feeds which table is declared once, in the registry below (SWEEPS, PAIRS, SPEED): a new results
-file is one more entry there. Every figure in the output is read from a file or computed from one (pass@1 intervals
-and paired tests with flows.stats, on the per-task outcomes benchmarks/fullsize.py records); the text in this module
-carries no figure, and a results file no table names fails `--check` (tests/test_report.py).
+file is one more entry there (SPEED_HEADLINE names the files of the README's speed paragraph). Every figure in the
+output is read from a file or computed from one (pass@1 intervals and paired tests with flows.stats, on the per-task
+outcomes benchmarks/fullsize.py records); the text in this module carries no figure, and a results file no table
+names fails `--check` (tests/test_report.py).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ RESULTS_DIR = REPO / "benchmarks" / "results"
 DOC = REPO / "docs" / "RESULTS.md"
 README = REPO / "README.md"
 HEADLINE_START, HEADLINE_END = "<!-- results:headline -->", "<!-- /results:headline -->"
+SPEED_START, SPEED_END = "<!-- results:speed -->", "<!-- /results:speed -->"
 COMMAND = "python -m flows.report"
 
 
@@ -173,6 +176,11 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261127T003619Z-fullsize-default-int8head-prefill32.json"),
     ("memory", "memory-20261127T012145Z-int8head-prefill-forward32.json"),
 ]
+
+# The README's speed paragraph: the newest figure of each kind (each file also has its row in SPEED).
+SPEED_HEADLINE = {"job": "memory-20261127T003619Z-fullsize-default-int8head-prefill32.json",  # make eval's job, all tasks
+                  "decode": "weights-20261125T172314Z.json",  # benchmarks/weights.py at 32 rows
+                  "gpu": "generation-cuda-bf16-20261127T020827Z.json"}  # benchmarks/gpu_check.sh
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
 HARNESS: list[str] = ["fullsize-canonical-buggy-docker-epyc-20261126.json"]
@@ -1010,15 +1018,56 @@ def _wrap_prose(lines: list[str]) -> list[str]:
     return out
 
 
-def readme_with_headline(readme_text: str, results: Path) -> str:
-    start, end = readme_text.find(HEADLINE_START), readme_text.find(HEADLINE_END)
+def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
+    """The README's speed paragraph, from the SPEED_HEADLINE files and the llama.cpp sweep pair."""
+    out = []
+    with reading(SPEED_HEADLINE["job"]):
+        d = _read(results, SPEED_HEADLINE["job"])
+        job = d["parts"]["job"]
+        answers = job.get("answers") or {}
+        m = d["machine"]
+        where = f"{m['cpus']}-core {m['cpu']}" + (" (AVX-512 VNNI)" if m.get("avx512_vnni") else "")
+        out.append(f"On a {where}, `make eval`'s job (every task, 3 rounds) took {minutes(job['seconds'])} "
+                   f"with a peak resident memory of {job['time_v_max_rss_gib']:.2f} GiB "
+                   f"({sum(a['passed'] for a in answers.values())}/{len(answers)} passed; {SPEED_HEADLINE['job']}).")
+    with reading(SPEED_HEADLINE["decode"]):
+        d = _read(results, SPEED_HEADLINE["decode"])
+        best = max(d["rows"], key=lambda r: r.get("batch32_tok_s") or 0)
+        out.append(f"The engine decodes {best['batch32_tok_s']:.1f} tokens/s at 32 rows and {d['decode_context']} tokens "
+                   f"of context, and prefills {best['prefill_tok_s']:.0f} tokens/s ({SPEED_HEADLINE['decode']}).")
+    rows = tagged(sweeps, "llamacpp")
+    if len(rows) == 2 and all(sw.wall_s for sw in rows):
+        out.append(f"llama.cpp on the same GGUF took {rows[1].wall_s / rows[0].wall_s:.2f}x the engine's wall time "
+                   f"on the default sweep.")
+    with reading(SPEED_HEADLINE["gpu"]):
+        d = _read(results, SPEED_HEADLINE["gpu"])
+        top = max(r["batch"] for r in d["runs"])
+        at = {r["mode"].rsplit(" ", 1)[0]: r for r in d["runs"] if r["batch"] == top and "error" not in r}
+        eng, cb = at.get("engine batch"), at.get("transformers generate_batch")
+        if eng and cb:
+            out.append(f"On an {d['meta']['gpu']} (bf16, random weights of the 1.5B architecture), the engine runs "
+                       f"{eng['e2e_tps']:.0f} tokens/s at {top} rows against {cb['e2e_tps']:.0f} for transformers' "
+                       f"own continuous batching ({SPEED_HEADLINE['gpu']}).")
+    out.append("Every speed benchmark and how the default got faster: docs/RESULTS.md, section 7.")
+    return wrap(" ".join(out))
+
+
+def _with_block(text: str, start_mark: str, end_mark: str, block: str, what: str) -> str:
+    start, end = text.find(start_mark), text.find(end_mark)
     if start < 0 or end < start:
-        raise ReportError(f"README.md has no {HEADLINE_START} ... {HEADLINE_END} block for the headline: add the two "
-                          "marker lines where it belongs")
+        raise ReportError(f"README.md has no {start_mark} ... {end_mark} block for the {what}: add the two marker "
+                          "lines where it belongs")
+    return text[:start] + start_mark + "\n" + block + "\n" + text[end:]
+
+
+def readme_with_headline(readme_text: str, results: Path) -> str:
+    """The README with its generated blocks (the headline, the speed paragraph) rewritten from the files."""
     from .frontier import verdict_words
 
-    block = headline_block(load_all(results), frontier_words=verdict_words(frontier_of(results)))
-    return readme_text[:start] + HEADLINE_START + "\n" + block + "\n" + readme_text[end:]
+    sweeps = load_all(results)
+    text = _with_block(readme_text, HEADLINE_START, HEADLINE_END,
+                       headline_block(sweeps, frontier_words=verdict_words(frontier_of(results))), "headline")
+    return _with_block(text, SPEED_START, SPEED_END, speed_block(sweeps, results), "speed paragraph")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -90,12 +90,14 @@ def test_a_damaged_results_file_is_one_line_naming_it(tmp_path, capsys, damage):
     assert name in err and len(err.splitlines()) == 1
 
 
-def test_readme_without_the_headline_markers_is_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("marker", [report.HEADLINE_START, report.SPEED_END])
+def test_readme_without_a_blocks_markers_is_one_line(tmp_path, capsys, marker):
     _, args = _copy_tree(tmp_path)
     readme = tmp_path / "README.md"
-    readme.write_text(readme.read_text().replace(report.HEADLINE_START, ""))
+    readme.write_text(readme.read_text().replace(marker, ""))
     assert report.main(args) == 2
-    assert report.HEADLINE_START in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert marker in err and len(err.splitlines()) == 1
 
 
 def _stored_pairs():
