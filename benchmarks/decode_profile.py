@@ -158,7 +158,8 @@ def main() -> None:
            "machine": {"cpu": platform.processor() or _cpu_name(), "threads": torch.get_num_threads(),
                        "torch": torch.__version__, "load_avg_start": os.getloadavg()},
            "model": {k: v for k, v in dataclasses.asdict(default_model(overrides)).items() if k in (
-               "name", "pack", "weights", "dtype", "cpu_attention", "int8_skip", "skinny_matmul", *overrides)},
+               "name", "pack", "weights", "dtype", "cpu_attention", "int8_skip", "skinny_matmul", "max_prefill_tokens",
+               *overrides)},
            "rows": args.rows, "context": args.context, "new_tokens": args.new, "steps_timed": clock.steps,
            "step_ms": round(s["step"] / clock.steps * 1000, 1), "decode_tok_s": round(clock.rows / s["step"], 1),
            "ms_per_step": per_step, "share": {k: round(v / s["step"], 3) for k, v in split.items()},

@@ -161,6 +161,9 @@ SPEED: list[tuple[str, str]] = [
     ("sandbox", "sandbox-20261126T171051Z.json"),
     ("sweep_cache", "sweep.json"),
     ("decode_profile", "decode-profile-20261126T182131Z.json"),
+    ("decode_profile", "decode-profile-20261127T024424Z.json"),
+    ("decode_profile", "decode-profile-20261127T024756Z-prefill896.json"),
+    ("decode_profile", "decode-profile-20261127T025044Z-prefill2048.json"),
     ("memory", "memory-20261126T171409Z-after-int8.json"),
     ("memory", "memory-20261126T174015Z-series-int8.json"),
     ("memory", "memory-20261126T182944Z-trim.json"),
@@ -175,10 +178,11 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261126T234117Z-fullsize-default-mmap4mib.json"),
     ("memory", "memory-20261127T003619Z-fullsize-default-int8head-prefill32.json"),
     ("memory", "memory-20261127T012145Z-int8head-prefill-forward32.json"),
+    ("memory", "memory-20261127T020331Z-fullsize-default-final.json"),
 ]
 
 # The README's speed paragraph: the newest figure of each kind (each file also has its row in SPEED).
-SPEED_HEADLINE = {"job": "memory-20261127T003619Z-fullsize-default-int8head-prefill32.json",  # make eval's job, all tasks
+SPEED_HEADLINE = {"job": "memory-20261127T020331Z-fullsize-default-final.json",  # make eval's job, all tasks
                   "decode": "weights-20261125T172314Z.json",  # benchmarks/weights.py at 32 rows
                   "gpu": "generation-cuda-bf16-20261127T020827Z.json"}  # benchmarks/gpu_check.sh
 
@@ -858,14 +862,22 @@ def speed_decode_profile(results: Path) -> list[str]:
     rows = []
     for name, d in speed_files(results, "decode_profile"):
         with reading(name):
-            ms, share = d["ms_per_step"], d["share"]
-            rows.append([name, _machine(d), str(d["rows"]), str(d["context"]), f"{d['step_ms']:.0f}",
-                         f"{d['decode_tok_s']:.1f}", *(f"{ms[k]:.0f} ({share[k] * 100:.0f}%)" for k in DECODE_PARTS)])
-    return ["### Where a decode step goes (`benchmarks/decode_profile.py`)", "",
-            "The default 1.5B pack (int8 decoder matmuls, fp32 lm_head and attention) in fixlab's engine, each part "
-            "timed at its Python entry point over the steps after a warm-up.", "",
-            *table(["results file", "machine", "rows", "context", "step ms", "tokens/s",
-                    *(f"{k} ms" for k in DECODE_PARTS)], rows)]
+            ms, share, pre = d["ms_per_step"], d["share"], d.get("prefill") or {}
+            model = d.get("model", {})
+            knobs = ", ".join(f"{k}={model[k]}" for k in ("int8_skip", "max_prefill_tokens") if k in model)
+            rows.append([name, _machine(d), knobs, str(d["rows"]), str(d["context"]), str(d.get("steps_timed", "-")),
+                         f"{d['step_ms']:.0f}", f"{d['decode_tok_s']:.1f}",
+                         *(f"{ms[k]:.0f} ({share[k] * 100:.0f}%)" if k in ms else "-" for k in DECODE_PARTS),
+                         f"{pre['tok_s']:.0f}" if pre.get("tok_s") else "-",
+                         *(f"{pre['ms_per_token'][k]:.2f}" if pre.get("ms_per_token") else "-" for k in PREFILL_PARTS)])
+    return ["### Where a decode step and a prefill go (`benchmarks/decode_profile.py`)", "",
+            "The default 1.5B pack (int8 decoder matmuls; the lm_head as `int8_skip` says) in fixlab's engine, each "
+            "part timed at its Python entry point: decode over the steps after a warm-up, the prefill of the same "
+            "prompts per prompt token. `torch._int_mm` is the integer products inside the int8 matmuls (the rest of "
+            "them is rounding each input row and scaling the product back).", "",
+            *table(["results file", "machine", "settings", "rows", "context", "steps timed", "step ms", "tokens/s",
+                    *(f"{k} ms" for k in DECODE_PARTS), "prefill tokens/s",
+                    *(f"prefill {k} ms a token" for k in PREFILL_PARTS)], rows)]
 
 
 def speed_memory(results: Path) -> list[str]:
@@ -876,7 +888,7 @@ def speed_memory(results: Path) -> list[str]:
                 peak = m.get("time_v_max_rss_gib")
                 tree = (m.get("tree_peak") or {}).get("tree")
                 args = [a for a in d.get("job_args", []) if not a.startswith(("tracking.", "hydra.", "cache="))]
-                args += [a for a in DEFAULTS_THEN.get(name, []) if a not in args]
+                args = job_as_today(args, d.get("utc", ""))
                 short = any(a.startswith("dataset.limit=") for a in args)
                 job = ("a short default job" if short else "the default job, every task") + (
                     f" (`{' '.join(args)}`)" if args else "")
@@ -897,9 +909,18 @@ def speed_memory(results: Path) -> list[str]:
                     "passed"], rows), *memory_reruns(same_job)]
 
 
-# Settings a memory file's job ran with that were the config's defaults by then (so no override names them): shown
-# with its overrides, so that the table and the reruns below tell such a job from the earlier ones.
-DEFAULTS_THEN = {"memory-20261127T012145Z-int8head-prefill-forward32.json": ["model.int8_skip=[]"]}
+# Defaults that changed under the memory files: (UTC stamp from which the new default held, the old one as an override,
+# the new one). A file's job is named by what differs from today's defaults, so that the table and the reruns below
+# group the jobs that ran alike.
+CHANGED_DEFAULTS = [("20261127T003619Z", "model.int8_skip=[lm_head]", "model.int8_skip=[]")]
+
+
+def job_as_today(args: list[str], utc: str) -> list[str]:
+    for since, then, now in CHANGED_DEFAULTS:
+        if utc < since and not any(a.split("=")[0] == then.split("=")[0] for a in args):
+            args = [*args, then]
+        args = [a for a in args if a != now]
+    return args
 
 
 def memory_reruns(same_job: dict[str, list]) -> list[str]:
@@ -920,12 +941,15 @@ def memory_reruns(same_job: dict[str, list]) -> list[str]:
     if out:
         out = ["Jobs run more than once, with changes between the runs that are meant to move memory only:", "", *out,
                "", "Greedy answers are not reproducible bit for bit on the 1.5B pack: which rows share a decode step "
-               "depends on timing, and the fp32 lm_head and attention round a row differently in batches of "
-               "different sizes (agents/serving/README). Compare runs by paired tests, not by equal code."]
+               "depends on timing, and attention over the batch's padded width (and an fp32 lm_head, the default before "
+               "`model.int8_skip=[]`) rounds a row differently in batches of different sizes (agents/serving/README). "
+               "Compare runs by paired tests, not by equal code."]
     return ["", *out] if out else []
 
 
-DECODE_PARTS = ("int8 matmuls", "lm_head", "attention", "rest of the forward", "engine outside the forward")
+DECODE_PARTS = ("int8 matmuls", "of which torch._int_mm", "lm_head", "attention", "rest of the forward",
+                "engine outside the forward")
+PREFILL_PARTS = ("int8 matmuls", "of which torch._int_mm", "attention", "rest of the forward")
 
 
 def speed_sandbox(results: Path) -> list[str]:

@@ -146,7 +146,10 @@ class BatchEngine:
             map_large_blocks()  # process-wide: freed KV buffers and activations leave at once, not at the next trim
         self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0,
                       "prefill_s": 0.0, "decode_s": 0.0, "prompt_tokens": 0, "reused_tokens": 0,
-                      "draft_steps": 0, "draft_tokens": 0, "draft_accepted": 0}
+                      "draft_steps": 0, "draft_tokens": 0, "draft_accepted": 0,
+                      # decode attention reads every row's whole padded width: kv_slots (rows x width, summed over
+                      # steps) against kv_tokens (the real tokens among them) is the share spent on left padding
+                      "kv_slots": 0, "kv_tokens": 0}
 
     # ---- caller side -------------------------------------------------------------------------------------------
     def submit(self, req: GenRequest, prompt_ids: list[int]) -> Future:
@@ -398,6 +401,7 @@ class BatchEngine:
         if any(drafts):
             return self._draft_step(drafts)
         self._mask = torch.cat([self._mask, self._mask.new_ones((B, 1))], dim=1)
+        self._count_kv()
         t0 = time.perf_counter()
         try:
             logits = self._forward(self._last[:, None], self._mask, self._pos[:, None], self._cache)
@@ -411,6 +415,10 @@ class BatchEngine:
         self.stats["row_steps"] += B
         self.stats["max_rows"] = max(self.stats["max_rows"], B)
         self._retire()
+
+    def _count_kv(self) -> None:
+        self.stats["kv_slots"] += self._mask.numel()
+        self.stats["kv_tokens"] += int(self._mask.sum())
 
     def _draft(self, r: _Row, k: int) -> list[int]:
         """Up to k tokens that followed the latest earlier occurrence of the row's last n tokens (prompt lookup)."""
@@ -438,6 +446,7 @@ class BatchEngine:
                 feed[i, 1:1 + len(d)] = torch.tensor(d, dtype=torch.long, device=self.device)
                 new[i, 1:1 + len(d)] = 1
         self._mask = torch.cat([self._mask, new], dim=1)
+        self._count_kv()
         pos = self._pos[:, None] + torch.arange(K + 1, device=self.device)[None, :]
         t0 = time.perf_counter()
         try:
