@@ -147,6 +147,7 @@ SPEED: list[tuple[str, str]] = [
     ("weights", "weights-20261125T113202Z.json"),
     ("weights", "weights-20261125T151115Z.json"),
     ("weights", "weights-20261125T172314Z.json"),
+    ("weights", "weights-20261127T033700Z.json"),
     ("endtoend", "endtoend-reflection-20261125T113857Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T014247Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T013001Z.json"),
@@ -179,11 +180,12 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261127T003619Z-fullsize-default-int8head-prefill32.json"),
     ("memory", "memory-20261127T012145Z-int8head-prefill-forward32.json"),
     ("memory", "memory-20261127T020331Z-fullsize-default-final.json"),
+    ("memory", "memory-20261127T025115Z-fullsize-prefill896.json"),
 ]
 
 # The README's speed paragraph: the newest figure of each kind (each file also has its row in SPEED).
-SPEED_HEADLINE = {"job": "memory-20261127T020331Z-fullsize-default-final.json",  # make eval's job, all tasks
-                  "decode": "weights-20261125T172314Z.json",  # benchmarks/weights.py at 32 rows
+SPEED_HEADLINE = {"job": "memory-20261127T025115Z-fullsize-prefill896.json",  # make eval's job, all tasks
+                  "decode": "weights-20261127T033700Z.json",  # benchmarks/weights.py at 32 rows
                   "gpu": "generation-cuda-bf16-20261127T020827Z.json"}  # benchmarks/gpu_check.sh
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
@@ -909,17 +911,21 @@ def speed_memory(results: Path) -> list[str]:
                     "passed"], rows), *memory_reruns(same_job)]
 
 
-# Defaults that changed under the memory files: (UTC stamp from which the new default held, the old one as an override,
-# the new one). A file's job is named by what differs from today's defaults, so that the table and the reruns below
-# group the jobs that ran alike.
-CHANGED_DEFAULTS = [("20261127T003619Z", "model.int8_skip=[lm_head]", "model.int8_skip=[]")]
+# Defaults of the 1.5B pack that changed under the memory files: key -> ([(UTC stamp until which a value held, that
+# value)], today's value), from the history of conf/model/qwen1.5b-coder-q4.yaml. A file's job is named by what differs
+# from today's defaults, so that the table and the reruns below group the jobs that ran alike.
+CHANGED_DEFAULTS = {"model.int8_skip": ([("20261127T003619Z", "[lm_head]")], "[]"),
+                    "model.max_prefill_tokens": ([("20261126T192424Z", "8192"), ("20261127T025115Z", "2048")], "896")}
 
 
 def job_as_today(args: list[str], utc: str) -> list[str]:
-    for since, then, now in CHANGED_DEFAULTS:
-        if utc < since and not any(a.split("=")[0] == then.split("=")[0] for a in args):
-            args = [*args, then]
-        args = [a for a in args if a != now]
+    for key, (history, today) in CHANGED_DEFAULTS.items():
+        if any(a.split("=", 1)[0] == key for a in args):
+            args = [a for a in args if a != f"{key}={today}"]
+            continue
+        then = next((v for until, v in history if utc < until), today)
+        if then != today:
+            args = [*args, f"{key}={then}"]
     return args
 
 
