@@ -152,6 +152,7 @@ SPEED: list[tuple[str, str]] = [
     ("endtoend", "endtoend-single_shot-20261126T014247Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T013001Z.json"),
     ("endtoend", "endtoend-react-20261126T025902Z.json"),
+    ("endtoend", "endtoend-single_shot-20261127T040706Z.json"),
     ("generation", "generation-cpu-20261122-053032.json"),
     ("generation", "generation-cpu-20261122-055229.json"),
     ("generation", "generation-cpu-20261122-060607.json"),
@@ -186,7 +187,8 @@ SPEED: list[tuple[str, str]] = [
 # The README's speed paragraph: the newest figure of each kind (each file also has its row in SPEED).
 SPEED_HEADLINE = {"job": "memory-20261127T025115Z-fullsize-prefill896.json",  # make eval's job, all tasks
                   "decode": "weights-20261127T033700Z.json",  # benchmarks/weights.py at 32 rows
-                  "gpu": "generation-cuda-bf16-20261127T020827Z.json"}  # benchmarks/gpu_check.sh
+                  "gpu": "generation-cuda-bf16-20261127T020827Z.json",  # benchmarks/gpu_check.sh
+                  "endtoend": "endtoend-single_shot-20261127T040706Z.json"}  # 30 tasks, engine and llama.cpp
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
 HARNESS: list[str] = ["fullsize-canonical-buggy-docker-epyc-20261126.json"]
@@ -1068,7 +1070,14 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
     rows = tagged(sweeps, "llamacpp")
     if len(rows) == 2 and all(sw.wall_s for sw in rows):
         out.append(f"llama.cpp on the same GGUF took {rows[1].wall_s / rows[0].wall_s:.2f}x the engine's wall time "
-                   f"on the default sweep.")
+                   f"on the default sweep")
+        with reading(SPEED_HEADLINE["endtoend"]):
+            d = _read(results, SPEED_HEADLINE["endtoend"])
+            wall = {r["row"]: r["wall_s"] for r in d["rows"] if r.get("wall_s")}
+            if {"engine", "llamacpp"} <= set(wall):
+                out[-1] += (f" and {wall['llamacpp'] / wall['engine']:.2f}x on a {d['rows'][0]['tasks']}-task "
+                            f"{d['strategy']} job, side by side ({SPEED_HEADLINE['endtoend']})")
+        out[-1] += "."
     with reading(SPEED_HEADLINE["gpu"]):
         d = _read(results, SPEED_HEADLINE["gpu"])
         top = max(r["batch"] for r in d["runs"])
