@@ -166,6 +166,7 @@ SPEED: list[tuple[str, str]] = [
     ("decode_profile", "decode-profile-20261127T024424Z.json"),
     ("decode_profile", "decode-profile-20261127T024756Z-prefill896.json"),
     ("decode_profile", "decode-profile-20261127T025044Z-prefill2048.json"),
+    ("decode_profile", "decode-profile-20261127T041833Z.json"),
     ("memory", "memory-20261126T171409Z-after-int8.json"),
     ("memory", "memory-20261126T174015Z-series-int8.json"),
     ("memory", "memory-20261126T182944Z-trim.json"),
