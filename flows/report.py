@@ -869,7 +869,7 @@ def speed_decode_profile(results: Path) -> list[str]:
         with reading(name):
             ms, share, pre = d["ms_per_step"], d["share"], d.get("prefill") or {}
             model = d.get("model", {})
-            knobs = ", ".join(f"{k}={model[k]}" for k in ("int8_skip", "max_prefill_tokens") if k in model)
+            knobs = ", ".join(f"{k}={v}" for k, v in model.items() if k not in PROFILE_FIXED)
             rows.append([name, _machine(d), knobs, str(d["rows"]), str(d["context"]), str(d.get("steps_timed", "-")),
                          f"{d['step_ms']:.0f}", f"{d['decode_tok_s']:.1f}",
                          *(f"{ms[k]:.0f} ({share[k] * 100:.0f}%)" if k in ms else "-" for k in DECODE_PARTS),
@@ -958,6 +958,7 @@ def memory_reruns(same_job: dict[str, list]) -> list[str]:
 
 DECODE_PARTS = ("int8 matmuls", "of which torch._int_mm", "lm_head", "attention", "rest of the forward",
                 "engine outside the forward")
+PROFILE_FIXED = ("name", "pack", "weights", "dtype", "cpu_attention", "skinny_matmul")  # same in every profile
 PREFILL_PARTS = ("int8 matmuls", "of which torch._int_mm", "attention", "rest of the forward")
 
 
