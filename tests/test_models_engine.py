@@ -554,3 +554,29 @@ def test_free_heap_goes_back_to_the_os():
     assert release_free_heap(32 << 20)
     assert before - anon() > 48 << 20
     assert not release_free_heap(1 << 40)  # nothing close to that free: no call
+
+
+def test_engine_counts_the_padding_decode_attention_reads(tiny):
+    """kv_slots (rows x padded width, every step) and kv_tokens (the real tokens among them): two prompts of different
+    lengths decoded together leave the shorter one left-padded, so slots exceed tokens by at least the length gap
+    on every step they share; one prompt alone has no padding."""
+    batched, _ = tiny
+
+    def stats(prompts):
+        eng = BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256, max_batch=2,
+                          gather_ms=200)
+        try:
+            futs = [eng.submit(GenRequest(messages=(), max_new_tokens=6), p) for p in prompts]
+            [f.result(120) for f in futs]
+            return dict(eng.stats)
+        finally:
+            eng.close()
+
+    short, long = (batched.prompt_ids(GenRequest(messages=msgs(k))) for k in (1, 4))
+    gap = len(long) - len(short)
+    assert gap > 0
+    alone = stats([long])
+    assert alone["kv_slots"] == alone["kv_tokens"] > 0
+    both = stats([short, long])
+    assert both["steps"] > 0
+    assert both["kv_slots"] - both["kv_tokens"] >= gap * both["steps"]
