@@ -1089,8 +1089,8 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
             out.append(f"On an {d['meta']['gpu']} (bf16, random weights of the 1.5B architecture), the engine runs "
                        f"{eng['e2e_tps']:.0f} tokens/s at {top} rows against {cb['e2e_tps']:.0f} for transformers' "
                        f"own continuous batching ({SPEED_HEADLINE['gpu']}).")
-    out.append("Every speed benchmark and how the default got faster: docs/RESULTS.md, section 7.")
-    return wrap(" ".join(out))
+    out.append("More: docs/RESULTS.md, section 7.")
+    return wrap("**Speed.** " + " ".join(out))
 
 
 def _with_block(text: str, start_mark: str, end_mark: str, block: str, what: str) -> str:
