@@ -207,11 +207,11 @@ def run_pack(name: str, args, results, out: Path) -> None:
     base_texts: list = []
 
     def record(label, b, r):
-        if not base_texts:  # the first row is the one-at-a-time baseline; the engine answers in text
-            base_texts.extend(tok.decode(i, skip_special_tokens=True) for i in r["ids"])
-        else:
+        if "ids" in r:  # transformers answers in token ids, the engine in text: compare texts
             r["ids"] = [tok.decode(i, skip_special_tokens=True) if isinstance(i, list) else i for i in r["ids"]]
-        judge(r, base_texts, args.new_tokens, same=lambda a, b: a == b)
+        if not base_texts:  # the first row is the one-at-a-time baseline
+            base_texts.extend(r["ids"])
+        judge(r, base_texts, args.new_tokens, texts=True)
         results["runs"].append({"arch": f"pack:{name}", "mode": label, "batch": b,
                                 "layers": m.model.config.num_hidden_layers, "prompt_tokens": len(prompts[0]),
                                 **{k: v for k, v in r.items() if k != "ids"}})
@@ -284,25 +284,22 @@ def _merge(parts):
     return out
 
 
-def judge(r: dict, base_ids: list, new_tokens: int, same=None) -> None:
+def judge(r: dict, base_ids: list, new_tokens: int, texts: bool = False) -> None:
     """Greedy agreement with the one-at-a-time baseline over the prompts both answered: `exact` when all are equal;
     `exact_prompts` how many; `agree_prefix` the mean share of leading tokens equal (bf16 and random weights give
     near-ties, so batched kernels may flip one: the prefix says how far answers agree before that)."""
     if "error" in r:
         return
     pairs = list(zip(r["ids"], base_ids))
-    if same is not None:  # texts (a pack's engine answers): equal or not
-        eq = [same(a, b) for a, b in pairs]
-        r.update(exact=all(eq), exact_prompts=f"{sum(eq)}/{len(eq)}")
-    else:
+    eq = [a == b for a, b in pairs]
+    r.update(exact=all(eq), exact_prompts=f"{sum(eq)}/{len(eq)}")
+    if not texts:  # token ids (texts, a pack's engine answers, are compared whole)
         def prefix(a, b):
             n = 0
             while n < min(len(a), len(b)) and a[n] == b[n]:
                 n += 1
             return n
-        eq = [a == b for a, b in pairs]
-        r.update(exact=all(eq), exact_prompts=f"{sum(eq)}/{len(eq)}",
-                 agree_prefix=round(sum(prefix(a, b) for a, b in pairs) / (len(pairs) * new_tokens), 3))
+        r["agree_prefix"] = round(sum(prefix(a, b) for a, b in pairs) / (len(pairs) * new_tokens), 3)
     r["e2e_tps"] = r["tokens"] / r["wall_s"]
     r["decode_tps"] = r["tokens"] / r["decode_s"] if r.get("decode_s") else None
 
