@@ -98,14 +98,15 @@ class Context:
                          prefill_tokens=gen.prefill_tokens, finish_reason=gen.finish_reason,
                          draft_tokens=gen.draft_tokens, draft_accepted=gen.draft_accepted)
 
-    def calls(self, messages: list[dict], rnd: int, k: int, stop: tuple = ()) -> list[ModelCall]:
+    def calls(self, messages: list[dict], rnd: int, k: int, stop: tuple = (),
+              temperature: float | None = None) -> list[ModelCall]:
         """k answers to the same prompt, in flight together so a batching backend decodes them as one batch.
-        The first follows the round's temperature; the others use candidate_temperature, each its own seed."""
+        The first follows `temperature` (None: the round's); the others use candidate_temperature, each its own seed."""
         if k == 1:
-            return [self.call(messages, rnd, stop=stop)]
+            return [self.call(messages, rnd, stop=stop, temperature=temperature)]
         from concurrent.futures import ThreadPoolExecutor
 
-        temps = [None] + [self.cfg.strategy.candidate_temperature] * (k - 1)
+        temps = [temperature] + [self.cfg.strategy.candidate_temperature] * (k - 1)
         with ThreadPoolExecutor(k) as pool:
             return list(pool.map(lambda i: self.call(messages, rnd, turn=i, stop=stop, temperature=temps[i]),
                                  range(k)))
@@ -148,6 +149,27 @@ class Context:
             if attempt.visible_result is attempt.result:
                 attempt.visible_result = failed
             attempt.result = failed
+
+    def self_check(self, judged: list[Attempt], passing: list[int]) -> dict:
+        """Group a round's candidates that passed the visible tests (call indexes; a repeat goes with the candidate
+        it repeats) by what they return on probe inputs; the largest group first (agents/selfcheck.py)."""
+        from .selfcheck import PROBE_RUN_S, behaviour, groups, probe_calls, probe_program
+
+        task = self.task
+        calls = probe_calls(self.view.feedback_test, task.entry_point)
+        ran: dict[int, tuple | None] = {}
+        if calls:
+            test = probe_program(task.entry_point, calls)
+            for i in passing:
+                if judged[i].decision == "tested":
+                    run = self.sandbox.run(build_program(judged[i].code, test), min(PROBE_RUN_S, self.cfg.timeout_s))
+                    ran[i] = behaviour(run.stdout, len(calls))
+        else:  # nothing to probe with: only answers with the same code agree
+            ran = {i: (normalise(judged[i].code),) for i in passing if judged[i].decision == "tested"}
+        seen = [ran[i] if i in ran else ran.get(judged[i].same_as_candidate) for i in passing]
+        grouped = [[passing[j] for j in g] for g in groups(seen)]
+        return {"probes": len(calls), "groups": grouped, "runs": len(ran) if calls else 0,
+                "satisfied": len(grouped[0]) >= self.cfg.strategy.self_check}
 
     def ensure_feedback(self, attempt: Attempt) -> None:
         """Feedback on a failed visible run; computed on every round (also the last: a continuation reads it)."""

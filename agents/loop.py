@@ -3,7 +3,8 @@
 Strategies (AgentConfig.strategy, a record of agents/config.py):
   single_shot - every round is an independent fresh attempt (the resampling baseline);
   reflection  - every round revises the previous code from the test feedback;
-  react       - thought -> tool call (run_tests / submit) -> observation.
+  react       - thought -> tool call (run_tests / submit) -> observation;
+  portfolio   - a fresh draft, then revisions of it from the feedback, then a fresh draft again.
 Each is a module of agents/strategies/; its knobs are its record's (agents/config.py).
 Protocols (AgentConfig.protocol): what the agent sees and what its feedback runs on, see `visibility`.
 A round is at most one test run (react: exactly one), so budgets compare across strategies; `candidates` > 1
@@ -97,7 +98,7 @@ def stop_reason(attempts: list[Attempt], iters: int, fallback: str | None) -> st
         if last.decision == "submitted":
             return "submitted"
         if last.decision == "tested" and visible is not None and visible.passed:
-            return "solved"
+            return "unsure" if last.unsure else "solved"
         if last.decision == "out_of_turns":
             return "out_of_turns"
         if last.round >= iters:

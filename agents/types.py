@@ -75,7 +75,7 @@ class ModelCall:
 
 # What became of a round's answer (see Attempt) and why an episode ended (see Trajectory).
 Decision = Literal["tested", "syntax_error", "no_code", "repeat", "model_error", "submitted", "out_of_turns"]
-StopReason = Literal["solved", "submitted", "out_of_turns", "budget"]
+StopReason = Literal["solved", "unsure", "submitted", "out_of_turns", "budget"]
 DECISIONS: tuple[str, ...] = get_args(Decision)
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 
@@ -116,6 +116,9 @@ class Attempt:
     problem: str | None = None  # why the answer's code is unusable (no_code, syntax_error; syntax path off: run)
     steps: list[dict] = field(default_factory=list)  # react: one dict per model turn (action, decision, ...)
     candidate: int | None = None  # candidates > 1: index of the kept answer among the round's drafts
+    # self_check (agents/selfcheck.py): probes, the passing candidates' call indexes grouped by what they returned
+    # (kept group first), probe runs, and whether enough agreed for the agent to be satisfied
+    self_check: dict | None = None
 
     @property
     def visible(self) -> ExecResult | None:
@@ -124,8 +127,13 @@ class Attempt:
 
     @property
     def passed_visible(self) -> bool:
-        """The agent believes this candidate is done (a tested run of what it sees passed)."""
+        """A tested run of what the agent sees passed (it stops here; believed unless its self-check disagrees)."""
         return self.decision == "tested" and self.visible is not None and self.visible.passed
+
+    @property
+    def unsure(self) -> bool:
+        """It passed what the agent sees, but too few of the round's passing answers agreed on the probes."""
+        return self.passed_visible and self.self_check is not None and not self.self_check["satisfied"]
 
     @classmethod
     def from_dict(cls, d: dict) -> "Attempt":
@@ -147,7 +155,8 @@ class Attempt:
     def sandbox_runs(self) -> int:
         """Visible-test runs this round made: the kept answer's (when run) and each run rejected candidate's."""
         kept = self.decision in ("tested", "submitted") and self.result is not None
-        return int(kept) + sum(1 for r in self.rejected if r.get("status"))
+        probes = (self.self_check or {}).get("runs", 0)
+        return int(kept) + sum(1 for r in self.rejected if r.get("status")) + probes
 
     @property
     def passed(self) -> bool:

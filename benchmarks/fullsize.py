@@ -71,9 +71,10 @@ def record(run: dict) -> dict:
 
 
 def overfit_gap(client, run: dict) -> dict | None:
-    """Under `docs`/`hidden` the agent is judged by tests it never saw: how often its final answer passed what it was
-    shown (visible) but not the hidden verdict. Read from the per-task trajectories (results.jsonl keeps no visible
-    verdict). The gap is visible pass rate minus hidden pass rate, paired on the same tasks (Newcombe interval)."""
+    """Under `docs`/`hidden` the agent is judged by tests it never saw: how often it stopped satisfied with an answer
+    the hidden verdict rejects. Read from the per-task trajectories (results.jsonl keeps no visible verdict). The gap
+    is the rate of answers it was satisfied with (passed what it was shown, and its self-check agreed when it ran
+    one: stop reason not "unsure") minus the hidden pass rate, paired on the same tasks (Newcombe interval)."""
     if run["params"].get("protocol", "tests") == "tests":
         return None
     import tempfile
@@ -86,10 +87,12 @@ def overfit_gap(client, run: dict) -> dict | None:
         return any(((a.get("visible_result") or a.get("result") or {}).get("status") == "passed") for a in t["attempts"])
 
     vis = [visible(t) for t in trajs]
+    sat = [v and t.get("stop_reason") != "unsure" for v, t in zip(vis, trajs)]
     hid = [t["first_pass_round"] is not None for t in trajs]
-    gap = paired(vis, hid)
-    return {"visible_passed": sum(vis), "hidden_passed": sum(hid), "total": len(trajs), "gap": round(gap.diff, 4),
-            "ci95": [round(gap.low, 4), round(gap.high, 4)], "visible_only": gap.only_a, "hidden_only": gap.only_b}
+    gap = paired(sat, hid)
+    return {"visible_passed": sum(vis), "satisfied": sum(sat), "hidden_passed": sum(hid), "total": len(trajs),
+            "gap": round(gap.diff, 4), "ci95": [round(gap.low, 4), round(gap.high, 4)], "visible_only": gap.only_a,
+            "hidden_only": gap.only_b}
 
 
 def _name(params: dict) -> str:

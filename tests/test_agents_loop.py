@@ -44,7 +44,7 @@ def test_answers_end_at_the_closing_fence_which_is_put_back():
 
 
 def test_public_names():
-    assert STRATEGIES == ("single_shot", "reflection", "react") and PROTOCOLS == ("tests", "docs", "hidden")
+    assert STRATEGIES == ("single_shot", "reflection", "react", "portfolio") and PROTOCOLS == ("tests", "docs", "hidden")
 
 
 def test_reflection_every_branch_then_a_fix():
@@ -93,6 +93,26 @@ def test_single_shot_rounds_are_independent():
     assert [r.temperature for r in model.requests] == [0.0, 0.8, 0.8, 0.8]
     assert len({r.seed for r in model.requests}) == 4
     assert traj.first_pass_round == 3
+
+
+def test_portfolio_takes_turns_between_fresh_drafts_and_revisions():
+    traj, model = run([fenced(WRONG_A), fenced(WRONG_B), fenced(WRONG_C), fenced(FIX)], strategy="portfolio", iters=3)
+    assert traj.first_pass_round == 3 and [a.decision for a in traj.attempts] == ["tested"] * 4
+    opening = model.requests[0].messages
+    r1, r2, r3 = model.requests[1:]
+    assert r1.messages[:len(opening)] == opening and "Your fix did not work" in last_user(r1)
+    assert WRONG_A.strip() in last_user(r1)  # round 1 revises round 0's draft ...
+    assert r2.messages == opening  # ... round 2 is a fresh draft ...
+    assert WRONG_C.strip() in last_user(r3) and WRONG_B.strip() not in str(r3.messages)  # ... and round 3 revises it
+    assert [r.temperature for r in model.requests] == [0.0, 0.2, 0.8, 0.2]
+    assert len({r.seed for r in model.requests}) == 4
+    # two revisions of each draft: fresh again on round 3; none: every round a fresh draft
+    _, model = run([fenced(WRONG_A), fenced(WRONG_B), fenced(WRONG_C), fenced(FIX)], strategy="portfolio", iters=3,
+                   revisions=2)
+    assert [r.messages == opening for r in model.requests] == [True, False, False, True]
+    _, model = run([fenced(WRONG_A), fenced(WRONG_B), fenced(FIX)], strategy="portfolio", iters=2, revisions=0)
+    assert all(r.messages == opening for r in model.requests)
+    assert [r.temperature for r in model.requests] == [0.0, 0.8, 0.8]
 
 
 def test_model_error_costs_the_round_only():
@@ -173,7 +193,8 @@ SCRIPT = [fenced(WRONG_A), fenced(WRONG_B), fenced(SIG + "    return number % 2.
 
 
 @pytest.mark.parametrize("strategy, knobs", [("single_shot", {}), ("reflection", {}),
-                                             ("reflection", {"rewrite_when_stuck": True, "diagnose": True})])
+                                             ("reflection", {"rewrite_when_stuck": True, "diagnose": True}),
+                                             ("portfolio", {}), ("portfolio", {"revisions": 2})])
 def test_budget_does_not_change_rounds_and_continuation_equals_fresh(strategy, knobs):
     kw = dict(strategy=strategy, temperature_schedule="rising", temperature=0.1, **knobs)
     long, m3 = run(SCRIPT, iters=3, **kw)

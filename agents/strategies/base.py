@@ -69,7 +69,10 @@ class Strategy:
     def _pick(self, calls: list, rnd: int, state: State) -> Attempt:
         """Judge the candidates in order and keep the first whose visible tests pass; else the first that ran
         (its feedback drives the next round), else the first. A candidate equal to one already run this round
-        is not run again."""
+        is not run again. With `self_check` under docs/hidden every candidate is judged and the passing ones are
+        grouped by what they return on probe inputs: the largest group's first is kept (agents/selfcheck.py)."""
+        ctx = self.ctx
+        check = bool(ctx.cfg.strategy.self_check) and ctx.view.feedback_test != ctx.task.test
         judged, ran = [], {}
         for i, call in enumerate(calls):
             a = self._judged(call, rnd, state, run=False)
@@ -81,12 +84,19 @@ class Strategy:
                     ran[key] = i
                     self.ctx.execute(a)
             judged.append(a)
-            if a.passed_visible:
+            if a.passed_visible and not check:
                 break  # only the last judged candidate can have passed
-        last = judged[-1]
-        passed = last.passed_visible
-        keep = len(judged) - 1 if passed else next((i for i, a in enumerate(judged) if a.decision == "tested"), 0)
+        passing = [i for i, a in enumerate(judged) if a.passed_visible or (
+            a.decision == "repeat" and a.same_as_candidate is not None and judged[a.same_as_candidate].passed_visible)]
+        report = ctx.self_check(judged, passing) if check and passing else None
+        if report is not None:
+            keep = report["groups"][0][0]
+        elif judged[-1].passed_visible:
+            keep = len(judged) - 1
+        else:
+            keep = next((i for i, a in enumerate(judged) if a.decision == "tested"), 0)
         kept = judged[keep]
+        kept.self_check = report
         kept.calls = [c for i, c in enumerate(calls) if i != keep] + [calls[keep]]  # calls[-1] is the kept answer
         kept.candidate = keep
         kept.rejected = [{"call": i, "decision": a.decision, "code": a.code,
@@ -105,7 +115,8 @@ class Strategy:
             state.seen[normalise(attempt.code)] = attempt.round
             state.feedback[attempt.round] = attempt.feedback
             if attempt.visible is not None and attempt.visible.passed:
-                state.done = "solved"  # the agent believes it is done; under "hidden" the verdict may differ
+                # the agent is done; under docs/hidden the verdict may differ, and a failed self-check says so
+                state.done = "unsure" if attempt.unsure else "solved"
 
 
 def header(ctx: Context) -> str:

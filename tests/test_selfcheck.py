@@ -1,0 +1,78 @@
+"""The self-check under protocol hidden: a round's answers that pass the examples are grouped by what they return on
+probe inputs, the largest group is kept, and the agent is satisfied only when enough agree (agents/selfcheck.py)."""
+from __future__ import annotations
+
+import pytest
+
+from agents.config import check_config
+from agents.loop import run_agent
+from agents.models.doubles import ScriptedModel
+from agents.selfcheck import behaviour, groups, probe_calls, probe_program
+from agents_fixtures import agent, fenced, sandbox, task
+from conftest import needs_data
+from sandboxes import build_program
+
+pytestmark = needs_data
+
+SIG = "def truncate_number(number: float) -> float:\n"
+FIX = SIG + "    return number % 1.0\n"
+FIX_TOO = SIG + "    return number - int(number)\n"  # other code, same behaviour on positive numbers
+OVERFIT = SIG + "    return 0.5\n"  # passes the example (3.5 -> 0.5) and nothing else
+WRONG = SIG + "    return number % 1.0 + 1.0\n"  # fails the example too
+
+
+def run(outputs, **kw):
+    model = ScriptedModel(list(outputs))
+    kw = {"protocol": "hidden", "strategy": "single_shot", "candidates": 3, "self_check": 2, **kw}
+    traj = run_agent(task(2), model, sandbox(), agent(**kw))
+    assert traj.error is None, traj.error
+    return traj
+
+
+def test_probes_are_the_examples_calls_then_same_typed_neighbours():
+    calls = probe_calls(task(2).example_test, "truncate_number")
+    assert calls[0] == "(3.5,)" and len(calls) > 1
+    assert all(eval(c)[0] > 0 for c in calls)  # the sign is kept: a negative input may lie outside the task
+    calls = probe_calls("assert f([1, 2, 3], 'ab') == 1\nassert f([4], 'c') == 2\nassert g(1) == 1", "f")
+    assert calls[:2] == ["([1, 2, 3], 'ab')", "([4], 'c')"] and "(1,)" not in calls
+    assert "([1, 2], 'ab')" in calls and not any(c.startswith("([]") for c in calls)
+    assert probe_calls("def check(f):\n    assert f(x) ==", "f") == []  # not Python: no probes
+
+
+def test_the_agreeing_group_is_kept_and_the_agent_is_satisfied():
+    traj = run([fenced(OVERFIT), fenced(FIX), fenced(FIX_TOO)])
+    a = traj.attempts[0]
+    assert a.candidate == 1 and a.code.strip() == FIX.strip()  # the pair that agrees beats the first passing answer
+    assert a.self_check["groups"] == [[1, 2], [0]] and a.self_check["satisfied"] and a.self_check["runs"] == 3
+    assert traj.stop_reason == "solved" and traj.first_pass_round == 0  # and the verdict agrees
+    assert a.sandbox_runs == 3 + 3  # every visible run and every probe run is counted
+
+
+def test_without_agreement_the_agent_stops_unsure():
+    traj = run([fenced(OVERFIT), fenced(FIX), fenced(WRONG)])
+    a = traj.attempts[0]
+    assert a.self_check["groups"] == [[0], [1]] and not a.self_check["satisfied"]
+    assert a.passed_visible and a.unsure and traj.stop_reason == "unsure"
+    assert traj.first_pass_round is None  # the earliest of the tied answers was kept: it overfits
+
+
+def test_off_or_under_protocol_tests_the_first_passing_answer_is_kept_without_probes():
+    traj = run([fenced(OVERFIT), fenced(FIX), fenced(FIX_TOO)], self_check=0)
+    assert traj.attempts[0].candidate == 0 and traj.attempts[0].self_check is None and traj.stop_reason == "solved"
+    traj = run([fenced(WRONG), fenced(FIX), fenced(FIX_TOO)], protocol="tests")
+    assert traj.attempts[0].candidate == 1 and traj.attempts[0].self_check is None
+
+
+def test_a_probe_that_raises_or_hangs_is_reported_where_it_happened():
+    calls = ["(3.5,)", "(-1.0,)", "(5.25,)", "(1.75,)"]
+    code = SIG + "    if number > 5:\n        while True:\n            pass\n    if number < 0:\n        raise ValueError\n" \
+                 "    return number % 1.0\n"
+    res = sandbox().run(build_program(code, probe_program("truncate_number", calls)), 1)
+    assert res.status == "timeout"
+    assert behaviour(res.stdout, 4) == ("0.5", "!ValueError", "!stopped", "!skipped")
+    assert behaviour("no report", 3) is None and groups([("1",), None, ("1",)]) == [[0, 2], [1]]
+
+
+def test_self_check_needs_as_many_candidates():
+    with pytest.raises(ValueError, match="self_check=3 needs"):
+        check_config(agent(strategy="single_shot", candidates=2, self_check=3))
