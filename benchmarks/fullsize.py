@@ -90,9 +90,36 @@ def overfit_gap(client, run: dict) -> dict | None:
     sat = [v and t.get("stop_reason") != "unsure" for v, t in zip(vis, trajs)]
     hid = [t["first_pass_round"] is not None for t in trajs]
     gap = paired(sat, hid)
-    return {"visible_passed": sum(vis), "satisfied": sum(sat), "hidden_passed": sum(hid), "total": len(trajs),
-            "gap": round(gap.diff, 4), "ci95": [round(gap.low, 4), round(gap.high, 4)], "visible_only": gap.only_a,
-            "hidden_only": gap.only_b}
+    out = {"visible_passed": sum(vis), "satisfied": sum(sat), "hidden_passed": sum(hid), "total": len(trajs),
+           "gap": round(gap.diff, 4), "ci95": [round(gap.low, 4), round(gap.high, 4)], "visible_only": gap.only_a,
+           "hidden_only": gap.only_b}
+    if any(a.get("self_check") for t in trajs for a in t["attempts"]):
+        out["without_self_check"] = without_self_check(trajs, hid)
+    return out
+
+
+def without_self_check(trajs: list[dict], hid: list[bool]) -> dict:
+    """The same answers without the self-check: the round that stopped keeps its first candidate that passed what the
+    agent saw (read from the candidates' recorded visible and full-test statuses) and is believed. Paired with the
+    self-check's own verdicts."""
+    def first_passing(t: dict) -> bool:
+        last = t["attempts"][-1] if t["attempts"] else None
+        if not last or not last.get("self_check"):
+            return t["first_pass_round"] is not None
+        kept = {"call": last["candidate"], "status": "passed", "verdict": (last.get("result") or {}).get("status")}
+        ran = [r for r in last["rejected"] if r.get("status") == "passed"] + [kept]
+        return min(ran, key=lambda r: r["call"]).get("verdict") == "passed"
+
+    off = [first_passing(t) for t in trajs]
+    vis = [any(((a.get("visible_result") or a.get("result") or {}).get("status") == "passed") for a in t["attempts"])
+           for t in trajs]
+    gap = paired(vis, off)
+    check = paired(hid, off)
+    return {"hidden_passed": sum(off), "satisfied": sum(vis), "gap": round(gap.diff, 4),
+            "ci95": [round(gap.low, 4), round(gap.high, 4)],
+            "self_check_vs_none": {"diff": round(check.diff, 4), "ci95": [round(check.low, 4), round(check.high, 4)],
+                                   "only_with": check.only_a, "only_without": check.only_b,
+                                   "p_value": round(check.p_value, 6)}}
 
 
 def _name(params: dict) -> str:
@@ -131,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against", action="append", default=[], metavar="FILE:RUN_ID",
                     help="also pair each run against a run recorded in an earlier results file (repeatable)")
     ap.add_argument("--tracking-uri", default=tracking_uri(TrackingConf()))
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results",
+                    help="folder for the file (a tuning-sample run goes elsewhere: it is not a result to report)")
     args = ap.parse_args(argv)
     earlier = [from_file(spec) for spec in args.against]
 
@@ -151,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     for base in earlier:
         for rec in out["runs"]:
             out.setdefault("paired_with_earlier", []).append(pair_with_earlier(base, rec))
-    dest = REPO / "benchmarks" / "results" / f"fullsize-{args.name}-{time.strftime('%Y%m%d', time.gmtime())}.json"
+    dest = args.out / f"fullsize-{args.name}-{time.strftime('%Y%m%d', time.gmtime())}.json"
     dest.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {dest.relative_to(REPO)}")
+    print(f"wrote {dest}")
     for rec in out["runs"]:
         p = rec["params"]
         curve = " | ".join(f"{x['pass@1']:.3f}" for x in rec["by_round"])
@@ -166,8 +195,15 @@ def main(argv: list[str] | None = None) -> int:
               f"({r['ci95'][0]:.3f}-{r['ci95'][1]:.3f}); status {rec['status']}")
         if "overfit_gap" in rec:
             g = rec["overfit_gap"]
-            print(f"  overfit gap: visible {g['visible_passed']}/{g['total']} - hidden {g['hidden_passed']}/{g['total']} = "
+            print(f"  overfit gap: satisfied {g.get('satisfied', g['visible_passed'])}/{g['total']} (passed what it saw "
+                  f"{g['visible_passed']}) - hidden {g['hidden_passed']}/{g['total']} = "
                   f"{g['gap'] * 100:+.1f} points (95% CI {g['ci95'][0] * 100:+.1f} to {g['ci95'][1] * 100:+.1f})")
+            if "without_self_check" in g:
+                w = g["without_self_check"]
+                v = w["self_check_vs_none"]
+                print(f"  the same answers without the self-check: hidden {w['hidden_passed']}/{g['total']}, gap "
+                      f"{w['gap'] * 100:+.1f} points; self-check vs none {v['diff'] * 100:+.1f} points "
+                      f"({v['only_with']} vs {v['only_without']}, p = {v['p_value']:.3g})")
     for p in out.get("paired", []) + out.get("paired_with_earlier", []):
         print(f"- {p['verdict']}")
     return 0

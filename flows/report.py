@@ -18,7 +18,7 @@ import re
 import sys
 import textwrap
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .stats import Paired, paired, sign_test_p, wilson
@@ -216,6 +216,17 @@ class Run:
     overfit: dict | None = None
     index: int = 0  # position in the file's runs (its `paired` list is each run against the first)
     params: dict = field(default_factory=dict)  # the run's resolved config, flattened
+    cost_by_round: list[dict] | None = None  # the cost after each round, summed over tasks (when recorded)
+
+    def cut(self, iters: int) -> "Run":
+        """This run as a budget-`iters` run would have been: round r never depends on the budget (agents/loop.py),
+        so the outcomes after round `iters` and the cost up to it are that run's."""
+        if self.outcomes is None or not self.cost_by_round or not 0 <= iters <= self.iters:
+            raise ReportError(f"run {self.short} cannot be cut to iters={iters}: it keeps no per-round outcomes and "
+                              "costs; record it again with benchmarks/fullsize.py")
+        cost = {k: v for k, v in self.cost_by_round[iters].items() if k != "task_seconds"}
+        return replace(self, iters=iters, by_round=self.by_round[:iters + 1], cost=cost, overfit=None,
+                       outcomes={t: r if r is not None and r <= iters else None for t, r in self.outcomes.items()})
 
     @property
     def passed(self) -> int:
@@ -238,6 +249,8 @@ class LoadedSweep:
         for r in self.runs:
             if r.iters == iters:
                 return r
+        if self.last.iters > iters and self.last.cost_by_round:  # a budget the sweep did not run on its own
+            return self.last.cut(iters)
         raise ReportError(f"{self.spec.file} has no run at iters={iters} (flows/report.py PAIRS names it)")
 
     @property
@@ -305,7 +318,7 @@ def _sweep_from(data: dict, key: str, spec: Sweep) -> LoadedSweep:
             (r["tuning_sample_0_23"]["passed"], r["tuning_sample_0_23"]["total"]),
             (r["other_tasks"]["passed"], r["other_tasks"]["total"]),
             {b: (v["passed"], v["total"]) for b, v in r.get("by_bug_type", {}).items()}, r.get("overfit_gap"), i,
-            r["params"]))
+            r["params"], r.get("cost_by_round")))
     if not runs:
         raise ReportError(f"{spec.file} has no runs for the row {key!r} in flows/report.py")
     return LoadedSweep(key, spec, sorted(runs, key=lambda r: r.iters), data.get("command", ""), data.get("paired", []))
@@ -422,8 +435,8 @@ def stored_budget_pair(sw: LoadedSweep) -> Paired | None:
 
 
 def budget_pair(sw: LoadedSweep) -> Paired | None:
-    if len(sw.runs) < 2:
-        return None
+    if len(sw.runs) < 2:  # one run of the largest budget: against its own round 0, when it keeps per-round costs
+        return pair_runs(sw.last, sw.last.cut(0)).result if sw.last.iters and sw.last.cost_by_round else None
     pr = pair_runs(sw.last, sw.runs[0])
     return pr.result if pr else stored_budget_pair(sw)
 
@@ -524,7 +537,7 @@ def budget_verdicts(sweeps: list[LoadedSweep]) -> list[str]:
         p = budget_pair(sw)
         if p is None:
             continue
-        a, b = f"iters={sw.last.iters}", f"iters={sw.runs[0].iters}"
+        a, b = f"iters={sw.last.iters}", f"iters={sw.runs[0].iters if len(sw.runs) > 1 else 0}"
         lines.append(f"- {sw.spec.label} ({sw.spec.machine}): {p.verdict(a, b)}.")
     return lines
 
@@ -655,9 +668,24 @@ def section_protocols(sweeps: dict[str, LoadedSweep]) -> list[str]:
     notes = [f"- {sw.spec.label}: no sweep wall ({sw.spec.no_wall})." for sw in rows if sw.spec.no_wall]
     out += ["", *notes, "", "Paired:", ""]
     out += pair_table(pairs_for(sweeps, "protocols"))
+    checks = [self_check_line(sw) for sw in rows if (sw.last.overfit or {}).get("without_self_check")]
+    if checks:
+        out += ["", "The self-check against none, on the same answers (the round that stopped keeps its first candidate "
+                "that passed what the agent saw, read back from the candidates' recorded statuses):", "", *checks]
     out += ["", "The budget under each protocol:", ""]
-    out += budget_verdicts([sw for sw in rows if sw.key in ("hidden", "docs")])
+    out += budget_verdicts([sw for sw in rows if sw.last.params.get("protocol", "tests") != "tests"])
     return out
+
+
+def self_check_line(sw: LoadedSweep) -> str:
+    g = sw.last.overfit
+    w, n = g["without_self_check"], g["total"]
+    v = w["self_check_vs_none"]
+    return (f"- {sw.spec.label}, {sw.last.iters} rounds: with the self-check pass@1 {rate(g['hidden_passed'], n)}, "
+            f"overfit gap {points(g['gap'])}; without it {rate(w['hidden_passed'], n)}, gap {points(w['gap'])} "
+            f"({points(w['ci95'][0])} to {points(w['ci95'][1])}). Self-check vs none: {points(v['diff'])} points "
+            f"({points(v['ci95'][0])} to {points(v['ci95'][1])}; {v['only_with']} vs {v['only_without']} tasks passed by "
+            f"one only; exact McNemar p = {pval(v['p_value'])}).")
 
 
 def section_small(sweeps: dict[str, LoadedSweep]) -> list[str]:

@@ -141,3 +141,22 @@ def test_the_report_types_no_figure():
     strings = re.findall(r'"([^"\n]*)"', src)
     figures = [s for s in strings if re.search(r"(?<![\w.{])\d+\.\d+(?![\w}])", s) and not re.search(r"\d\.\dB", s)]
     assert figures == []
+
+
+def test_a_budget_cut_from_a_longer_run_agrees_with_the_run():
+    """A pair may name a budget a sweep ran only inside a longer run: the cut keeps the outcomes up to that round and
+    the cost up to it, so at the run's own budget it is the run, and at each budget its passes are the curve's."""
+    for key in ("grid_k1", "grid_k2"):
+        run = report.load_all(report.RESULTS_DIR)[key].last
+        whole = run.cut(run.iters)
+        assert whole.outcomes == run.outcomes and whole.by_round == run.by_round
+        for k in ("prompt_tokens", "completion_tokens", "model_calls", "sandbox_runs"):
+            assert whole.cost[k] == run.cost[k], (key, k)
+        spent = []
+        for b in range(run.iters + 1):
+            cut = run.cut(b)
+            assert cut.passed == sum(r is not None for r in cut.outcomes.values()) == run.by_round[b]
+            spent.append(cut.cost["completion_tokens"])
+        assert spent == sorted(spent) and spent[0] < spent[-1]
+    with pytest.raises(report.ReportError, match="cannot be cut"):
+        report.load_all(report.RESULTS_DIR)["default"].runs[0].cut(1)

@@ -76,3 +76,21 @@ def test_a_probe_that_raises_or_hangs_is_reported_where_it_happened():
 def test_self_check_needs_as_many_candidates():
     with pytest.raises(ValueError, match="self_check=3 needs"):
         check_config(agent(strategy="single_shot", candidates=2, self_check=3))
+
+
+def test_the_record_reads_back_what_the_same_answers_scored_without_the_self_check():
+    import importlib.util
+    import json
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("fullsize", REPO / "benchmarks" / "fullsize.py")
+    fullsize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fullsize)
+    picked = run([fenced(OVERFIT), fenced(FIX), fenced(FIX_TOO)])  # the check keeps FIX: passes; the first overfits
+    unsure = run([fenced(OVERFIT), fenced(FIX), fenced(WRONG)])  # no agreement: OVERFIT kept, unsure
+    trajs = [json.loads(json.dumps(t.to_dict(), default=str)) for t in (picked, unsure)]
+    hid = [t["first_pass_round"] is not None for t in trajs]
+    off = fullsize.without_self_check(trajs, hid)
+    assert hid == [True, False] and off["hidden_passed"] == 0 and off["satisfied"] == 2
+    assert off["self_check_vs_none"]["only_with"] == 1 and off["self_check_vs_none"]["only_without"] == 0

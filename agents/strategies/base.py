@@ -99,9 +99,13 @@ class Strategy:
         kept.self_check = report
         kept.calls = [c for i, c in enumerate(calls) if i != keep] + [calls[keep]]  # calls[-1] is the kept answer
         kept.candidate = keep
+        # "verdict": the full test's status where it differs from what the agent saw (docs/hidden), so what another
+        # choice among the same candidates would have scored can be read back (benchmarks/fullsize.py)
         kept.rejected = [{"call": i, "decision": a.decision, "code": a.code,
                           "status": a.visible.status if a.visible is not None else None,
-                          "same_as": a.same_as_candidate if a.same_as_candidate is not None else a.same_as_round}
+                          "same_as": a.same_as_candidate if a.same_as_candidate is not None else a.same_as_round,
+                          **({"verdict": a.result.status} if a.visible_result is not None and a.result is not None
+                             and a.result is not a.visible_result else {})}
                          for i, a in enumerate(judged) if i != keep]
         kept.rejected += [{"call": i, "decision": "not_read", "code": None, "status": None, "same_as": None}  # a pass came first
                           for i in range(len(judged), len(calls))]
