@@ -83,6 +83,11 @@ SWEEPS: dict[str, Sweep] = {
                              ("strategies",)),
     "reflection_bf16": Sweep("fullsize-reflection-budgets-20261125.json",
                              "reflection, `redraws: 0`, bf16 weights (before int8)", "EPYC", ("strategies",)),
+    "portfolio_stopped": Sweep("fullsize-portfolio-stopped-at-110min-epyc-20261127.json",
+                               "portfolio (a fresh draft, then one revision of it, in turn), 8 rounds: stopped after "
+                               "110 min, the tasks it finished (not a random sample: the hardest were still running); "
+                               "r0-r3 shown, passed after the last", "EPYC", ("strategies",),
+                               no_wall="stopped with Ctrl-C; a killed run logs no metrics"),
     "react": Sweep("fullsize-react-epyc-fp32-20261126.json", "react (its defaults: 4 turns, `rewrite_when_stuck`)",
                    "EPYC", ("strategies",)),
     "react_12": Sweep("fullsize-react-stopped-at-72min-epyc-20261126.json",
