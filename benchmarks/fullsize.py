@@ -94,11 +94,11 @@ def overfit_gap(client, run: dict) -> dict | None:
            "gap": round(gap.diff, 4), "ci95": [round(gap.low, 4), round(gap.high, 4)], "visible_only": gap.only_a,
            "hidden_only": gap.only_b}
     if any(a.get("self_check") for t in trajs for a in t["attempts"]):
-        out["without_self_check"] = without_self_check(trajs, hid)
+        out["without_self_check"] = without_self_check(trajs, hid, vis)
     return out
 
 
-def without_self_check(trajs: list[dict], hid: list[bool]) -> dict:
+def without_self_check(trajs: list[dict], hid: list[bool], vis: list[bool]) -> dict:
     """The same answers without the self-check: the round that stopped keeps its first candidate that passed what the
     agent saw (read from the candidates' recorded visible and full-test statuses) and is believed. Paired with the
     self-check's own verdicts."""
@@ -111,9 +111,7 @@ def without_self_check(trajs: list[dict], hid: list[bool]) -> dict:
         return min(ran, key=lambda r: r["call"]).get("verdict") == "passed"
 
     off = [first_passing(t) for t in trajs]
-    vis = [any(((a.get("visible_result") or a.get("result") or {}).get("status") == "passed") for a in t["attempts"])
-           for t in trajs]
-    gap = paired(vis, off)
+    gap = paired(vis, off)  # without the check every answer that passed what it saw is believed
     check = paired(hid, off)
     return {"hidden_passed": sum(off), "satisfied": sum(vis), "gap": round(gap.diff, 4),
             "ci95": [round(gap.low, 4), round(gap.high, 4)],
