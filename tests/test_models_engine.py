@@ -323,7 +323,7 @@ def test_prefix_store_keeps_the_longest_match_within_its_budget():
     assert store.longest(list(range(30)) + [7])[0] == 30  # ... the recently used 40-token one stayed
 
 
-def test_prompt_lookup_drafts_keep_the_answers(tiny):
+def test_prompt_lookup_drafts_keep_the_answers(tiny, monkeypatch):
     """Drafts on and off give the same tokens, greedy and seeded sampling, alone and two rows together, and
     drafts were really proposed (the prompts repeat themselves, so their n-grams recur)."""
     batched, _ = tiny
@@ -342,6 +342,10 @@ def test_prompt_lookup_drafts_keep_the_answers(tiny):
 
     (plain, _), (drafted, stats) = answers(0), answers(6)
     assert [g.text for g in drafted] == [g.text for g in plain]
+    from agents.serving import engine as engine_mod  # a model whose logits need the whole forward: the same
+
+    monkeypatch.setattr(engine_mod, "PLAIN_HEAD", set())
+    assert [g.text for g in answers(6)[0]] == [g.text for g in plain]
     assert [g.completion_tokens for g in drafted] == [g.completion_tokens for g in plain]
     assert stats["draft_steps"] > 0 and stats["draft_tokens"] == sum(g.draft_tokens for g in drafted) > 0
     assert stats["draft_accepted"] == sum(g.draft_accepted for g in drafted)
@@ -407,7 +411,7 @@ def test_same_prompt_sent_together_is_prefilled_once_with_the_same_answers(tiny)
     assert sorted(g.prefill_tokens for g in together) == [0, 0, 0, len(ids)]
 
 
-def test_grouped_decode_attention_matches_sdpa():
+def test_grouped_decode_attention_matches_sdpa(monkeypatch):
     """agents/serving/cpu_attention.py against torch's SDPA: 1 and 3 query tokens, left padding, no mask."""
     import torch.nn.functional as F
 
@@ -431,6 +435,23 @@ def test_grouped_decode_attention_matches_sdpa():
                                                  attn_mask=causal if mask is None else mask)
             assert ours.shape == (B, Q, H, D)
             assert torch.allclose(ours, ref.transpose(1, 2), atol=1e-5), (Q, mask is None)
+    # heavy left padding (rows attend from their own first column on, one pair of matmuls each), with and without
+    # masked-out columns inside a row (rejected drafts); real batches need thousands of padded slots for this path
+    from agents.serving import cpu_attention
+
+    monkeypatch.setattr(cpu_attention, "PADDING_SLOTS", 0)
+    for Q in (1, 3):
+        query = torch.randn(B, H, Q, D, generator=g)
+        keep = torch.ones(Q, L, dtype=torch.bool).tril(L - Q).expand(B, 1, Q, L).clone()
+        keep[0, :, :, :30] = False
+        keep[2, :, :, :12] = False
+        for holes in (False, True):
+            if holes:
+                keep[1, :, :, 20:23] = False
+            ours, _ = grouped_attention(Layer(), query, key, value, keep)
+            ref = F.scaled_dot_product_attention(query, key.repeat_interleave(3, 1), value.repeat_interleave(3, 1),
+                                                 attn_mask=keep)
+            assert torch.allclose(ours, ref.transpose(1, 2), atol=1e-5), (Q, holes)
     # other dtypes and long queries (prefill) are SDPA's: the same function answers them unchanged
     q16 = torch.randn(B, H, 1, D, generator=g).bfloat16()
     ours, _ = grouped_attention(Layer(), q16, key.bfloat16(), value.bfloat16(), keep[:, :, -1:])

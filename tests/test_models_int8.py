@@ -222,3 +222,60 @@ def mapped_reference_weight(folder, name: str) -> torch.Tensor:
 
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         return f.get_tensor(name + ".weight").clone()
+
+
+def test_only_rows_computes_the_chosen_rows_bit_equal_and_zeros_the_rest():
+    from agents.serving.int8 import only_rows
+
+    torch.manual_seed(0)
+    q = Int8Linear(torch.nn.Linear(64, 48))
+    x = torch.randn(4, 3, 64)  # 4 rows x 3 positions, as a draft step feeds them
+    full = q(x)
+    keep = torch.tensor([0, 1, 3, 4, 6, 9])
+    with only_rows(12, keep):
+        part = q(x).reshape(12, 48)
+        other = q(torch.randn(5, 64))  # an input of another size is computed whole
+    assert torch.equal(part[keep], full.reshape(12, 48)[keep])
+    dropped = torch.ones(12, dtype=torch.bool)
+    dropped[keep] = False
+    assert not part[dropped].any() and other.abs().sum() > 0
+    assert torch.equal(q(x), full)  # outside the block: whole again
+
+
+def test_int8_draft_steps_of_uneven_lengths_keep_greedy_answers(tiny_int8, monkeypatch):
+    """Drafts of different lengths per row in one step (padding positions the int8 matmuls skip), rejected drafts
+    compacted out of the cache after every step: the tokens equal plain greedy decoding of the same engine."""
+    from agents.serving import engine as engine_mod
+    from agents.serving.engine import BatchEngine
+
+    m = tiny_int8
+    prompts = [m.prompt_ids(GenRequest(messages=msgs(k))) for k in (1, 2, 3)]
+
+    def run(draft_tokens, oracle=None):
+        eng = BatchEngine(m.model, m.tokenizer, eos_ids=set(), max_context=256, max_batch=3, gather_ms=200,
+                          draft_tokens=draft_tokens, draft_step_tokens=64)
+        if oracle:
+            eng._draft = oracle
+        try:
+            futs = [eng.submit(GenRequest(messages=(), max_new_tokens=24), p) for p in prompts]
+            return [f.result(120) for f in futs], dict(eng.stats)
+        finally:
+            eng.close()
+
+    plain, _ = run(0)
+    want = [m.tokenizer(g.text, add_special_tokens=False)["input_ids"] for g in plain]
+    calls = []
+
+    def oracle(r, k):  # a test double: row i drafts i + 1 tokens of its true continuation, every other one wrong
+        i = prompts.index(r.prompt_ids)
+        true = want[i][len(r.out_ids):][:min(k, i + 1)]
+        calls.append(i)
+        if len(calls) % 2 and true:
+            true = true[:-1] + [(true[-1] + 1) % 256]
+        return true
+
+    monkeypatch.setattr(engine_mod, "HOLES_SHARE", 0.0)
+    drafted, stats = run(4, oracle)
+    assert [g.text for g in drafted] == [g.text for g in plain]
+    assert stats["draft_steps"] > 0 and stats["compactions"] > 0 and stats["steps"] < 24
+    assert 0 < sum(g.draft_accepted for g in drafted) < sum(g.draft_tokens for g in drafted)

@@ -19,12 +19,14 @@ How (continuous batching over a left-padded KV cache):
   memory budget; a new request whose prompt starts with a kept sequence (a reflection round or react turn that
   extends its conversation, a shared system prompt) prefills only the rest. In float32 the answer is the same
   with reuse on and off (test); `Generation.prefill_tokens` says what was computed;
-- prompt-lookup drafts (`draft_tokens` > 0): a repair copies most of the code it was shown, so when the batch is
-  small (decode is then memory-bound: verifying a few extra tokens costs about what one token does) each row
-  proposes the tokens that followed the latest earlier occurrence of its last `draft_ngram` tokens, and one
-  forward checks them all. A row keeps the drafts its own sampling agrees with, so the answer is the one
-  decoding without drafts gives (same generator draws, one per token). Rejected columns stay in the cache,
-  masked out. `Generation.draft_tokens` / `draft_accepted` count them.
+- prompt-lookup drafts (`draft_tokens` > 0): a repair copies most of the code it was shown, so each row proposes
+  the tokens that followed the latest earlier occurrence of its last `draft_ngram` tokens, and one forward checks
+  them all. A row keeps the drafts its own sampling agrees with, so the answer is the one decoding without drafts
+  gives (same generator draws, one per token). At full batch too: the int8 matmuls are compute-bound there, so a
+  step costs what its real tokens cost (padding positions of rows with shorter drafts are skipped by
+  `int8.only_rows`, the output layer runs on real positions only), and 3 of 4 drafted tokens are kept on real
+  repairs. Rejected columns stay in the cache, masked out, until they are HOLES_SHARE of the held tokens; then the
+  cache is rebuilt without them. `Generation.draft_tokens` / `draft_accepted` count them.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ import torch
 
 from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
 from .heap import map_large_blocks, prefill_blocks, release_free_heap
+from .int8 import only_rows
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,12 @@ class PrefixStore:
         return best, self._entries[best_key][1]
 
 
+# Causal LMs whose logits are lm_head(model(...).last_hidden_state), nothing more (transformers' modeling files)
+PLAIN_HEAD = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}
+# Masked-out columns inside rows (rejected drafts) that trigger a rebuild of the cache, as a share of held tokens.
+HOLES_SHARE = 0.25
+
+
 def _first_line(e: BaseException) -> str:
     s = str(e).strip().splitlines()
     return f"{type(e).__name__}: {s[0] if s else ''}"[:300]
@@ -146,7 +155,7 @@ class BatchEngine:
             map_large_blocks()  # process-wide: freed KV buffers and activations leave at once, not at the next trim
         self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0,
                       "prefill_s": 0.0, "decode_s": 0.0, "prompt_tokens": 0, "reused_tokens": 0,
-                      "draft_steps": 0, "draft_tokens": 0, "draft_accepted": 0,
+                      "draft_steps": 0, "draft_tokens": 0, "draft_accepted": 0, "compactions": 0,
                       # decode attention reads every row's whole padded width: kv_slots (rows x width, summed over
                       # steps) against kv_tokens (the real tokens among them) is the share spent on left padding
                       "kv_slots": 0, "kv_tokens": 0}
@@ -396,8 +405,7 @@ class BatchEngine:
 
     def _step(self) -> None:
         B = len(self._rows)
-        k = min(self.draft_tokens, self.draft_step_tokens // B - 1)
-        drafts = [self._draft(r, k) for r in self._rows] if k > 0 else []
+        drafts = self._drafts()
         if any(drafts):
             return self._draft_step(drafts)
         self._mask = torch.cat([self._mask, self._mask.new_ones((B, 1))], dim=1)
@@ -419,6 +427,20 @@ class BatchEngine:
     def _count_kv(self) -> None:
         self.stats["kv_slots"] += self._mask.numel()
         self.stats["kv_tokens"] += int(self._mask.sum())
+
+    def _drafts(self) -> list[list[int]]:
+        """Each row's draft, all cut to one length so that the step feeds at most draft_step_tokens real tokens
+        (a row's pending token and its drafts); [] when no row has room for one."""
+        B = len(self._rows)
+        budget = self.draft_step_tokens - B  # drafted tokens this step may add, all rows together
+        if self.draft_tokens <= 0 or budget <= 0:
+            return []
+        # longer drafts when few rows share the step: it is then memory-bound and a longer check costs little
+        cap = max(self.draft_tokens, min(2 * self.draft_tokens, self.draft_step_tokens // B - 1))
+        drafts = [self._draft(r, cap) for r in self._rows]
+        while cap > 0 and sum(min(len(d), cap) for d in drafts) > budget:
+            cap -= 1
+        return [d[:cap] for d in drafts] if cap else []
 
     def _draft(self, r: _Row, k: int) -> list[int]:
         """Up to k tokens that followed the latest earlier occurrence of the row's last n tokens (prompt lookup)."""
@@ -448,20 +470,23 @@ class BatchEngine:
         self._mask = torch.cat([self._mask, new], dim=1)
         self._count_kv()
         pos = self._pos[:, None] + torch.arange(K + 1, device=self.device)[None, :]
+        real = new.bool().view(-1)  # positions that carry a token: the int8 matmuls skip the others
+        only = None if bool(real.all()) else real.nonzero().squeeze(1)
         t0 = time.perf_counter()
         try:
-            out = self.model(input_ids=feed, attention_mask=self._mask, position_ids=pos,
-                             past_key_values=self._cache, use_cache=True, logits_to_keep=K + 1)
+            with only_rows(B * (K + 1), only):
+                logits = self._real_logits(feed, pos, only)  # (real positions, vocab), row by row
         except Exception as e:
             self._recover(e)
             return
-        logits = out.logits.float()
         T = self._mask.shape[1]
-        last = []
+        greedy = logits.argmax(dim=-1).tolist()  # one call for every greedy row and position
+        last, most, at = [], 0, 0
         for i, (r, d) in enumerate(zip(self._rows, drafts)):
-            kept = 0
+            kept, first = 0, at
+            at += len(d) + 1
             for j in range(len(d) + 1):
-                t = self._pick(r, logits[i, j])
+                t = greedy[first + j] if r.generator is None else self._pick(r, logits[first + j])
                 if t is None or self._append(r, t) or j == len(d) or t != d[j]:
                     break
                 kept += 1
@@ -470,7 +495,11 @@ class BatchEngine:
             r.drafted, r.accepted = r.drafted + len(d), r.accepted + kept
             self.stats["draft_tokens"] += len(d)
             self.stats["draft_accepted"] += kept
+            most = max(most, kept)
             last.append(r.out_ids[-1] if r.out_ids else self.pad_id)
+        if most < K:  # the last columns are masked out in every row: forget them (the next step writes there)
+            self._drop_right(K - most)
+        self._compact_if_holey()
         self._last = torch.tensor(last, dtype=torch.long, device=self.device)
         self.stats["decode_s"] += time.perf_counter() - t0
         self.stats["steps"] += 1
@@ -478,6 +507,47 @@ class BatchEngine:
         self.stats["row_steps"] += B
         self.stats["max_rows"] = max(self.stats["max_rows"], B)
         self._retire()
+
+    def _compact_if_holey(self) -> None:
+        """Rejected drafts leave masked-out columns inside rows, which every later step's attention reads for
+        nothing. When they reach HOLES_SHARE of the held tokens, rebuild the cache with each row's tokens only
+        (left-padded again): one copy of the cache, about one step's attention read."""
+        m = self._mask.bool()
+        valid = m.sum(1)
+        holes = int((m.shape[1] - m.byte().argmax(1) - valid).sum())
+        if holes <= HOLES_SHARE * int(valid.sum()) or not all(hasattr(la, "compact") for la in self._cache.layers):
+            return
+        cols = [m[i].nonzero().squeeze(1) for i in range(m.shape[0])]
+        T = int(valid.max())
+        for layer in self._cache.layers:
+            layer.compact(cols, T)
+        self._mask = torch.zeros((m.shape[0], T), dtype=self._mask.dtype, device=self.device)
+        for i, c in enumerate(cols):
+            self._mask[i, T - len(c):] = 1
+        self.stats["compactions"] += 1
+
+    def _real_logits(self, feed: torch.Tensor, pos: torch.Tensor, only: torch.Tensor | None) -> torch.Tensor:
+        """Logits of a draft step's real positions only, (positions, vocab) in row order: the decoder's hidden
+        states, then the output layer on the real positions (a full (rows, K+1, vocab) float tensor is tens of MB a
+        step at 32 rows). Models whose logits are more than the output layer of the last hidden state (scaled,
+        soft-capped...) take the whole forward."""
+        if type(self.model).__name__ not in PLAIN_HEAD:
+            out = self.model(input_ids=feed, attention_mask=self._mask, position_ids=pos,
+                             past_key_values=self._cache, use_cache=True, logits_to_keep=feed.shape[1])
+            flat = out.logits.float().reshape(-1, out.logits.shape[-1])
+            return flat if only is None else flat[only]
+        h = self.model.model(input_ids=feed, attention_mask=self._mask, position_ids=pos,
+                             past_key_values=self._cache, use_cache=True).last_hidden_state
+        h = h.reshape(-1, h.shape[-1])
+        return self.model.lm_head(h if only is None else h[only]).float()
+
+    def _drop_right(self, cut: int) -> None:
+        for layer in self._cache.layers:
+            if hasattr(layer, "drop_right"):
+                layer.drop_right(cut)
+            else:
+                _set_kv(layer, layer.keys[..., :-cut, :], layer.values[..., :-cut, :])
+        self._mask = self._mask[:, :-cut]
 
     def _recover(self, e: BaseException) -> None:
         """A batched decode step failed; the cache may be half-updated. Rebuild each row from its tokens so far
@@ -692,6 +762,24 @@ def _growing_layer_class():
         def drop_left(self, cut: int) -> None:
             """Forget the first `cut` columns of every row (padding everywhere): no copy."""
             self._s = min(self._s + cut, self._n)
+            self._view()
+
+        def drop_right(self, cut: int) -> None:
+            """Forget the last `cut` columns of every row (rejected drafts everywhere): the next step writes there."""
+            self._n = max(self._s, self._n - cut)
+            self._view()
+
+        def compact(self, cols: list, length: int) -> None:
+            """Keep columns cols[row] of each row, right-aligned in `length` columns (zeros on the left): a new
+            buffer, one copy."""
+            B = len(cols)
+            kb, vb = self._alloc(self.keys, B, length)
+            for i, c in enumerate(cols):
+                pad = length - len(c)
+                kb[i, :, :pad], vb[i, :, :pad] = 0, 0
+                kb[i, :, pad:length] = self.keys[i][:, c]
+                vb[i, :, pad:length] = self.values[i][:, c]
+            self._kbuf, self._vbuf, self._b, self._s, self._n = kb, vb, B, 0, length
             self._view()
 
         def append_rows(self, keys, values) -> None:

@@ -30,6 +30,7 @@ replaced one at a time with no reference kept to the float32 ones, so an in-memo
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import torch
@@ -42,6 +43,25 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = (torch.maximum(w.amax(dim=1), w.amin(dim=1).neg_()) / 127.0).clamp_(min=1e-12)
     q = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
     return scale, q
+
+
+_ONLY = threading.local()  # .rows = (n, index): inside only_rows, what Int8Linear computes of an n-row input
+
+
+class only_rows:
+    """Inside this block, an Int8Linear whose input has `n` rows (tokens) computes only the rows in `index` and
+    gives zeros for the rest. For a forward whose batch carries padding positions (a draft step: rows with fewer
+    drafts than the longest): the matmuls cost what the real tokens cost. Rows are independent (per-row scales,
+    exact integer sums), so the computed rows are bit-equal to a full computation's."""
+
+    def __init__(self, n: int, index: torch.Tensor | None):
+        self.value = None if index is None else (n, index)
+
+    def __enter__(self):
+        self.saved, _ONLY.rows = getattr(_ONLY, "rows", None), self.value
+
+    def __exit__(self, *exc):
+        _ONLY.rows = self.saved
 
 
 class Int8Linear(torch.nn.Module):
@@ -61,12 +81,20 @@ class Int8Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, dtype = x.shape, x.dtype
         rows = x.reshape(-1, shape[-1]).float()
+        only = getattr(_ONLY, "rows", None)
+        if only is not None and only[0] == rows.shape[0]:  # a draft step's padding positions: not computed
+            y = rows.new_zeros(rows.shape[0], self.out_features).index_copy_(0, only[1], self._rows(rows[only[1]]))
+        else:
+            y = self._rows(rows)
+        return y.reshape(*shape[:-1], self.out_features).to(dtype)
+
+    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
         xs = (rows.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
         xq = torch.round(rows / xs).to(torch.int8)
         y = torch._int_mm(xq, self.qweight.t()).float().mul_(xs).mul_(self.scale)
         if self.bias is not None:
             y.add_(self.bias)
-        return y.reshape(*shape[:-1], self.out_features).to(dtype)
+        return y
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row x per-channel"
