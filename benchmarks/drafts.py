@@ -54,6 +54,8 @@ ROWS = {
     "step 64": {"draft_step_tokens": 64},
     "step 192": {"draft_step_tokens": 192},
     "holes kept": {"engine.HOLES_SHARE": 1e9},  # rejected drafts never compacted out of the cache
+    "ngram 2": {"draft_ngram": 2},
+    "48 rows": {"max_batch": 48, "kv_cache_mib": 2304},  # with --seeds 5: 48 requests
 }
 MODULES = {"cpu_attention": cpu_attention, "engine": engine_mod}
 

@@ -150,7 +150,8 @@ PAIRS: list[Pair] = [
     Pair("llama.cpp vs fixlab's engine, single_shot, 3 rounds", ("llamacpp", 3), ("default", 3), "llamacpp"),
 ]
 
-# Speed benchmarks: kind -> files, one line each (kinds: weights, generation, endtoend, sandbox, sweep_cache).
+# Speed benchmarks: kind -> files, one line each (kinds: weights, generation, endtoend, sandbox, sweep_cache, drafts,
+# forward, decode_profile, memory).
 SPEED: list[tuple[str, str]] = [
     ("weights", "weights-20261125T093920Z.json"),
     ("weights", "weights-20261125T094443Z.json"),
@@ -163,6 +164,7 @@ SPEED: list[tuple[str, str]] = [
     ("endtoend", "endtoend-single_shot-20261126T013001Z.json"),
     ("endtoend", "endtoend-react-20261126T025902Z.json"),
     ("endtoend", "endtoend-single_shot-20261127T040706Z.json"),
+    ("endtoend", "endtoend-single_shot-20261127T082100Z.json"),
     ("generation", "generation-cpu-20261122-053032.json"),
     ("generation", "generation-cpu-20261122-055229.json"),
     ("generation", "generation-cpu-20261122-060607.json"),
@@ -193,10 +195,13 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261127T012145Z-int8head-prefill-forward32.json"),
     ("memory", "memory-20261127T020331Z-fullsize-default-final.json"),
     ("memory", "memory-20261127T025115Z-fullsize-prefill896.json"),
+    ("memory", "memory-20261127T090825Z-fullsize-drafts.json"),
 ]
 
 # The README's speed paragraph: the newest figure of each kind (each file also has its row in SPEED).
-SPEED_HEADLINE = {"job": "memory-20261127T025115Z-fullsize-prefill896.json",  # make eval's job, all tasks
+SPEED_HEADLINE = {"job": "memory-20261127T090825Z-fullsize-drafts.json",  # make eval's job, all tasks
+                  "job_before": ("memory-20261127T025115Z-fullsize-prefill896.json",  # the same job, before:
+                                 "prompt-lookup drafts at full batch"),
                   "decode": "weights-20261127T033700Z.json",  # benchmarks/weights.py at 32 rows
                   "gpu": "generation-cuda-bf16-20261127T020827Z.json",  # benchmarks/gpu_check.sh
                   "endtoend": "endtoend-single_shot-20261127T040706Z.json"}  # 30 tasks, engine and llama.cpp
@@ -776,7 +781,8 @@ def section_speed(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
            "running beside them; the CPU of each is named). Short benchmarks and whole jobs can disagree: a whole "
            "job keeps many rows decoding, a short one spends its time in the tail.", ""]
     for part in (speed_llamacpp(sweeps), speed_endtoend(results), speed_sweeps(sweeps, results), speed_history(sweeps),
-                 speed_weights(results), speed_decode_profile(results), speed_memory(results), speed_generation(results),
+                 speed_weights(results), speed_decode_profile(results), speed_drafts(results), speed_forward(results),
+                 speed_memory(results), speed_generation(results),
                  speed_generation_gpu(results), speed_sandbox(results)):
         out += part + [""]
     return out
@@ -944,6 +950,42 @@ def speed_decode_profile(results: Path) -> list[str]:
                     *(f"prefill {k} ms a token" for k in PREFILL_PARTS)], rows)]
 
 
+def speed_drafts(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "drafts"):
+        with reading(name):
+            for r in d["rows"]:
+                setting = ", ".join(f"{k}={v}" for k, v in r["setting"].items()) or "defaults"
+                rows.append([name, _machine(d), r["row"], setting, f"{r['decode_tok_s']:.1f}",
+                             f"{r['decode_speedup_vs_first']:.2f}", str(r["completion_tokens"]), str(r["steps"]),
+                             f"{r['draft_accepted']} / {r['draft_tokens']}", str(r["compactions"]),
+                             f"{r['answers_equal_first_row']} / {d['requests']}"])
+    return ["### Prompt-lookup drafts at full batch (`benchmarks/drafts.py`)", "",
+            "32 rows of real repairs decoding together (the tuning sample's first 8 prompts, each greedy and with 3 "
+            "seeds at temperature 0.8, answers ending at their closing fence), one engine setting per row over the "
+            "same loaded model. Answers differ from the first row's only by float rounding in batched shapes.", "",
+            *table(["results file", "machine", "row", "setting", "decode tokens/s", "x first row", "tokens",
+                    "forwards", "drafts kept / proposed", "compactions", "answers equal to the first row's"], rows)]
+
+
+def speed_forward(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "forward"):
+        with reading(name):
+            for r in d["rows"]:
+                b, p = r["batched"], r["per_row"]
+                rows.append([name, _machine(d), f"{r['rows']} x {r['columns']} x {r['new_tokens']}",
+                             f"{r['padding']:.0%}", f"{b['forward_ms']:.0f} ({b['attention_ms']:.0f})",
+                             f"{p['forward_ms']:.0f} ({p['attention_ms']:.0f})", f"{r['speedup']:.2f}"])
+    return ["### Decode attention over left padding (`benchmarks/forward.py`)", "",
+            "One forward of the 1.5B pack over a made-up KV cache (rows x cache columns x new tokens a row, a share of "
+            "the slots left padding), decode attention batched over every row's whole width against per row (each "
+            "row its own columns; taken only past the gate in agents/serving/cpu_attention.py, so below it both "
+            "columns run the batched path).", "",
+            *table(["results file", "machine", "shape", "padding", "forward ms batched (attention)",
+                    "forward ms per-row gate (attention)", "speedup"], rows)]
+
+
 def speed_memory(results: Path) -> list[str]:
     rows, same_job = [], {}
     for name, d in speed_files(results, "memory"):
@@ -1007,7 +1049,8 @@ def memory_reruns(same_job: dict[str, list]) -> list[str]:
                    f"{' / '.join(str(sum(a[t]['passed'] for t in tasks)) for _, a in runs)} passed; first against last, "
                    f"{b} vs {c} tasks passed by one only (exact McNemar p = {sign_test_p(b, c):.2g}).")
     if out:
-        out = ["Jobs run more than once, with changes between the runs that are meant to move memory only:", "", *out,
+        out = ["Jobs run more than once, with changes between the runs that are meant to move memory or speed only "
+               "(result-neutral settings, flows/neutral.py):", "", *out,
                "", "Greedy answers are not reproducible bit for bit on the 1.5B pack: which rows share a decode step "
                "depends on timing, and attention over the batch's padded width (and an fp32 lm_head, the default before "
                "`model.int8_skip=[]`) rounds a row differently in batches of different sizes (agents/serving/README). "
@@ -1122,12 +1165,23 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
         where = f"{m['cpus']}-core {m['cpu']}" + (" (AVX-512 VNNI)" if m.get("avx512_vnni") else "")
         out.append(f"On a {where}, `make eval`'s job (every task, 3 rounds) took {minutes(job['seconds'])} "
                    f"with a peak resident memory of {job['time_v_max_rss_gib']:.2f} GiB "
-                   f"({sum(a['passed'] for a in answers.values())}/{len(answers)} passed; {SPEED_HEADLINE['job']}).")
+                   f"({sum(a['passed'] for a in answers.values())}/{len(answers)} passed; {SPEED_HEADLINE['job']})"
+                   + (job_before(results) or "") + ".")
     with reading(SPEED_HEADLINE["decode"]):
         d = _read(results, SPEED_HEADLINE["decode"])
         best = max(d["rows"], key=lambda r: r.get("batch32_tok_s") or 0)
         out.append(f"The engine decodes {best['batch32_tok_s']:.1f} tokens/s at 32 rows and {d['decode_context']} tokens "
                    f"of context, and prefills {best['prefill_tok_s']:.0f} tokens/s ({SPEED_HEADLINE['decode']}).")
+    if "drafts" in SPEED_HEADLINE:
+        with reading(SPEED_HEADLINE["drafts"]):
+            d = _read(results, SPEED_HEADLINE["drafts"])
+            by = {r["row"]: r for r in d["rows"]}
+            if {"defaults", "drafts below 8 rows"} <= set(by):
+                new, old = by["defaults"], by["drafts below 8 rows"]
+                out.append(f"On {d['requests']} rows of real repairs, prompt-lookup drafts at full batch (the default) "
+                           f"decode {new['decode_tok_s']:.1f} tokens/s against {old['decode_tok_s']:.1f} with drafts "
+                           f"only below 8 rows ({new['draft_accepted']} of {new['draft_tokens']} drafted tokens kept; "
+                           f"{SPEED_HEADLINE['drafts']}).")
     ratios = []  # llama.cpp's wall time over the engine's
     rows = tagged(sweeps, "llamacpp")
     if len(rows) == 2 and all(sw.wall_s for sw in rows):
@@ -1151,6 +1205,18 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
                        f"own continuous batching ({SPEED_HEADLINE['gpu']}).")
     out.append("More: docs/RESULTS.md, section 7.")
     return wrap("**Speed.** " + " ".join(out))
+
+
+def job_before(results: Path) -> str | None:
+    """', against ... before <change>' for the README's job figure, from SPEED_HEADLINE's job_before entry."""
+    if "job_before" not in SPEED_HEADLINE:
+        return None
+    name, change = SPEED_HEADLINE["job_before"]
+    with reading(name):
+        job = _read(results, name)["parts"]["job"]
+        answers = job.get("answers") or {}
+        return (f", against {minutes(job['seconds'])} ({sum(a['passed'] for a in answers.values())}/{len(answers)} "
+                f"passed) before {change} ({name})")
 
 
 def _with_block(text: str, start_mark: str, end_mark: str, block: str, what: str) -> str:

@@ -352,6 +352,24 @@ def test_prompt_lookup_drafts_keep_the_answers(tiny, monkeypatch):
     assert all(g.draft_tokens == 0 for g in plain)
 
 
+def test_a_draft_step_feeds_at_most_draft_step_tokens(tiny):
+    """The drafts of one step, all rows together, stay within the step's budget; few rows may draft up to twice
+    draft_tokens, a full batch none once its pending tokens fill the budget."""
+    batched, _ = tiny
+    eng = BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256, max_batch=32,
+                      draft_tokens=4, draft_step_tokens=24)
+    eng._draft = lambda r, k: list(range(k))  # a test double: every row has a draft as long as allowed
+    try:
+        for rows, longest in ((2, 8), (4, 5), (8, 2), (12, 1), (24, 0)):
+            eng._rows = [object()] * rows
+            drafts = eng._drafts()
+            assert max(map(len, drafts), default=0) == longest, rows
+            assert rows + sum(map(len, drafts)) <= 24
+    finally:
+        eng._rows = []
+        eng.close()
+
+
 def test_drafts_that_agree_are_kept_and_the_rest_masked_out(tiny):
     """Oracle drafts (a test double: the true continuation, with every other draft's last token made wrong):
     the kept part skips forwards, the wrong part is masked out, and the tokens equal plain greedy decoding."""

@@ -723,12 +723,13 @@ def _growing_layer_class():
                 self._s = self._n = 0
             elif B != self._b:
                 raise RuntimeError(f"cache holds {self._b} rows, step brings {B}")
-            elif self._n + T > self._kbuf.shape[-2]:  # out of columns: move to a bigger buffer, from column 0
+            elif self._n + T > self._kbuf.shape[-2]:  # out of columns: move to a bigger buffer
                 held = self._n - self._s
-                kb, vb = self._alloc(k, B, held + T)  # rows that left are not carried over
-                kb[:B, :, :held] = self.keys
-                vb[:B, :, :held] = self.values
-                self._kbuf, self._vbuf, self._s, self._n = kb, vb, 0, held
+                left = max(64, held // 8)  # room on the left for longer rows joining (append_rows)
+                kb, vb = self._alloc(k, B, held + T, left)  # rows that left are not carried over
+                kb[:B, :, left:left + held] = self.keys
+                vb[:B, :, left:left + held] = self.values
+                self._kbuf, self._vbuf, self._s, self._n = kb, vb, left, left + held
             self._kbuf[:B, :, self._n: self._n + T] = k
             self._vbuf[:B, :, self._n: self._n + T] = v
             self._b, self._n = B, self._n + T
@@ -772,14 +773,14 @@ def _growing_layer_class():
         def compact(self, cols: list, length: int) -> None:
             """Keep columns cols[row] of each row, right-aligned in `length` columns (zeros on the left): a new
             buffer, one copy."""
-            B = len(cols)
-            kb, vb = self._alloc(self.keys, B, length)
+            B, left = len(cols), max(64, length // 8)  # room on the left for longer rows joining, as append_rows
+            kb, vb = self._alloc(self.keys, B, length, left)
             for i, c in enumerate(cols):
-                pad = length - len(c)
-                kb[i, :, :pad], vb[i, :, :pad] = 0, 0
-                kb[i, :, pad:length] = self.keys[i][:, c]
-                vb[i, :, pad:length] = self.values[i][:, c]
-            self._kbuf, self._vbuf, self._b, self._s, self._n = kb, vb, B, 0, length
+                pad = left + length - len(c)
+                kb[i, :, left:pad], vb[i, :, left:pad] = 0, 0
+                kb[i, :, pad:left + length] = self.keys[i][:, c]
+                vb[i, :, pad:left + length] = self.values[i][:, c]
+            self._kbuf, self._vbuf, self._b, self._s, self._n = kb, vb, B, left, left + length
             self._view()
 
         def append_rows(self, keys, values) -> None:
