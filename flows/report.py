@@ -165,6 +165,7 @@ SPEED: list[tuple[str, str]] = [
     ("endtoend", "endtoend-react-20261126T025902Z.json"),
     ("endtoend", "endtoend-single_shot-20261127T040706Z.json"),
     ("endtoend", "endtoend-single_shot-20261127T082100Z.json"),
+    ("endtoend", "endtoend-single_shot-20261127T100907Z.json"),
     ("generation", "generation-cpu-20261122-053032.json"),
     ("generation", "generation-cpu-20261122-055229.json"),
     ("generation", "generation-cpu-20261122-060607.json"),
@@ -196,6 +197,8 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261127T020331Z-fullsize-default-final.json"),
     ("memory", "memory-20261127T025115Z-fullsize-prefill896.json"),
     ("memory", "memory-20261127T090825Z-fullsize-drafts.json"),
+    ("drafts", "drafts-20261127T095125Z.json"),
+    ("forward", "forward-20261127T101425Z.json"),
 ]
 
 # The README's speed paragraph: the newest figure of each kind (each file also has its row in SPEED).
@@ -203,8 +206,9 @@ SPEED_HEADLINE = {"job": "memory-20261127T090825Z-fullsize-drafts.json",  # make
                   "job_before": ("memory-20261127T025115Z-fullsize-prefill896.json",  # the same job, before:
                                  "prompt-lookup drafts at full batch"),
                   "decode": "weights-20261127T033700Z.json",  # benchmarks/weights.py at 32 rows
+                  "drafts": "drafts-20261127T095125Z.json",  # benchmarks/drafts.py: drafts at full batch or not
                   "gpu": "generation-cuda-bf16-20261127T020827Z.json",  # benchmarks/gpu_check.sh
-                  "endtoend": "endtoend-single_shot-20261127T040706Z.json"}  # 30 tasks, engine and llama.cpp
+                  "endtoend": "endtoend-single_shot-20261127T100907Z.json"}  # 30 tasks, engine and llama.cpp
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
 HARNESS: list[str] = ["fullsize-canonical-buggy-docker-epyc-20261126.json"]
@@ -956,15 +960,19 @@ def speed_drafts(results: Path) -> list[str]:
         with reading(name):
             for r in d["rows"]:
                 setting = ", ".join(f"{k}={v}" for k, v in r["setting"].items()) or "defaults"
-                rows.append([name, _machine(d), r["row"], setting, f"{r['decode_tok_s']:.1f}",
-                             f"{r['decode_speedup_vs_first']:.2f}", str(r["completion_tokens"]), str(r["steps"]),
+                rows.append([name, _machine(d), r["row"], setting, f"{r['wall_s']:.0f} ({r['prefill_s']:.0f})",
+                             f"{r['decode_tok_s']:.1f}", f"{r['decode_speedup_vs_first']:.2f}",
+                             str(r["completion_tokens"]), str(r["steps"]),
                              f"{r['draft_accepted']} / {r['draft_tokens']}", str(r["compactions"]),
                              f"{r['answers_equal_first_row']} / {d['requests']}"])
     return ["### Prompt-lookup drafts at full batch (`benchmarks/drafts.py`)", "",
-            "32 rows of real repairs decoding together (the tuning sample's first 8 prompts, each greedy and with 3 "
-            "seeds at temperature 0.8, answers ending at their closing fence), one engine setting per row over the "
-            "same loaded model. Answers differ from the first row's only by float rounding in batched shapes.", "",
-            *table(["results file", "machine", "row", "setting", "decode tokens/s", "x first row", "tokens",
+            "Real repairs decoding together (the tuning sample's first 8 prompts, each greedy and with seeds at "
+            "temperature 0.8, answers ending at their closing fence; more requests than rows: the rest join as rows "
+            "finish), one engine setting per row over the same loaded model. Answers differ from the first row's only "
+            "by float rounding in batched shapes. Copies of one prompt admitted together share a prefill, so the "
+            "prefill seconds depend on when rows finish: a job's prompts differ, compare decode.", "",
+            *table(["results file", "machine", "row", "setting", "wall s (prefill s)", "decode tokens/s", "x first row",
+                    "tokens",
                     "forwards", "drafts kept / proposed", "compactions", "answers equal to the first row's"], rows)]
 
 
@@ -1178,7 +1186,8 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
             by = {r["row"]: r for r in d["rows"]}
             if {"defaults", "drafts below 8 rows"} <= set(by):
                 new, old = by["defaults"], by["drafts below 8 rows"]
-                out.append(f"On {d['requests']} rows of real repairs, prompt-lookup drafts at full batch (the default) "
+                out.append(f"On {d['requests']} requests of real repairs ({d['max_batch']} rows a step), prompt-lookup "
+                           f"drafts at full batch (the default) "
                            f"decode {new['decode_tok_s']:.1f} tokens/s against {old['decode_tok_s']:.1f} with drafts "
                            f"only below 8 rows ({new['draft_accepted']} of {new['draft_tokens']} drafted tokens kept; "
                            f"{SPEED_HEADLINE['drafts']}).")
@@ -1189,6 +1198,10 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
     with reading(SPEED_HEADLINE["endtoend"]):
         d = _read(results, SPEED_HEADLINE["endtoend"])
         wall = {r["row"]: r["wall_s"] for r in d["rows"] if r.get("wall_s")}
+        if {"engine", "engine-drafts-below-8-rows"} <= set(wall):
+            out.append(f"On the {d['rows'][0]['tasks']}-task {d['strategy']} job side by side, drafts at full batch "
+                       f"took {wall['engine']:.0f} s against {wall['engine-drafts-below-8-rows']:.0f} s "
+                       f"({wall['engine-drafts-below-8-rows'] / wall['engine']:.2f}x).")
         if {"engine", "llamacpp"} <= set(wall):
             ratios.append(f"{wall['llamacpp'] / wall['engine']:.2f}x on a {d['rows'][0]['tasks']}-task {d['strategy']} "
                           f"job, side by side ({SPEED_HEADLINE['endtoend']})")

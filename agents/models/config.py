@@ -55,8 +55,7 @@ class TransformersModelConf(ModelConf):
     draft_tokens: int = 4  # prompt-lookup drafts a row proposes per decode step, twice that when few rows (0 = off)
     draft_ngram: int = 3  # n-gram length a draft is looked up by
     draft_step_tokens: int = 128  # most tokens one forward feeds, all rows' pending tokens and drafts together
-    # (benchmarks/drafts.py, 32 rows of real repairs, 2-core EPYC: decode 58 tokens/s against 39 with drafts only
-    # below 8 rows, the old default 8 and 16)
+    # (drafts at full batch: benchmarks/drafts.py, endtoend.py, docs/RESULTS.md section 7; they were 8 and 16)
 
 
 @dataclass

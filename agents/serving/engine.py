@@ -24,7 +24,7 @@ How (continuous batching over a left-padded KV cache):
   them all. A row keeps the drafts its own sampling agrees with, so the answer is the one decoding without drafts
   gives (same generator draws, one per token). At full batch too: the int8 matmuls are compute-bound there, so a
   step costs what its real tokens cost (padding positions of rows with shorter drafts are skipped by
-  `int8.only_rows`, the output layer runs on real positions only), and 3 of 4 drafted tokens are kept on real
+  `int8.only_rows`, the output layer runs on real positions only), and about 7 of 10 drafted tokens are kept on real
   repairs. Rejected columns stay in the cache, masked out, until they are HOLES_SHARE of the held tokens; then the
   cache is rebuilt without them. `Generation.draft_tokens` / `draft_accepted` count them.
 """
