@@ -966,8 +966,8 @@ def speed_drafts(results: Path) -> list[str]:
                              f"{r['draft_accepted']} / {r['draft_tokens']}", str(r["compactions"]),
                              f"{r['answers_equal_first_row']} / {d['requests']}"])
     return ["### Prompt-lookup drafts at full batch (`benchmarks/drafts.py`)", "",
-            "Real repairs decoding together (the tuning sample's first 8 prompts, each greedy and with seeds at "
-            "temperature 0.8, answers ending at their closing fence; more requests than rows: the rest join as rows "
+            "Real repairs decoding together (the tuning sample's first prompts, each sent greedy and with seeded "
+            "sampling, answers ending at their closing fence; more requests than rows: the rest join as rows "
             "finish), one engine setting per row over the same loaded model. Answers differ from the first row's only "
             "by float rounding in batched shapes. Copies of one prompt admitted together share a prefill, so the "
             "prefill seconds depend on when rows finish: a job's prompts differ, compare decode.", "",
