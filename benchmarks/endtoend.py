@@ -42,13 +42,8 @@ ROWS = {
                     "strategy.stop_after_code=false"],
     # everything on: the config's defaults (int8 matmuls, prefix reuse, stop at the closing fence)
     "engine": ["model=qwen1.5b-coder-q4"],
-    # prompt-lookup drafts at full batch: up to N tokens a forward over all rows (16 = drafts only below 8 rows)
-    "engine+drafts64": ["model=qwen1.5b-coder-q4", "model.draft_step_tokens=64"],
-    "engine+drafts128": ["model=qwen1.5b-coder-q4", "model.draft_step_tokens=128"],
     # the drafts' defaults before drafts at full batch (8 drafted tokens a row, 16 tokens a step: below 8 rows only)
     "engine-drafts-below-8-rows": ["model=qwen1.5b-coder-q4", "model.draft_tokens=8", "model.draft_step_tokens=16"],
-    # 48 tasks in flight and 48 rows a step (KV budget raised in proportion)
-    "engine+48rows": ["model=qwen1.5b-coder-q4", "model.max_batch=48", "model.kv_cache_mib=2304", "runner.workers=48"],
     # llama.cpp as a user would start it (no stop at the closing fence), then with fixlab's settings
     "llamacpp-stock": ["model=qwen1.5b-coder-q4-llamacpp", "strategy.stop_after_code=false"],
     "llamacpp": ["model=qwen1.5b-coder-q4-llamacpp"],

@@ -82,11 +82,7 @@ def overfit_gap(client, run: dict) -> dict | None:
     with tempfile.TemporaryDirectory(prefix="fixlab-fullsize-") as tmp:
         trajs = [json.loads(p.read_text()) for p in Path(client.download_artifacts(run["run_id"], "tasks", tmp)).glob("*.json")]
     trajs = [t for t in trajs if t.get("sample", 0) == 0]
-
-    def visible(t: dict) -> bool:
-        return any(((a.get("visible_result") or a.get("result") or {}).get("status") == "passed") for a in t["attempts"])
-
-    vis = [visible(t) for t in trajs]
+    vis = [passed_what_it_saw(t) for t in trajs]
     sat = [v and t.get("stop_reason") != "unsure" for v, t in zip(vis, trajs)]
     hid = [t["first_pass_round"] is not None for t in trajs]
     gap = paired(sat, hid)
@@ -96,6 +92,11 @@ def overfit_gap(client, run: dict) -> dict | None:
     if any(a.get("self_check") for t in trajs for a in t["attempts"]):
         out["without_self_check"] = without_self_check(trajs, hid, vis)
     return out
+
+
+def passed_what_it_saw(t: dict) -> bool:
+    """A task's trajectory had an answer that passed the tests the agent was shown."""
+    return any(((a.get("visible_result") or a.get("result") or {}).get("status") == "passed") for a in t["attempts"])
 
 
 def without_self_check(trajs: list[dict], hid: list[bool], vis: list[bool]) -> dict:

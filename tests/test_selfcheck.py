@@ -91,7 +91,7 @@ def test_the_record_reads_back_what_the_same_answers_scored_without_the_self_che
     unsure = run([fenced(OVERFIT), fenced(FIX), fenced(WRONG)])  # no agreement: OVERFIT kept, unsure
     trajs = [json.loads(json.dumps(t.to_dict(), default=str)) for t in (picked, unsure)]
     hid = [t["first_pass_round"] is not None for t in trajs]
-    vis = [any((a.get("visible_result") or {}).get("status") == "passed" for a in t["attempts"]) for t in trajs]
+    vis = [fullsize.passed_what_it_saw(t) for t in trajs]
     off = fullsize.without_self_check(trajs, hid, vis)
     assert hid == [True, False] and off["hidden_passed"] == 0 and off["satisfied"] == 2
     assert off["self_check_vs_none"]["only_with"] == 1 and off["self_check_vs_none"]["only_without"] == 0
