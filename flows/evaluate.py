@@ -75,15 +75,52 @@ def check_overrides(argv: list[str]) -> str | None:
 
 
 class _Stop:
-    """How to mark the active run KILLED when a stop cannot wait for the job to unwind (run_job hands it over)."""
+    """Marks the runs KILLED when a stop cannot wait for the job to unwind (run_job hands over its mark).
+
+    The mark starts the moment the signal arrives, in its own thread, and both ways out (the job unwinding, or the
+    watcher after GRACE_S) wait for it until the same deadline: a store write can wait seconds on sqlite's lock while
+    workers still write (CI once left both runs RUNNING when the mark got only the last second)."""
 
     mark_killed = None
     GRACE_S = 3.0  # tasks in flight (a model call can take minutes) are dropped after this; resume reruns them
-    MARK_WAIT_S = 1.0  # then the KILLED mark gets this long
+    MARK_WAIT_S = 1.0  # past the grace, the mark gets this much longer; then the process leaves regardless
+    marker: threading.Thread | None = None
+    deadline = 0.0
+    _lock = threading.Lock()
 
     @classmethod
     def hold(cls, mark_killed) -> None:
         cls.mark_killed = mark_killed
+
+    @classmethod
+    def start_marking(cls) -> None:
+        with cls._lock:
+            if cls.marker is not None:
+                return
+            cls.deadline = time.monotonic() + cls.GRACE_S + cls.MARK_WAIT_S
+            cls.marker = threading.Thread(target=cls._mark, name="fixlab-mark-killed", daemon=True)
+            cls.marker.start()
+
+    @staticmethod
+    def _mark() -> None:
+        from .sweep import SweepParentRun
+
+        for mark in (_Stop.mark_killed, SweepParentRun.mark_stopped):
+            try:
+                if mark is not None:
+                    mark()
+            except Exception:
+                pass
+
+    @classmethod
+    def leave(cls) -> None:
+        """Wait for the mark until the deadline (an unmarked run stays RUNNING; resume=last still finds it), say so,
+        and leave at once."""
+        cls.start_marking()
+        cls.marker.join(max(0.0, cls.deadline - time.monotonic()))
+        said = "the run is marked KILLED" if not cls.marker.is_alive() else "the store was busy, the run left RUNNING"
+        print(f"fixlab: stopped; {said} and `resume=last` continues it", file=sys.stderr)
+        stop_now(130)
 
 
 def stop_on_signals() -> None:
@@ -91,7 +128,7 @@ def stop_on_signals() -> None:
     (the run is marked KILLED; `resume=last` continues it). Python runs that handler only when the main thread
     gets back to bytecode, and Prefect can hold it for as long as a task in flight takes (measured: 8 s with
     8 s answers), so the signal also wakes a watcher thread through signal.set_wakeup_fd (written by the C-level
-    handler at once): after GRACE_S it marks the run KILLED and leaves. Finished tasks are already on disk."""
+    handler at once): it starts the KILLED mark, and after GRACE_S leaves. Finished tasks are already on disk."""
     import signal
 
     def handler(signum, frame):
@@ -112,26 +149,9 @@ def _leave_after_grace(fd: int) -> None:
 
     while os.read(fd, 1)[0] not in (signal.SIGTERM, signal.SIGINT):
         pass
+    _Stop.start_marking()
     time.sleep(_Stop.GRACE_S)
-
-    def mark() -> None:
-        try:
-            if _Stop.mark_killed is not None:
-                _Stop.mark_killed()
-            from .sweep import SweepParentRun
-
-            SweepParentRun.mark_stopped()
-        except Exception:
-            pass
-
-    # The mark must not hold the stop: a store write can wait 20 s on sqlite's lock (seen once: a 23 s stop). An
-    # unmarked run stays RUNNING, and resume=last still finds it (its job lock went with this process).
-    marker = threading.Thread(target=mark, name="fixlab-mark-killed", daemon=True)
-    marker.start()
-    marker.join(_Stop.MARK_WAIT_S)
-    said = "the run is marked KILLED" if not marker.is_alive() else "the store was busy, the run left RUNNING"
-    print(f"fixlab: stopped; {said} and `resume=last` continues it", file=sys.stderr)
-    stop_now(130)
+    _Stop.leave()
 
 
 def stop_now(code: int) -> None:
@@ -152,8 +172,7 @@ if __name__ == "__main__":
     try:
         main()
     except KeyboardInterrupt:
-        print("fixlab: stopped; the run is marked KILLED and `resume=last` continues it", file=sys.stderr)
-        stop_now(130)
+        _Stop.leave()
     finally:
         close_all()
         stop_prefect_api()

@@ -183,6 +183,7 @@ def test_sigterm_during_a_sweep_marks_its_parent_run_killed_too(tmp_path, prefec
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 130
+    said = proc.stderr.read()[-1500:]
     runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("humanevalfix").experiment_id])
     kinds = {r.data.tags.get("fixlab.kind", "job"): r.info.status for r in runs}
-    assert kinds == {"sweep": "KILLED", "job": "KILLED"}, kinds
+    assert kinds == {"sweep": "KILLED", "job": "KILLED"}, (kinds, said)
