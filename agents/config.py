@@ -69,6 +69,11 @@ class DraftsConf(StrategyConf):
     # agrees is kept; the agent is satisfied only when at least this many agree, else it stops unsure
     # (agents/selfcheck.py). 0 = off (the first passing candidate is kept and believed). Needs candidates >= it.
     self_check: int = 0
+    # With self_check: the model first writes this many assertions of its own from the docstring (once a task,
+    # greedy; agents/prompts/self_tests.txt), the passing answers run them beside the probes, groups rank by size
+    # times assertions passed (CodeT's dual agreement), and the agent is satisfied only when the kept answer also
+    # passes more than half of those it could run. 0 = off.
+    self_tests: int = 0
 
 
 @dataclass
@@ -198,6 +203,9 @@ def check_config(cfg: AgentConfig) -> None:
         if s.self_check < 0 or s.self_check > s.candidates:
             raise ValueError(f"self_check={s.self_check} needs 0 <= self_check <= candidates ({s.candidates}): "
                              "agreement is counted among one round's candidates")
+        if s.self_tests < 0 or (s.self_tests and not s.self_check):
+            raise ValueError(f"self_tests={s.self_tests} needs self_check >= 1 (the assertions rank and judge the "
+                             "answers the self-check groups): set strategy.self_check=1 or more, or self_tests=0")
         if s.redraws and s.candidates > 1:
             raise ValueError("redraws is for one answer per round (candidates=1): set redraws=0 or candidates=1")
     if cfg.sample > 0 and round_temperature(cfg, 0) == 0:

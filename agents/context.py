@@ -24,6 +24,7 @@ PROMPTS = Path(__file__).parent / "prompts"
 # A closing fence followed by a newline. An opening fence carries a language tag (```python) in practice, so it
 # does not match; a bare opening fence after prose would end the answer early (it then counts as no_code).
 CODE_STOP = ("\n```\n",)
+OWN_TESTS_TURN = 1000  # the own-tests call's seed slot: apart from every candidate's turn (it is greedy anyway)
 
 
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(PROMPTS), undefined=jinja2.StrictUndefined,
@@ -73,6 +74,8 @@ class Context:
         for shown in {task.buggy_code, self.view.code}:
             ex = extract_candidate("```python\n" + shown + "\n```", task, cfg.strategy.keep_task_context, False)
             self.buggy_keys.add(normalise(ex.code or shown))
+        self.own_tests: list[str] | None = None  # self_tests: the model's own assertions, written once a task
+        self.side_calls: list[ModelCall] = []  # own-tests calls: the next attempt holds them
 
     def call(self, messages: list[dict], rnd: int, turn: int = 0, tools=None, stop: tuple = (),
              temperature: float | None = None) -> ModelCall:
@@ -152,24 +155,59 @@ class Context:
 
     def self_check(self, judged: list[Attempt], passing: list[int]) -> dict:
         """Group a round's candidates that passed the visible tests (call indexes; a repeat goes with the candidate
-        it repeats) by what they return on probe inputs; the largest group first (agents/selfcheck.py)."""
+        it repeats) by what they return on probe inputs and, with `self_tests`, which of the model's own assertions
+        they pass; the best group first (agents/selfcheck.py)."""
         from .selfcheck import PROBE_RUN_S, behaviour, groups, probe_calls, probe_program
 
-        task = self.task
+        task, knobs = self.task, self.cfg.strategy
         calls = probe_calls(self.view.feedback_test, task.entry_point)
+        checks = self.write_own_tests() if getattr(knobs, "self_tests", 0) else []
         ran: dict[int, tuple | None] = {}
-        if calls:
-            test = probe_program(task.entry_point, calls)
+        if calls or checks:
+            test = probe_program(task.entry_point, calls, checks)
             for i in passing:
                 if judged[i].decision == "tested":
                     run = self.sandbox.run(build_program(judged[i].code, test), min(PROBE_RUN_S, self.cfg.timeout_s))
-                    ran[i] = behaviour(run.stdout, len(calls))
+                    ran[i] = behaviour(run.stdout, len(calls) + len(checks))
         else:  # nothing to probe with: only answers with the same code agree
             ran = {i: (normalise(judged[i].code),) for i in passing if judged[i].decision == "tested"}
         seen = [ran[i] if i in ran else ran.get(judged[i].same_as_candidate) for i in passing]
-        grouped = [[passing[j] for j in g] for g in groups(seen)]
-        return {"probes": len(calls), "groups": grouped, "runs": len(ran) if calls else 0,
-                "satisfied": len(grouped[0]) >= self.cfg.strategy.self_check}
+
+        def own_passed(b: tuple | None) -> int:
+            return sum(v == "pass" for v in b[len(calls):]) if b and checks else 0
+
+        order = groups(seen)
+        if checks:  # CodeT: answers that agree and assertions they pass vouch for each other
+            order.sort(key=lambda g: (-len(g) * (1 + own_passed(seen[g[0]])), -len(g), g[0]))
+        grouped = [[passing[j] for j in g] for g in order]
+        satisfied = len(grouped[0]) >= knobs.self_check
+        report = {"probes": len(calls), "groups": grouped, "runs": len(ran) if calls or checks else 0}
+        if checks:
+            report["own_tests"] = len(checks)
+            report["own_passed"] = [own_passed(seen[g[0]]) for g in order]
+            satisfied = satisfied and 2 * report["own_passed"][0] > len(checks)
+        report["satisfied"] = satisfied
+        return report
+
+    def write_own_tests(self) -> list[str]:
+        """self_tests: the model's own assertions about the function (conditions, at most `self_tests`), asked for
+        once a task, greedy, from what the agent sees; the call is kept in `side_calls` so its tokens count."""
+        from .selfcheck import own_assertions
+
+        if self.own_tests is None:
+            task, n = self.task, self.cfg.strategy.self_tests
+            prompt = render("self_tests.txt", entry_point=task.entry_point, code=self.view.code.strip("\n"),
+                            tests=self.view.tests, n=n)
+            call = self.call([{"role": "user", "content": prompt}], 0, turn=OWN_TESTS_TURN, stop=CODE_STOP,
+                             temperature=0.0)
+            self.side_calls.append(call)
+            self.own_tests = [] if call.error else own_assertions(call.output, task.entry_point,
+                                                                  self.view.feedback_test, n)
+        return self.own_tests
+
+    def take_side_calls(self) -> list[ModelCall]:
+        calls, self.side_calls = self.side_calls, []
+        return calls
 
     def ensure_feedback(self, attempt: Attempt) -> None:
         """Feedback on a failed visible run; computed on every round (also the last: a continuation reads it)."""

@@ -8,6 +8,11 @@ Probes come from the visible tests alone: the arguments of every call of the ent
 literal argument mutated by its type (numbers moved, strings and lists cut, grown and reversed). The verdict never
 depends on a probe: a probe run only groups answers, and a candidate that games it only changes which of the
 round's passing answers is kept.
+
+With `self_tests` the model also writes assertions of its own (once a task, from what the agent sees: the buggy
+code and the visible examples). They run beside the probes; a group's score is its size times one plus the
+assertions its answer passes (CodeT's dual agreement: answers that agree and tests that answers pass vouch for each
+other), and the agent is satisfied only when the kept answer passes more than half of them.
 """
 from __future__ import annotations
 
@@ -74,26 +79,64 @@ def probe_calls(test: str, entry_point: str, limit: int = PROBES) -> list[str]:
     return (calls + mutated)[:limit]
 
 
-def probe_program(entry_point: str, calls: list[str]) -> str:
+def probe_program(entry_point: str, calls: list[str], checks: list[str] = ()) -> str:
     """Test code that calls the entry point on every probe in turn and prints, one line each as it goes, what it
-    returned (repr) or raised (exception type). Arguments are rebuilt per call, so an answer that mutates them
-    changes nothing for the next probe. The sandbox runs it in a thread (no alarms): a probe that hangs is cut by
-    the run's timeout (PROBE_RUN_S), and what was printed before says where."""
+    returned (repr) or raised (exception type), then evaluates each check (an assertion's condition) and prints
+    pass, fail or what it raised. Arguments are rebuilt per call, so an answer that mutates them changes nothing
+    for the next probe. The sandbox runs it in a thread (no alarms): a probe that hangs is cut by the run's timeout
+    (PROBE_RUN_S), and what was printed before says where."""
     if not entry_point.isidentifier():
         raise ValueError(f"entry point {entry_point!r} is not a Python name")
     probes = "[" + ", ".join(f"lambda: {c}" for c in calls) + "]"
+    conditions = "[" + ", ".join(f"lambda: ({c})" for c in checks) + "]"
     return f'''
-def __fixlab_probe(fn, probes, _print=print, _repr=repr, _type=type, _exc=Exception):
+def __fixlab_probe(fn, probes, checks, _print=print, _repr=repr, _type=type, _exc=Exception):
     for i, make in enumerate(probes):
         try:
             value = _repr(fn(*make()))[:300]
         except _exc as e:
             value = "!" + _type(e).__name__
         _print("{MARKER}" + _repr([i, value]), flush=True)
+    for j, check in enumerate(checks):
+        try:
+            value = "pass" if check() else "fail"
+        except _exc as e:
+            value = "!" + _type(e).__name__
+        _print("{MARKER}" + _repr([len(probes) + j, value]), flush=True)
 
 
-__fixlab_probe({entry_point}, {probes})
+__fixlab_probe({entry_point}, {probes}, {conditions})
 '''
+
+
+def own_assertions(text: str, entry_point: str, visible_test: str, limit: int) -> list[str]:
+    """The conditions of the assertions the model wrote (one per line inside its code blocks, or bare lines) that
+    call the entry point and are not already among the visible tests; at most `limit`, duplicates dropped."""
+    def shown(src: str) -> set[str]:
+        try:
+            return {ast.unparse(n.test) for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Assert)}
+        except SyntaxError:
+            return set()
+
+    seen = shown(visible_test or "")
+    out = []
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line.startswith("assert"):
+            continue
+        try:
+            node = ast.parse(line).body[0]
+        except (SyntaxError, IndexError, ValueError, MemoryError, RecursionError):
+            continue
+        if not isinstance(node, ast.Assert) or not any(
+                isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == entry_point
+                for n in ast.walk(node.test)):
+            continue
+        cond = ast.unparse(node.test)
+        if cond not in seen:
+            seen.add(cond)
+            out.append(cond)
+    return out[:limit]
 
 
 def behaviour(stdout: str, n: int) -> tuple | None:

@@ -7,7 +7,7 @@ import pytest
 from agents.config import check_config
 from agents.loop import run_agent
 from agents.models.doubles import ScriptedModel
-from agents.selfcheck import behaviour, groups, probe_calls, probe_program
+from agents.selfcheck import behaviour, groups, own_assertions, probe_calls, probe_program
 from agents_fixtures import agent, fenced, sandbox, task
 from conftest import needs_data
 from sandboxes import build_program
@@ -19,6 +19,11 @@ FIX = SIG + "    return number % 1.0\n"
 FIX_TOO = SIG + "    return number - int(number)\n"  # other code, same behaviour on positive numbers
 OVERFIT = SIG + "    return 0.5\n"  # passes the example (3.5 -> 0.5) and nothing else
 WRONG = SIG + "    return number % 1.0 + 1.0\n"  # fails the example too
+OVERFIT_TOO = SIG + "    return 1.0 - 0.5\n"  # agrees with OVERFIT everywhere
+# the model's own assertions (self_tests): three right, one wrong, one already among the examples, one not a test
+OWN = fenced("assert truncate_number(1.25) == 0.25\nassert truncate_number(2.75) == 0.75\n"
+             "assert truncate_number(4.125) == 0.125\nassert truncate_number(7.5) == 0.0\n"
+             "assert truncate_number(3.5) == 0.5\nprint('done')")
 
 
 def run(outputs, **kw):
@@ -95,3 +100,36 @@ def test_the_record_reads_back_what_the_same_answers_scored_without_the_self_che
     off = fullsize.without_self_check(trajs, hid, vis)
     assert hid == [True, False] and off["hidden_passed"] == 0 and off["satisfied"] == 2
     assert off["self_check_vs_none"]["only_with"] == 1 and off["self_check_vs_none"]["only_without"] == 0
+
+
+def test_own_assertions_outvote_a_pair_of_answers_that_agree_on_an_overfit():
+    """Two answers that special-case the example agree with each other on every probe; the model's own assertions
+    (asked for once, after the candidates) rank the lone right answer above them (CodeT: size x (1 + passed))."""
+    traj = run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(FIX), OWN], self_check=1, self_tests=6)
+    a = traj.attempts[0]
+    assert a.code.strip() == FIX.strip() and a.candidate == 2
+    assert a.self_check["own_tests"] == 4 and a.self_check["own_passed"] == [3, 0]  # the wrong one fails FIX too
+    assert a.self_check["groups"] == [[2], [0, 1]] and a.self_check["satisfied"] and traj.first_pass_round == 0
+    assert traj.model_calls == 4 and a.calls[0].output == OWN and a.calls[0].temperature == 0.0  # its tokens count
+    asked = a.calls[0].messages[-1]["content"]
+    assert "1.33" not in asked and "truncate_number(3.5)" in asked  # what the agent sees, never the full test
+    # without them the overfit pair is kept and believed
+    plain = run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(FIX)], self_check=1)
+    assert plain.attempts[0].candidate == 0 and plain.attempts[0].self_check["satisfied"]
+    assert plain.first_pass_round is None and plain.stop_reason == "solved"
+
+
+def test_an_answer_that_fails_most_own_assertions_leaves_the_agent_unsure():
+    traj = run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(WRONG), OWN], self_check=2, self_tests=6)
+    a = traj.attempts[0]
+    assert a.candidate == 0 and a.self_check["own_passed"] == [0] and not a.self_check["satisfied"]
+    assert traj.stop_reason == "unsure"  # the pair agrees, but passes none of the model's own assertions
+
+
+def test_own_assertions_are_parsed_from_the_answer_and_need_the_self_check():
+    shown = "def check(f):\n    assert f(1) == 2\ncheck(f)\n"
+    text = "x\n```python\nassert f(1) == 2\nassert f(2) == 3  # c\nassert f(2) == 3\nassert g(1)\nassert f(\n```"
+    assert own_assertions(text, "f", shown, 5) == ["f(2) == 3"]
+    assert own_assertions("assert f(0) == 0\nassert f(9) == 1", "f", "", 1) == ["f(0) == 0"]
+    with pytest.raises(ValueError, match="self_tests=4 needs self_check"):
+        check_config(agent(strategy="single_shot", candidates=2, self_tests=4))

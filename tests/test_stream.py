@@ -119,6 +119,7 @@ def test_which_points_a_stream_holds():
     assert not applies(tuned(ss, candidates=2, iters=4), (8, 8))  # 10 answers > 8
     assert not applies(tuned(ss, candidates=3, iters=1), (8, 8))  # 3 does not divide 8
     assert not applies(tuned(ss, candidates=1, redraws=2), (8, 8))  # redraws are not stream answers
+    assert not applies(tuned(ss, candidates=2, self_check=1, self_tests=4), (8, 8))  # its own-tests call is no answer
     assert not applies(agent("reflection", candidates=2), (8, 8))  # rounds depend on feedback
     assert iters_for_answers(8, 2) == 3
     with pytest.raises(ValueError, match="multiple of strategy.candidates"):

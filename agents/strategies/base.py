@@ -97,7 +97,8 @@ class Strategy:
             keep = next((i for i, a in enumerate(judged) if a.decision == "tested"), 0)
         kept = judged[keep]
         kept.self_check = report
-        kept.calls = [c for i, c in enumerate(calls) if i != keep] + [calls[keep]]  # calls[-1] is the kept answer
+        # calls[-1] is the kept answer; the own-tests call (self_tests), when this round made it, comes first
+        kept.calls = ctx.take_side_calls() + [c for i, c in enumerate(calls) if i != keep] + [calls[keep]]
         kept.candidate = keep
         # "verdict": the full test's status where it differs from what the agent saw (docs/hidden), so what another
         # choice among the same candidates would have scored can be read back (benchmarks/fullsize.py)
