@@ -91,6 +91,8 @@ def overfit_gap(client, run: dict) -> dict | None:
            "hidden_only": gap.only_b}
     if any(a.get("self_check") for t in trajs for a in t["attempts"]):
         out["without_self_check"] = without_self_check(trajs, hid, vis)
+    if any((a.get("self_check") or {}).get("own_tests") for t in trajs for a in t["attempts"]):
+        out["without_own_tests"] = without_own_tests(trajs, hid, int(run["params"].get("strategy.self_check", 1)))
     return out
 
 
@@ -119,6 +121,36 @@ def without_self_check(trajs: list[dict], hid: list[bool], vis: list[bool]) -> d
             "self_check_vs_none": {"diff": round(check.diff, 4), "ci95": [round(check.low, 4), round(check.high, 4)],
                                    "only_with": check.only_a, "only_without": check.only_b,
                                    "p_value": round(check.p_value, 6)}}
+
+
+def without_own_tests(trajs: list[dict], hid: list[bool], need: int) -> dict:
+    """The same answers judged by agreement alone (the self-check without the model's own assertions): the round that
+    stopped keeps the first answer of its largest group and is satisfied when at least `need` answers agree. Read
+    from the recorded groups and the candidates' full-test statuses; paired with what the own tests chose."""
+    def verdict(last: dict, call: int) -> bool:
+        if call == last["candidate"]:
+            return (last.get("result") or {}).get("status") == "passed"
+        r = next(r for r in last["rejected"] if r["call"] == call)
+        if r.get("verdict") is None and r.get("same_as") is not None:
+            return verdict(last, r["same_as"])
+        return r.get("verdict") == "passed"
+
+    picked, sat = [], []
+    for t, h in zip(trajs, hid):
+        last = t["attempts"][-1] if t["attempts"] else None
+        check = (last or {}).get("self_check") or {}
+        if not check.get("own_tests"):  # no own tests ran for this task: its outcome stands
+            picked.append(h)
+            sat.append(bool(check.get("satisfied")) if check else passed_what_it_saw(t))
+            continue
+        top = min(check["groups"], key=lambda g: (-len(g), g[0]))
+        picked.append(verdict(last, top[0]))
+        sat.append(len(top) >= need)
+    gap, vs = paired(sat, picked), paired(hid, picked)
+    return {"hidden_passed": sum(picked), "satisfied": sum(sat), "gap": round(gap.diff, 4),
+            "ci95": [round(gap.low, 4), round(gap.high, 4)], "satisfied_but_rejected": gap.only_a,
+            "own_tests_vs_none": {"diff": round(vs.diff, 4), "ci95": [round(vs.low, 4), round(vs.high, 4)],
+                                  "only_with": vs.only_a, "only_without": vs.only_b, "p_value": round(vs.p_value, 6)}}
 
 
 def _name(params: dict) -> str:
@@ -202,6 +234,13 @@ def main(argv: list[str] | None = None) -> int:
                 v = w["self_check_vs_none"]
                 print(f"  the same answers without the self-check: hidden {w['hidden_passed']}/{g['total']}, gap "
                       f"{w['gap'] * 100:+.1f} points; self-check vs none {v['diff'] * 100:+.1f} points "
+                      f"({v['only_with']} vs {v['only_without']}, p = {v['p_value']:.3g})")
+            if "without_own_tests" in g:
+                w = g["without_own_tests"]
+                v = w["own_tests_vs_none"]
+                print(f"  the same answers by agreement alone (no own tests): hidden {w['hidden_passed']}/{g['total']}, "
+                      f"satisfied {w['satisfied']} ({w['satisfied_but_rejected']} of them rejected by the full test), "
+                      f"gap {w['gap'] * 100:+.1f} points; own tests vs none {v['diff'] * 100:+.1f} points "
                       f"({v['only_with']} vs {v['only_without']}, p = {v['p_value']:.3g})")
     for p in out.get("paired", []) + out.get("paired_with_earlier", []):
         print(f"- {p['verdict']}")

@@ -133,3 +133,22 @@ def test_own_assertions_are_parsed_from_the_answer_and_need_the_self_check():
     assert own_assertions("assert f(0) == 0\nassert f(9) == 1", "f", "", 1) == ["f(0) == 0"]
     with pytest.raises(ValueError, match="self_tests=4 needs self_check"):
         check_config(agent(strategy="single_shot", candidates=2, self_tests=4))
+
+
+def test_the_record_reads_back_what_agreement_alone_would_have_kept():
+    import importlib.util
+    import json
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("fullsize", REPO / "benchmarks" / "fullsize.py")
+    fullsize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fullsize)
+    right = run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(FIX), OWN], self_check=1, self_tests=6)
+    unsure = run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(WRONG), OWN], self_check=1, self_tests=6)
+    trajs = [json.loads(json.dumps(t.to_dict(), default=str)) for t in (right, unsure)]
+    hid = [t["first_pass_round"] is not None for t in trajs]
+    off = fullsize.without_own_tests(trajs, hid, 1)
+    # agreement alone keeps the overfit pair both times and believes it; the own tests kept FIX, and doubted the pair
+    assert hid == [True, False] and off["hidden_passed"] == 0 and off["satisfied"] == 2
+    assert off["satisfied_but_rejected"] == 2 and off["own_tests_vs_none"]["only_with"] == 1
