@@ -211,6 +211,22 @@ def group_record(group: str, data: Any) -> type:
     return records[data[key]]
 
 
+def knob_default(key: str, params: dict[str, str]) -> str | None:
+    """A flattened key's default ("strategy.self_tests" -> "0") for the group options `params` names, as run params
+    write it; None when it has none. A run made before a knob existed lacks its param: resuming it with the knob at
+    its default is the same config (new knobs default to the behaviour before them)."""
+    group, _, name = key.partition(".")
+    if group in GROUPS:
+        sel, records = GROUPS[group]
+        record = records.get(params.get(f"{group}.{sel}"))
+    else:
+        record, name = JobConf, key
+    for f in dataclasses.fields(record) if record else ():
+        if f.name == name and f.default is not dataclasses.MISSING and f.default is not MISSING:
+            return str(f.default) if not isinstance(f.default, (list, tuple)) else None
+    return None
+
+
 def job_conf(cfg: dict) -> JobConf:
     """The whole job config as records (a NightlyJobConf when it has a `nightly` block)."""
     data = dict(cfg)

@@ -31,7 +31,7 @@ from agents.tasks import project_root
 from .config import ConfigError
 from .core import safe_name, task_order
 from .neutral import result_neutral
-from .schema import TrackingConf
+from .schema import TrackingConf, knob_default
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MLRUNS = project_root() / "mlruns"  # the checkout's (or, installed, the working directory's)
@@ -239,7 +239,8 @@ class RunTracker:
             raise ConfigError(f"resume={run_id}: that is a {run.data.tags['fixlab.kind']} run, not an evaluation job")
         old, new = run.data.params, {k[:250]: v[:6000] for k, v in flatten(params).items()}
         diff = sorted(k for k in set(old) | set(new)
-                      if old.get(k) != new.get(k) and not result_neutral(k))
+                      if old.get(k) != new.get(k) and not result_neutral(k)
+                      and not (k not in old and new[k] == knob_default(k, new)))
         if diff:
             k = diff[0]
             raise ConfigError(f"resume={run_id}: config differs from that run's at {k} "

@@ -104,6 +104,13 @@ def test_resume_with_other_settings_is_one_line_error(tmp_path):
     # ... the model may not.
     with pytest.raises(ConfigError, match=r"config differs from that run's at model.name \('canonical' there, 'buggy' now\)"):
         RunTracker(tracking).start("r", {**cfg, "model": {"name": "buggy"}}, {}, resume_run_id=run_id)
+    # A knob added after the run was made (its param absent there) resumes at its default, not at another value.
+    ss = {**cfg, "strategy": {"name": "single_shot", "candidates": 1}}
+    old = RunTracker(tracking).start("r", ss, {})
+    grown = {**ss, "strategy": {**ss["strategy"], "self_tests": 0}}
+    assert RunTracker(tracking).start("r", grown, {}, resume_run_id=old) == old
+    with pytest.raises(ConfigError, match=r"at strategy.self_tests \(None there, '4' now\)"):
+        RunTracker(tracking).start("r", {**ss, "strategy": {**ss["strategy"], "self_tests": 4}}, {}, resume_run_id=old)
 
 
 def _children(pid: int) -> set[int]:
