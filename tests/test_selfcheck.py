@@ -2,6 +2,8 @@
 probe inputs, the largest group is kept, and the agent is satisfied only when enough agree (agents/selfcheck.py)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agents.config import check_config
@@ -83,15 +85,20 @@ def test_self_check_needs_as_many_candidates():
         check_config(agent(strategy="single_shot", candidates=2, self_check=3))
 
 
-def test_the_record_reads_back_what_the_same_answers_scored_without_the_self_check():
+def _fullsize():
+    """benchmarks/fullsize.py, the script that records full-size runs (not a package)."""
     import importlib.util
-    import json
 
     from conftest import REPO
 
     spec = importlib.util.spec_from_file_location("fullsize", REPO / "benchmarks" / "fullsize.py")
     fullsize = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fullsize)
+    return fullsize
+
+
+def test_the_record_reads_back_what_the_same_answers_scored_without_the_self_check():
+    fullsize = _fullsize()
     picked = run([fenced(OVERFIT), fenced(FIX), fenced(FIX_TOO)])  # the check keeps FIX: passes; the first overfits
     unsure = run([fenced(OVERFIT), fenced(FIX), fenced(WRONG)])  # no agreement: OVERFIT kept, unsure
     trajs = [json.loads(json.dumps(t.to_dict(), default=str)) for t in (picked, unsure)]
@@ -136,14 +143,7 @@ def test_own_assertions_are_parsed_from_the_answer_and_need_the_self_check():
 
 
 def test_the_record_reads_back_what_agreement_alone_would_have_kept():
-    import importlib.util
-    import json
-
-    from conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("fullsize", REPO / "benchmarks" / "fullsize.py")
-    fullsize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fullsize)
+    fullsize = _fullsize()
     right = run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(FIX), OWN], self_check=1, self_tests=6)
     unsure = run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(WRONG), OWN], self_check=1, self_tests=6)
     trajs = [json.loads(json.dumps(t.to_dict(), default=str)) for t in (right, unsure)]
