@@ -161,7 +161,7 @@ class Context:
 
         task, knobs = self.task, self.cfg.strategy
         calls = probe_calls(self.view.feedback_test, task.entry_point)
-        checks = self.write_own_tests() if getattr(knobs, "self_tests", 0) else []
+        checks = self.write_own_tests() if knobs.self_tests else []
         ran: dict[int, tuple | None] = {}
         if calls or checks:
             test = probe_program(task.entry_point, calls, checks)

@@ -101,6 +101,17 @@ def passed_what_it_saw(t: dict) -> bool:
     return any(((a.get("visible_result") or a.get("result") or {}).get("status") == "passed") for a in t["attempts"])
 
 
+def candidate_verdict(last: dict, call: int) -> bool:
+    """Whether candidate `call` of the round that stopped passed the full test: the kept one's result, a rejected
+    one's recorded verdict, a repeat's that of the candidate it repeats."""
+    if call == last["candidate"]:
+        return (last.get("result") or {}).get("status") == "passed"
+    r = next(r for r in last["rejected"] if r["call"] == call)
+    if r.get("verdict") is None and r.get("same_as") is not None:
+        return candidate_verdict(last, r["same_as"])
+    return r.get("verdict") == "passed"
+
+
 def without_self_check(trajs: list[dict], hid: list[bool], vis: list[bool]) -> dict:
     """The same answers without the self-check: the round that stopped keeps its first candidate that passed what the
     agent saw (read from the candidates' recorded visible and full-test statuses) and is believed. Paired with the
@@ -109,9 +120,8 @@ def without_self_check(trajs: list[dict], hid: list[bool], vis: list[bool]) -> d
         last = t["attempts"][-1] if t["attempts"] else None
         if not last or not last.get("self_check"):
             return t["first_pass_round"] is not None
-        kept = {"call": last["candidate"], "status": "passed", "verdict": (last.get("result") or {}).get("status")}
-        ran = [r for r in last["rejected"] if r.get("status") == "passed"] + [kept]
-        return min(ran, key=lambda r: r["call"]).get("verdict") == "passed"
+        ran = [r["call"] for r in last["rejected"] if r.get("status") == "passed"] + [last["candidate"]]
+        return candidate_verdict(last, min(ran))
 
     off = [first_passing(t) for t in trajs]
     gap = paired(vis, off)  # without the check every answer that passed what it saw is believed
@@ -127,14 +137,6 @@ def without_own_tests(trajs: list[dict], hid: list[bool], need: int) -> dict:
     """The same answers judged by agreement alone (the self-check without the model's own assertions): the round that
     stopped keeps the first answer of its largest group and is satisfied when at least `need` answers agree. Read
     from the recorded groups and the candidates' full-test statuses; paired with what the own tests chose."""
-    def verdict(last: dict, call: int) -> bool:
-        if call == last["candidate"]:
-            return (last.get("result") or {}).get("status") == "passed"
-        r = next(r for r in last["rejected"] if r["call"] == call)
-        if r.get("verdict") is None and r.get("same_as") is not None:
-            return verdict(last, r["same_as"])
-        return r.get("verdict") == "passed"
-
     picked, sat = [], []
     for t, h in zip(trajs, hid):
         last = t["attempts"][-1] if t["attempts"] else None
@@ -144,7 +146,7 @@ def without_own_tests(trajs: list[dict], hid: list[bool], need: int) -> dict:
             sat.append(bool(check.get("satisfied")) if check else passed_what_it_saw(t))
             continue
         top = min(check["groups"], key=lambda g: (-len(g), g[0]))
-        picked.append(verdict(last, top[0]))
+        picked.append(candidate_verdict(last, top[0]))
         sat.append(len(top) >= need)
     gap, vs = paired(sat, picked), paired(hid, picked)
     return {"hidden_passed": sum(picked), "satisfied": sum(sat), "gap": round(gap.diff, 4),

@@ -700,12 +700,17 @@ def _growing_layer_class():
             self.keys = self._kbuf[: self._b, :, self._s: self._n]
             self.values = self._vbuf[: self._b, :, self._s: self._n]
 
+        @staticmethod
+        def _room(n: int) -> int:
+            """Spare columns beside n held ones, on the right for growth and on the left for longer rows joining."""
+            return max(64, n // 8)
+
         def _alloc(self, like, rows: int, cols: int, left: int = 0, spare_rows: bool = True) -> tuple:
             """New buffers for `rows` rows (rounded up to 8 with `spare_rows`: room for joining rows) and `cols`
             columns after `left` free ones, with room to grow: amortised, a regrow copies n tokens every n/8 steps
             (a copy costs about one decode step's attention read: under 2% of decode at 64+ steps apart)."""
             rows = -(-rows // 8) * 8 if spare_rows else rows
-            cap = left + cols + max(64, cols // 8)
+            cap = left + cols + self._room(cols)
             shape = (rows, like.shape[1], cap, like.shape[-1])
             return like.new_empty(shape), like.new_empty(shape)
 
@@ -725,7 +730,7 @@ def _growing_layer_class():
                 raise RuntimeError(f"cache holds {self._b} rows, step brings {B}")
             elif self._n + T > self._kbuf.shape[-2]:  # out of columns: move to a bigger buffer
                 held = self._n - self._s
-                left = max(64, held // 8)  # room on the left for longer rows joining (append_rows)
+                left = self._room(held)  # room on the left for longer rows joining (append_rows)
                 kb, vb = self._alloc(k, B, held + T, left)  # rows that left are not carried over
                 kb[:B, :, left:left + held] = self.keys
                 vb[:B, :, left:left + held] = self.values
@@ -773,7 +778,7 @@ def _growing_layer_class():
         def compact(self, cols: list, length: int) -> None:
             """Keep columns cols[row] of each row, right-aligned in `length` columns (zeros on the left): a new
             buffer, one copy."""
-            B, left = len(cols), max(64, length // 8)  # room on the left for longer rows joining, as append_rows
+            B, left = len(cols), self._room(length)  # room on the left for longer rows joining, as append_rows
             kb, vb = self._alloc(self.keys, B, length, left)
             for i, c in enumerate(cols):
                 pad = left + length - len(c)
@@ -793,7 +798,7 @@ def _growing_layer_class():
             Bb, Tb = keys.shape[0], keys.shape[-2]
             T = max(Ta, Tb)
             if Ba + Bb > self._kbuf.shape[0] or self._s < T - Ta:  # no spare rows, or no room on the left
-                left = max(64, T // 8)  # room for later, longer rows without a copy
+                left = self._room(T)  # room for later, longer rows without a copy
                 kb, vb = self._alloc(keys, Ba + Bb, T, left)
                 kb[:Ba, :, left + T - Ta: left + T] = self.keys
                 vb[:Ba, :, left + T - Ta: left + T] = self.values
