@@ -44,6 +44,9 @@ class StrategyConf:
     feedback_style: str = "shaped"  # shaped | raw (traceback tail, the baseline) | verdict (pass/fail only)
     feedback_chars: int = 1200  # feedback budget (about 4 characters per token)
     compute_actual: bool = True  # re-run the failing call to show the value it actually returned
+    # Execution-trace feedback (LDB): the failing call run once more, each line of the candidate with the values it
+    # set, first and last steps within this many characters (agents/trace.py; shaped feedback only). 0 = off.
+    trace_chars: int = 0
     edge_case_hint: bool = False  # say when the failing input is an edge case (empty, zero, negative, one element)
     show_diff: bool = False  # show the diff of the candidate against the buggy code
     stop_after_code: bool = True  # end each answer at its closing ``` (what follows is thrown away; saves decode)

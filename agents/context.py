@@ -230,7 +230,8 @@ class Context:
             attempt.feedback += shape_feedback(
                 visible, attempt.code, self.view.feedback_test, self.sandbox, timeout_s=cfg.timeout_s,
                 max_chars=knobs.feedback_chars, compute_actual=knobs.compute_actual, entry_point=self.task.entry_point,
-                edge_case_hint=knobs.edge_case_hint, buggy_code=self.view.code if knobs.show_diff else None)
+                edge_case_hint=knobs.edge_case_hint, buggy_code=self.view.code if knobs.show_diff else None,
+                trace_chars=knobs.trace_chars)
 
     def judge(self, attempt: Attempt, text: str, state: "State", run: bool = True) -> str:
         """Extract a candidate from `text` into `attempt` and decide: no_code | syntax_error | repeat | tested."""

@@ -16,6 +16,7 @@ from sandboxes import build_program
 from sandboxes.base import ExecResult, Sandbox
 from sandboxes.frames import Frame, parse_frames
 from . import pyast
+from .trace import format_trace, trace_call
 
 _ACTUAL_TAG = "__FIXLAB_VALUE__"
 STYLES = ("shaped", "raw", "verdict")
@@ -203,10 +204,11 @@ def raw_feedback(result: ExecResult, timeout_s: float, max_chars: int) -> str:
 
 def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandbox | None, *, timeout_s: float,
                    max_chars: int, compute_actual: bool, edge_case_hint: bool, entry_point: str | None = None,
-                   buggy_code: str | None = None) -> str:
+                   buggy_code: str | None = None, trace_chars: int = 0) -> str:
     """Short feedback text for a failed run of `candidate` against `test` (the program build_program makes). The knobs
-    are the strategy record's (agents/config.py: feedback_chars, compute_actual, edge_case_hint) and the sandbox's
-    timeout_s, passed in, not defaulted here."""
+    are the strategy record's (agents/config.py: feedback_chars, compute_actual, edge_case_hint, trace_chars) and the
+    sandbox's timeout_s, passed in, not defaulted here. trace_chars > 0 adds the failing call's execution trace
+    (agents/trace.py) within that many characters of its own, after the rest."""
     if result.status == "timeout":
         text = (f"The tests did not finish within {timeout_s:g} seconds (timeout): the code loops forever or is far "
                 f"too slow on some input.")
@@ -225,13 +227,14 @@ def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandb
     etype = result.error_type or "an error"
     message = _last_error_line(result.stderr)
     parts = []
+    traced = None  # the failing call, when the failing statement is an assertion over one
     assertion_failed = (etype == "AssertionError" and stmt and stmt.startswith("assert")
                         and (cand_frame is None or frames.index(cand_frame) < frames.index(test_frame)))
     if assertion_failed:
         parts.append("This test failed:\n" + textwrap.indent(_cut(show(stmt), 500), "    "))
         shape = split_assertion(stmt)
         if shape:
-            call = shape["call"]
+            call = traced = shape["call"]
             exprs = [call] + ([shape["expected"]] if shape["kind"] == "eq" else [])
             values = (probe_values(sandbox, candidate, test, test_frame.line - test_lo + 1, exprs, timeout_s)
                       if sandbox is not None and compute_actual and test_frame else [None] * len(exprs))
@@ -252,13 +255,20 @@ def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandb
         parts.append(head + ("\nin this test:\n" + textwrap.indent(_cut(show(stmt), 400), "    ")
                              if stmt and test_frame else "."))
         if cand_frame:
+            shape = split_assertion(stmt) if stmt and test_frame else None
+            traced = shape["call"] if shape else None
             where = statement_at(program, cand_frame.line) or cand_frame.source or ""
             if where:
                 fn = f" (in `{cand_frame.func}`)" if cand_frame.func != "<module>" else ""
                 parts.append(f"It happened at this line of your code{fn}:\n" + textwrap.indent(_cut(where, 300), "    "))
         elif not test_frame and result.failing_line:
             parts.append(f"At this line:\n    {_cut(result.failing_line, 300)}")
-    return _with_diff("\n".join(parts), candidate, buggy_code, max_chars)
+    text = _with_diff("\n".join(parts), candidate, buggy_code, max_chars)
+    if trace_chars > 0 and traced and sandbox is not None and test_frame:
+        trace = trace_call(sandbox, candidate, test, test_frame.line - test_lo + 1, traced, timeout_s)
+        if trace is not None:
+            text += "\n" + format_trace(trace, candidate, trace_chars, show)
+    return text
 
 
 def _returned(kind: str, call: str, actual: str, expected: str | None) -> str:
