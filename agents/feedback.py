@@ -16,7 +16,7 @@ from sandboxes import build_program
 from sandboxes.base import ExecResult, Sandbox
 from sandboxes.frames import Frame, parse_frames
 from . import pyast
-from .trace import format_trace, trace_call
+from .trace import before_assertion, format_trace, trace_call
 
 _ACTUAL_TAG = "__FIXLAB_VALUE__"
 STYLES = ("shaped", "raw", "verdict")
@@ -128,20 +128,9 @@ def __fixlab_report(*thunks):
 
 
 def _instrument(test: str, test_line: int, exprs: list[str]) -> str | None:
-    try:
-        tree = pyast.parse(test)
-    except SyntaxError:
-        return None
-    node = next((n for n in ast.walk(tree) if isinstance(n, ast.Assert) and n.lineno <= test_line <= n.end_lineno),
-                None)
-    if node is None:
-        return None
-    lines = test.splitlines()
-    indent = " " * node.col_offset
     thunks = ", ".join(f"lambda: ({e})" for e in exprs)
-    guard = [f"{indent}if not ({ast.unparse(node.test)}):", f"{indent}    __fixlab_report({thunks})"]
-    out = lines[: node.lineno - 1] + guard + lines[node.lineno - 1:]
-    return _REPORTER + "\n".join(out) + "\n"
+    probe = before_assertion(test, test_line, lambda cond: [f"if not ({cond}):", f"    __fixlab_report({thunks})"])
+    return None if probe is None else _REPORTER + probe
 
 
 def _last_error_line(stderr: str) -> str:

@@ -157,8 +157,10 @@ def instrument(candidate: str) -> str | None:
     return _TRACER + ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
-def _guarded_test(test: str, test_line: int, call: str) -> str | None:
-    """The test with the failing call traced just before the assertion at `test_line` (1-based) fails."""
+def before_assertion(test: str, test_line: int, guard) -> str | None:
+    """`test` with lines inserted just before the assertion at `test_line` (1-based): guard(condition source) gives
+    them, unindented; None when the test does not parse or holds no assertion there. Shared with feedback.py's
+    actual-value probe."""
     try:
         tree = pyast.parse(test)
     except SyntaxError:
@@ -169,10 +171,15 @@ def _guarded_test(test: str, test_line: int, call: str) -> str | None:
         return None
     lines = test.splitlines()
     pad = " " * node.col_offset
-    guard = [f"{pad}try:", f"{pad}    _fixlab_ok = bool({ast.unparse(node.test)})",
-             f"{pad}except BaseException:", f"{pad}    _fixlab_ok = False",
-             f"{pad}if not _fixlab_ok:", f"{pad}    _fixlab_trace(lambda: ({call}))"]
-    return "\n".join(lines[: node.lineno - 1] + guard + lines[node.lineno - 1:]) + "\n"
+    inserted = [pad + line for line in guard(ast.unparse(node.test))]
+    return "\n".join(lines[: node.lineno - 1] + inserted + lines[node.lineno - 1:]) + "\n"
+
+
+def _guarded_test(test: str, test_line: int, call: str) -> str | None:
+    """The test with the failing call traced once, just before the assertion at `test_line` fails (or raises)."""
+    return before_assertion(test, test_line, lambda cond: [
+        "try:", f"    _fixlab_ok = bool({cond})", "except BaseException:", "    _fixlab_ok = False",
+        "if not _fixlab_ok:", f"    _fixlab_trace(lambda: ({call}))"])
 
 
 def trace_call(sandbox: Sandbox, candidate: str, test: str, test_line: int, call: str,
