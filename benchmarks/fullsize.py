@@ -165,7 +165,11 @@ def from_file(spec: str) -> dict:
     path, _, prefix = spec.rpartition(":")
     if not path:
         raise SystemExit(f"fullsize: --against wants FILE:RUN_ID (got {spec!r})")
-    recs = [r for r in json.loads(Path(path).read_text())["runs"] if r["run_id"].startswith(prefix)]
+    file = Path(path) if Path(path).exists() else REPO / "benchmarks" / "results" / path  # a bare name: results/
+    if not file.exists():
+        raise SystemExit(f"fullsize: --against {spec!r}: no file {path!r} here or in benchmarks/results/; give a "
+                         "results file's path")
+    recs = [r for r in json.loads(file.read_text())["runs"] if r["run_id"].startswith(prefix)]
     if len(recs) != 1 or "first_pass_round" not in recs[0]:
         raise SystemExit(f"fullsize: {path} has no single run {prefix!r} with per-task outcomes; record it again "
                          "with this script")
