@@ -85,12 +85,11 @@ SWEEPS: dict[str, Sweep] = {
                              "reflection, `redraws: 0`, bf16 weights (before int8)", "EPYC", ("strategies",)),
     "portfolio_stopped": Sweep("fullsize-portfolio-stopped-at-110min-epyc-20261127.json",
                                "portfolio (a fresh draft, then one revision of it, in turn), 8 rounds: stopped after "
-                               "110 min, the tasks it finished (not a random sample: the hardest were still running); "
-                               "r0-r3 shown, passed after the last", "EPYC", ("strategies",),
+                               "110 min, the tasks it finished (not a random sample: the hardest were still running)",
+                               "EPYC", ("strategies",),
                                no_wall="stopped with Ctrl-C; a killed run logs no metrics"),
     "stream16": Sweep("fullsize-single_shot-stream-n16-epyc-20261127.json",
-                      "single_shot's answer stream to 16 answers, one candidate a round (r0-r3 shown, passed after the "
-                      "last)", "EPYC", ("strategies",),
+                      "single_shot's answer stream to 16 answers, one candidate a round", "EPYC", ("strategies",),
                       no_wall="stopped at 127 of 164 tasks after 103 min and resumed twice with `resume=<run id>`: "
                               "wall_s covers the last part only"),
     "react": Sweep("fullsize-react-epyc-fp32-20261126.json", "react (its defaults: 4 turns, `rewrite_when_stuck`)",
@@ -660,7 +659,8 @@ def section_strategies(sweeps: dict[str, LoadedSweep]) -> list[str]:
            "One row per sweep `python -m flows.evaluate strategy=... iters=0,1,2,3 -m` (its exact command is in its "
            "results file): pass@1 after each round of the largest budget, its 95% Wilson interval, that run's cost, "
            "and the wall time of the whole sweep (the sum of its jobs' wall_s; with the trajectory cache the first job "
-           "runs every task to the largest budget and the others cut it).", ""]
+           "runs every task to the largest budget and the others cut it). A run with more than 3 rounds shows r0-r3, "
+           "and `passed` after its last round.", ""]
     out += table(SWEEP_HEAD_START + SWEEP_HEAD_END, sweep_rows(rows))
     notes = [f"- {sw.spec.label}: no sweep wall ({sw.spec.no_wall})." for sw in rows if sw.spec.no_wall]
     out += ["", *notes, "", "The budget inside each sweep, largest against none, paired on the same tasks "
