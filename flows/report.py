@@ -693,22 +693,32 @@ def section_protocols(sweeps: dict[str, LoadedSweep]) -> list[str]:
     notes = [f"- {sw.spec.label}: no sweep wall ({sw.spec.no_wall})." for sw in rows if sw.spec.no_wall]
     out += ["", *notes, "", "Paired:", ""]
     out += pair_table(pairs_for(sweeps, "protocols"))
-    checks = [self_check_line(sw) for sw in rows if (sw.last.overfit or {}).get("without_self_check")]
+    checks = [readback_line(sw, "without_self_check", "self_check_vs_none", "with the self-check", "without it")
+              for sw in rows if (sw.last.overfit or {}).get("without_self_check")]
     if checks:
         out += ["", "The self-check against none, on the same answers (the round that stopped keeps its first candidate "
                 "that passed what the agent saw, read back from the candidates' recorded statuses):", "", *checks]
+    own = [readback_line(sw, "without_own_tests", "own_tests_vs_none", "with its own assertions",
+                         "by agreement alone") for sw in rows if (sw.last.overfit or {}).get("without_own_tests")]
+    if own:
+        out += ["", "The model's own assertions (`self_tests`) against agreement alone, on the same answers (the round "
+                "that stopped keeps the first answer of its largest group, satisfied when `self_check` answers agree; "
+                "read back from the recorded groups):", "", *own]
     out += ["", "The budget under each protocol:", ""]
     out += budget_verdicts([sw for sw in rows if sw.last.params.get("protocol", "tests") != "tests"])
     return out
 
 
-def self_check_line(sw: LoadedSweep) -> str:
+def readback_line(sw: LoadedSweep, key: str, versus: str, with_it: str, without_it: str) -> str:
+    """One run's own answers judged with a technique and, read back from its records, without it (`key` of the
+    overfit block; `versus` its paired test)."""
     g = sw.last.overfit
-    w, n = g["without_self_check"], g["total"]
-    v = w["self_check_vs_none"]
-    return (f"- {sw.spec.label}, {sw.last.iters} rounds: with the self-check pass@1 {rate(g['hidden_passed'], n)}, "
-            f"overfit gap {points(g['gap'])}; without it {rate(w['hidden_passed'], n)}, gap {points(w['gap'])} "
-            f"({points(w['ci95'][0])} to {points(w['ci95'][1])}). Self-check vs none: {points(v['diff'])} points "
+    w, n = g[key], g["total"]
+    v = w[versus]
+    return (f"- {sw.spec.label}, {sw.last.iters} rounds: {with_it} pass@1 {rate(g['hidden_passed'], n)}, satisfied "
+            f"{g.get('satisfied', g['visible_passed'])} times, overfit gap {points(g['gap'])}; {without_it} "
+            f"{rate(w['hidden_passed'], n)}, satisfied {w['satisfied']} times, gap {points(w['gap'])} "
+            f"({points(w['ci95'][0])} to {points(w['ci95'][1])}). With vs without: {points(v['diff'])} points "
             f"({points(v['ci95'][0])} to {points(v['ci95'][1])}; {v['only_with']} vs {v['only_without']} tasks passed by "
             f"one only; exact McNemar p = {pval(v['p_value'])}).")
 
