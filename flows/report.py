@@ -107,6 +107,9 @@ SWEEPS: dict[str, Sweep] = {
     "hidden_check": Sweep('fullsize-hidden-selfcheck-epyc-20261127.json',
                           "single_shot, protocol `hidden`, 3 candidates a round, `self_check: 2`", "EPYC",
                           ("protocols",)),
+    "hidden_own": Sweep("fullsize-hidden-owntests-epyc-20261127.json",
+                        "single_shot, protocol `hidden`, 3 candidates a round, its own 6 assertions (`self_tests: 6`, "
+                        "`self_check: 1`)", "EPYC", ("protocols",)),
     "docs": Sweep("fullsize-single_shot-docs-epyc-fp32-20261125.json", "single_shot, protocol `docs`", "EPYC",
                   ("protocols",), no_wall="stopped and resumed: wall_s covers the resumed part only"),
     "small": Sweep("fullsize-single_shot-0.5b-budgets-epyc-20261126.json", "0.5B single_shot, bf16 (as it ships)",
@@ -149,6 +152,10 @@ PAIRS: list[Pair] = [
     Pair("`docs` vs `tests`, 3 rounds (both fp32)", ("docs", 3), ("default", 3), "protocols"),
     Pair("`hidden`: 3 candidates with the self-check, 1 round, vs 1 candidate, 4 rounds", ("hidden_check", 0),
          ("hidden", 3), "protocols"),
+    Pair("`hidden`: 3 candidates a round with their own assertions, 2 rounds, vs 1 candidate, 4 rounds",
+         ("hidden_own", 1), ("hidden", 3), "protocols"),
+    Pair("`hidden`: 3 candidates with their own assertions, 2 rounds, vs with the self-check, 1 round",
+         ("hidden_own", 1), ("hidden_check", 0), "protocols"),
     Pair("1.5B vs 0.5B, single_shot, 3 rounds", ("default", 3), ("small", 3), "small"),
     Pair("0.5B: 2 candidates a round vs 1 (both fp32, 32 rows)", ("small_k2", 3), ("small_fp32", 3), "small"),
     Pair("0.5B: fp32 with 32 rows vs bf16 with 16", ("small_fp32", 3), ("small", 3), "small"),
@@ -541,6 +548,11 @@ def pairs_for(sweeps: dict[str, LoadedSweep], table_name: str) -> list[tuple[Pai
     return out
 
 
+def rounds(iters: int) -> str:
+    """A budget in words: feedback rounds after round 0."""
+    return f"{iters} round{'' if iters == 1 else 's'}"
+
+
 def tagged(sweeps: dict[str, LoadedSweep], tag: str) -> list[LoadedSweep]:
     return [sw for sw in sweeps.values() if tag in sw.spec.tables]
 
@@ -575,7 +587,7 @@ def best_hidden(sweeps: dict[str, LoadedSweep]) -> LoadedSweep | None:
 def hidden_sentence(sw: LoadedSweep) -> str:
     r, g = sw.last, sw.last.overfit
     return (f"Under protocol `hidden` (the agent sees the docstring's examples; the full test is never shown) the best "
-            f"is {sw.spec.label}, {r.iters} rounds: pass@1 {rate(r.passed, r.total)} ({r.passed}/{r.total}, "
+            f"is {sw.spec.label}, {rounds(r.iters)}: pass@1 {rate(r.passed, r.total)} ({r.passed}/{r.total}, "
             f"{pass_ci(r.passed, r.total)}) with an overfit gap of {points(g['gap'])} points "
             f"({points(g['ci95'][0])} to {points(g['ci95'][1])}): it stopped satisfied with "
             f"{g.get('satisfied', g['visible_passed'])} answers, {g['visible_only']} of them rejected by the full test "
@@ -585,7 +597,7 @@ def hidden_sentence(sw: LoadedSweep) -> str:
 def headline_block(sweeps: dict[str, LoadedSweep], in_readme: bool = True, frontier_words: str = "") -> str:
     best, default = best_and_default(sweeps)
     b, d = best.last, default.last
-    first = (f"**Best measured: {best.spec.label}, {b.iters} rounds: pass@1 {rate(b.passed, b.total)} "
+    first = (f"**Best measured: {best.spec.label}, {rounds(b.iters)}: pass@1 {rate(b.passed, b.total)} "
              f"({b.passed}/{b.total} tasks, 95% Wilson interval {pass_ci(b.passed, b.total)}).** Every HumanEvalFix "
              f"task, 1.5B pack, protocol `tests`, on a {MACHINES[best.spec.machine]}: `{command_of(best)}`.")
     if b.tuning:
@@ -715,7 +727,7 @@ def readback_line(sw: LoadedSweep, key: str, versus: str, with_it: str, without_
     g = sw.last.overfit
     w, n = g[key], g["total"]
     v = w[versus]
-    return (f"- {sw.spec.label}, {sw.last.iters} rounds: {with_it} pass@1 {rate(g['hidden_passed'], n)}, satisfied "
+    return (f"- {sw.spec.label}, {rounds(sw.last.iters)}: {with_it} pass@1 {rate(g['hidden_passed'], n)}, satisfied "
             f"{g.get('satisfied', g['visible_passed'])} times, overfit gap {points(g['gap'])}; {without_it} "
             f"{rate(w['hidden_passed'], n)}, satisfied {w['satisfied']} times, gap {points(w['gap'])} "
             f"({points(w['ci95'][0])} to {points(w['ci95'][1])}). With vs without: {points(v['diff'])} points "
