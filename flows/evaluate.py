@@ -104,13 +104,15 @@ class _Stop:
     @staticmethod
     def _mark() -> None:
         from .sweep import SweepParentRun
+        from .tracking import brief_store_waits
 
-        for mark in (_Stop.mark_killed, SweepParentRun.mark_stopped):
-            try:
-                if mark is not None:
-                    mark()
-            except Exception:
-                pass
+        with brief_store_waits():  # the store lock's holder may be a thread this stop tears down
+            for mark in (_Stop.mark_killed, SweepParentRun.mark_stopped):
+                try:
+                    if mark is not None:
+                        mark()
+                except Exception:
+                    pass
 
     @classmethod
     def leave(cls) -> None:

@@ -56,6 +56,21 @@ STORE_LOCK_WAIT_S = 120.0
 STORE_LOCK_POLL_S = 0.002
 _store_locks: dict[str, object] = {}
 _store_locks_guard = threading.Lock()
+# A stop's KILLED mark waits at most this long (its thread only): the lock's holder may be a thread the stop is
+# tearing down. Ctrl-C's KeyboardInterrupt can land in the main thread between filelock taking the OS lock and our
+# release (filelock's acquire does not give the lock back on an exception), and the lock is exclusive between
+# threads: the mark then waited out the stop's deadline and left both runs RUNNING (CI, twice).
+_lock_wait = threading.local()
+
+
+@contextmanager
+def brief_store_waits(seconds: float = 0.5):
+    """In this thread, store writes wait at most `seconds` for the store lock, then write without it."""
+    _lock_wait.s = seconds
+    try:
+        yield
+    finally:
+        _lock_wait.s = None
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -80,11 +95,13 @@ def _holding(lock, what: str):
     """Hold `lock`, or after STORE_LOCK_WAIT_S go ahead without it (one warning line)."""
     from filelock import Timeout
 
+    brief = getattr(_lock_wait, "s", None)
     try:
-        lock.acquire(timeout=STORE_LOCK_WAIT_S, poll_interval=STORE_LOCK_POLL_S)
+        lock.acquire(timeout=STORE_LOCK_WAIT_S if brief is None else brief, poll_interval=STORE_LOCK_POLL_S)
     except Timeout:
-        print(f"fixlab: {what}: the store lock {lock.lock_file} is held for over {STORE_LOCK_WAIT_S:.0f} s "
-              f"(a stopped job?); writing without it", file=sys.stderr, flush=True)
+        if brief is None:
+            print(f"fixlab: {what}: the store lock {lock.lock_file} is held for over {STORE_LOCK_WAIT_S:.0f} s "
+                  f"(a stopped job?); writing without it", file=sys.stderr, flush=True)
         yield
         return
     try:

@@ -248,3 +248,30 @@ def test_temporary_prefect_server_port_is_taken_when_chosen():
     finally:
         other.close()
         server._close_socket()
+
+
+def test_a_stops_mark_is_written_while_another_thread_holds_the_store_lock(tmp_path):
+    """A stop marks its runs KILLED in its own thread while the job's threads are torn down; one of them may hold the
+    store's lock (exclusive between threads) and never give it back. The mark waits briefly, then writes anyway."""
+    import threading
+
+    from flows.tracking import brief_store_waits, open_client, sqlite_path, store_lock
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = open_client(uri)
+    run_id = client.create_run(client.create_experiment("stop")).info.run_id
+    held, done = threading.Event(), threading.Event()
+
+    def holder():  # a worker caught by the stop inside a store write
+        store_lock(sqlite_path(uri)).acquire()
+        held.set()
+        done.wait(30)
+
+    threading.Thread(target=holder, daemon=True).start()
+    assert held.wait(10)
+    t0 = time.monotonic()
+    with brief_store_waits(0.5):
+        client.set_terminated(run_id, status="KILLED")
+    took = time.monotonic() - t0
+    done.set()
+    assert client.get_run(run_id).info.status == "KILLED" and took < 3.0, took
