@@ -56,10 +56,9 @@ STORE_LOCK_WAIT_S = 120.0
 STORE_LOCK_POLL_S = 0.002
 _store_locks: dict[str, object] = {}
 _store_locks_guard = threading.Lock()
-# A stop's KILLED mark waits at most this long (its thread only): the lock's holder may be a thread the stop is
-# tearing down. Ctrl-C's KeyboardInterrupt can land in the main thread between filelock taking the OS lock and our
-# release (filelock's acquire does not give the lock back on an exception), and the lock is exclusive between
-# threads: the mark then waited out the stop's deadline and left both runs RUNNING (CI, twice).
+# brief_store_waits: a stop's KILLED mark waits briefly for the store lock (its thread only). The lock is exclusive
+# between threads and its holder may be a thread the stop is tearing down; at STORE_LOCK_WAIT_S the mark outlasted
+# the stop's deadline and left the runs RUNNING.
 _lock_wait = threading.local()
 
 
