@@ -4,6 +4,7 @@ one line."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -279,3 +280,70 @@ def test_int8_draft_steps_of_uneven_lengths_keep_greedy_answers(tiny_int8, monke
     assert [g.text for g in drafted] == [g.text for g in plain]
     assert stats["draft_steps"] > 0 and stats["compactions"] > 0 and stats["steps"] < 24
     assert 0 < sum(g.draft_accepted for g in drafted) < sum(g.draft_tokens for g in drafted)
+
+
+def _eager_rows(lin: Int8Linear, rows: torch.Tensor) -> torch.Tensor:
+    saved, lin.native = lin.native, False
+    try:
+        return lin._rows(rows)
+    finally:
+        lin.native = saved
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="the compiled int8 loops need gcc")
+@pytest.mark.parametrize("bias", [True, False])
+def test_compiled_int8_loops_are_bit_equal_to_the_eager_ops(bias):
+    # model.int8_native (on by default) must change no answer: every value equal to the eager rounding and scaling,
+    # on rows that make rounding hard, at sizes the threads split (prefill) and do not (decode), odd widths included.
+    from agents.serving import int8_native
+
+    assert int8_native.available()
+    torch.manual_seed(3)
+    for k, n, m in ((96, 200, 37), (1536, 1000, 300), (77, 13, 1), (1536, 151936 // 8, 2)):
+        lin = Int8Linear(torch.nn.Linear(k, n, bias=bias), native=True)
+        assert lin.native
+        x = torch.randn(m, k) * torch.logspace(-3, 3, m)[:, None]
+        x[0, :] = 0.0  # all zero: the scale is clamped
+        if m > 2:
+            x[1, :] = 127.0 * torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5]).repeat(k)[:k]  # halves: round to even
+            x[1, 0] = 127.0  # absmax 127: scale 1.0, so the halves stay halves
+            x[2] = -x[2].abs()  # absmax from the minimum
+        got, want = lin._rows(x), _eager_rows(lin, x)
+        assert got.dtype == torch.float32 and got.shape == (m, n)
+        assert torch.equal(got, want), (k, n, m)
+        wide = torch.randn(m, k + 9)[:, 4:4 + k]  # a row stride wider than its length
+        assert torch.equal(lin._rows(wide), _eager_rows(lin, wide.contiguous()))
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="the compiled int8 loops need gcc")
+def test_a_model_gives_the_same_logits_with_and_without_the_compiled_loops(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_qwen2(vocab_size=256, intermediate_size=96, max_position_embeddings=128)
+    path = make_random_model(cfg, tmp_path / "m")
+    eager, native = (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval() for _ in range(2))
+    quantize_int8(eager, skip=(), native=False)
+    quantize_int8(native, skip=())
+    assert all(m.native for m in native.modules() if isinstance(m, Int8Linear))
+    assert not any(m.native for m in eager.modules() if isinstance(m, Int8Linear))
+    ids = torch.randint(0, 256, (3, 17))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0  # a left-padded row
+    with torch.no_grad():
+        assert torch.equal(eager(input_ids=ids, attention_mask=mask).logits,
+                           native(input_ids=ids, attention_mask=mask).logits)
+
+
+def test_without_a_compiler_int8_keeps_the_eager_ops_and_says_so(monkeypatch, capsys, tmp_path):
+    from agents.serving import int8_native
+
+    monkeypatch.setattr(int8_native, "_tried", False)
+    monkeypatch.setattr(int8_native, "_lib", None)
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    monkeypatch.setenv("FIXLAB_CACHE", str(tmp_path))  # no kernel built earlier is found
+    lin = Int8Linear(torch.nn.Linear(32, 8), native=True)
+    assert not lin.native and not int8_native.available()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "int8 kernels" in err[0] and "eager" in err[0], err
+    x = torch.randn(4, 32)
+    assert torch.equal(lin(x), _eager_rows(lin, x))

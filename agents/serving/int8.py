@@ -35,6 +35,8 @@ import threading
 import numpy as np
 import torch
 
+from . import int8_native
+
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale, q): one scale per row, absmax / 127, and round(w / scale) clamped to [-127, 127] as int8.
@@ -65,9 +67,11 @@ class only_rows:
 
 
 class Int8Linear(torch.nn.Module):
-    def __init__(self, linear: torch.nn.Linear, weight: torch.Tensor | None = None):
-        """`weight`: linear.weight's values when the caller read them elsewhere (MappedFiles), else linear.weight."""
+    def __init__(self, linear: torch.nn.Linear, weight: torch.Tensor | None = None, native: bool = False):
+        """`weight`: linear.weight's values when the caller read them elsewhere (MappedFiles), else linear.weight.
+        `native`: round the input and scale the products with the compiled loops of int8_native.py (bit-equal)."""
         super().__init__()
+        self.native = native and int8_native.available()
         w = (linear.weight if weight is None else weight).detach().float()
         scale, q = quantize_rows(w)
         # Stored N x K and passed as its transpose (a K x N view): oneDNN was 1.1-3.5x faster with this layout
@@ -89,6 +93,9 @@ class Int8Linear(torch.nn.Module):
         return y.reshape(*shape[:-1], self.out_features).to(dtype)
 
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.native:  # the same values from two compiled loops (int8_native.py)
+            xq, xs = int8_native.quantize_rows(rows)
+            return int8_native.scale_products(torch._int_mm(xq, self.qweight.t()), xs, self.scale, self.bias)
         xs = (rows.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
         xq = torch.round(rows / xs).to(torch.int8)
         y = torch._int_mm(xq, self.qweight.t()).float().mul_(xs).mul_(self.scale)
@@ -105,7 +112,8 @@ class _Stacked(torch.nn.Module):
     input computes every member's output; the others, called with that same tensor, take theirs. A member called
     with another input (or twice) recomputes, so a caller with another call order still gets exact answers."""
 
-    def __init__(self, linears: list[torch.nn.Linear], weights: list[torch.Tensor] | None = None):
+    def __init__(self, linears: list[torch.nn.Linear], weights: list[torch.Tensor] | None = None,
+                 native: bool = False):
         super().__init__()
         weights = weights or [m.weight for m in linears]
         stacked = torch.nn.Linear(linears[0].in_features, sum(m.out_features for m in linears),
@@ -115,7 +123,7 @@ class _Stacked(torch.nn.Module):
             if stacked.bias is not None:
                 stacked.bias.copy_(torch.cat([m.bias.detach().float() if m.bias is not None
                                               else torch.zeros(m.out_features) for m in linears]))
-        self.inner = Int8Linear(stacked)
+        self.inner = Int8Linear(stacked, native=native)
         self.splits = [m.out_features for m in linears]
         self._x: torch.Tensor | None = None
         self._outs: tuple = ()
@@ -152,9 +160,10 @@ class StackedSlice(torch.nn.Module):
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
-def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = False) -> int:
+def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = False, native: bool = True) -> int:
     """Replace every nn.Linear whose name does not end with one of `skip` by int8 (an Int8Linear, or with `fuse` a
     slice of a stacked group for q/k/v and gate/up), in place. Returns how many linears were replaced.
+    `native`: the compiled rounding and scaling loops where they build (int8_native.py; same values).
     One linear at a time, and only names are kept: a float32 linear is freed as soon as it is replaced."""
     targets = [name for name, mod in model.named_modules()
                if type(mod) is torch.nn.Linear and not any(name == s or name.endswith("." + s) for s in skip)]
@@ -170,7 +179,7 @@ def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = Fals
                     members = [getattr(parent, n) for n in names]
                     if len({m.in_features for m in members}) != 1:
                         continue
-                    group = _Stacked(members, [files.read(m.weight) for m in members])
+                    group = _Stacked(members, [files.read(m.weight) for m in members], native=native)
                     parent.add_module(f"int8_stacked{g}", group)
                     for i, n in enumerate(names):
                         setattr(parent, n, StackedSlice(group, i))
@@ -182,7 +191,7 @@ def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = Fals
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             mod = getattr(parent, attr)
-            setattr(parent, attr, Int8Linear(mod, files.read(mod.weight)))
+            setattr(parent, attr, Int8Linear(mod, files.read(mod.weight), native=native))
             del mod
     return len(targets)
 
