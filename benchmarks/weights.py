@@ -12,6 +12,7 @@ per row, fixed length, no EOS; the prompts come from the prefix store, so this i
     .venv/bin/python benchmarks/weights.py --rows int8-fp32,int8-bf16 --batches 1 16 32   # on a CPU with bf16
     .venv/bin/python benchmarks/weights.py --rows int8-bf16-sdpa,int8-fp32-sdpa,int8 --batches 1 16 32 --context 1000
     .venv/bin/python benchmarks/weights.py --rows int8+head-eager,int8+head --batches 1 32 --context 700  # compiled loops
+    .venv/bin/python benchmarks/weights.py --rows int8+head-eager-kv32,int8+head-kv32,int8+head --batches 1 32 --context 700
 
 Writes benchmarks/results/weights-<UTC time>.json and prints a table.
 """
@@ -56,8 +57,11 @@ ROWS = {"dtype": {"weights": "dtype"}, "int8": {"weights": "int8"},
         "int8-sep": {"weights": "int8", "int8_fuse": False},  # q/k/v and gate/up as separate matmuls (the default)
         "int8-fused": {"weights": "int8", "int8_fuse": True},  # q/k/v and gate/up stacked into one matmul each
         "int8+head": {"weights": "int8", "int8_skip": []},  # int8+head: lm_head in int8 too
-        # int8's input rounding and output scaling: compiled loops (agents/serving/int8_native.py, the default) or eager
+        # int8's input rounding and output scaling: compiled loops (agents/serving/native.py, the default) or eager
         "int8+head-eager": {"weights": "int8", "int8_skip": [], "int8_native": False},
+        # the KV cache: float16 read by the compiled decode attention (the default where it builds) or float32
+        "int8+head-kv32": {"weights": "int8", "int8_skip": [], "kv_dtype": "float32"},
+        "int8+head-eager-kv32": {"weights": "int8", "int8_skip": [], "int8_native": False, "kv_dtype": "float32"},
         # int8 with the rest (activations, norms, attention, lm_head) in fp32 or bf16, whatever `dtype: auto` picks here
         "int8-fp32": {"weights": "int8", "dtype": "float32"}, "int8-bf16": {"weights": "int8", "dtype": "bfloat16"},
         # decode attention: fixlab's grouped fp32 path (agents/serving/cpu_attention.py, the default) against SDPA

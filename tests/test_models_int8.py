@@ -295,9 +295,9 @@ def _eager_rows(lin: Int8Linear, rows: torch.Tensor) -> torch.Tensor:
 def test_compiled_int8_loops_are_bit_equal_to_the_eager_ops(bias):
     # model.int8_native (on by default) must change no answer: every value equal to the eager rounding and scaling,
     # on rows that make rounding hard, at sizes the threads split (prefill) and do not (decode), odd widths included.
-    from agents.serving import int8_native
+    from agents.serving import native
 
-    assert int8_native.available()
+    assert native.available()
     torch.manual_seed(3)
     for k, n, m in ((96, 200, 37), (1536, 1000, 300), (77, 13, 1), (1536, 151936 // 8, 2)):
         lin = Int8Linear(torch.nn.Linear(k, n, bias=bias), native=True)
@@ -335,15 +335,15 @@ def test_a_model_gives_the_same_logits_with_and_without_the_compiled_loops(tmp_p
 
 
 def test_without_a_compiler_int8_keeps_the_eager_ops_and_says_so(monkeypatch, capsys, tmp_path):
-    from agents.serving import int8_native
+    from agents.serving import native
 
-    monkeypatch.setattr(int8_native, "_tried", False)
-    monkeypatch.setattr(int8_native, "_lib", None)
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     monkeypatch.setenv("FIXLAB_CACHE", str(tmp_path))  # no kernel built earlier is found
     lin = Int8Linear(torch.nn.Linear(32, 8), native=True)
-    assert not lin.native and not int8_native.available()
+    assert not lin.native and not native.available()
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "int8 kernels" in err[0] and "eager" in err[0], err
+    assert len(err) == 1 and "compiled kernels" in err[0] and "eager" in err[0], err
     x = torch.randn(4, 32)
     assert torch.equal(lin(x), _eager_rows(lin, x))

@@ -1,5 +1,5 @@
-"""`pip install .` (not editable) ships everything a job needs: every package directory, the prompt templates and
-the Hydra configs (conf/, inside the wheel as flows/conf)."""
+"""`pip install .` (not editable) ships everything a job needs: every package directory, the prompt templates, the C
+source of the int8 loops and the Hydra configs (conf/, inside the wheel as flows/conf)."""
 from __future__ import annotations
 
 import shutil
@@ -25,6 +25,7 @@ def test_the_wheel_holds_every_package_prompt_and_config(tmp_path):
     wanted = {str(p.relative_to(REPO)) for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")
               if "__pycache__" not in p.parts and not p.is_relative_to(REPO / "flows" / "conf")}
     wanted |= {str(p.relative_to(REPO)) for p in (REPO / "agents" / "prompts").rglob("*") if p.is_file()}
+    wanted |= {str(p.relative_to(REPO)) for p in REPO.joinpath("agents").rglob("*.c")}  # compiled at first use
     wanted |= {"flows/" + str(p.relative_to(REPO)) for p in (REPO / "conf").rglob("*") if p.is_file()}
     assert not wanted - shipped, sorted(wanted - shipped)
     dirs = {p.parent for p in map(REPO.joinpath, wanted) if p.suffix == ".py"}

@@ -40,12 +40,15 @@ class TransformersModelConf(ModelConf):
     # prefill 138 tokens/s fused vs 153 apart, decode at batch 1/16/32 7.1/29.7/36.8 vs 6.5/31.1/35.8
     int8_fuse: bool = False
     # true: int8's input rounding and output scaling as compiled loops, built with gcc at first use (bit-equal;
-    # agents/serving/int8_native.py); eager torch ops where no compiler is found
+    # agents/serving/native.py); eager torch ops where no compiler is found
     int8_native: bool = True
     threads: int | None = None  # torch CPU threads; null = the cores this process may use (agents/serving/cores.py)
     skinny_matmul: bool = True  # cpu fp32: decode matmuls as W @ x.T (MKL's x @ W.T is up to 3x slower for 2-32 rows)
     sdpa_gqa: bool = True  # cpu: SDPA's grouped K/V heads under a padding mask (10x faster for Qwen2.5's 14:2 heads)
     cpu_attention: bool = True  # cpu: fixlab's fp32 decode attention (agents/serving/cpu_attention.py)
+    # the engine's KV cache: auto = float16 on cpu where the compiled kernels build (decode attention reads half the
+    # bytes, widened to float32 as it reads: agents/serving/kernels.c), else the model's dtype; float16; float32
+    kv_dtype: str = "auto"
     # --- batching engine (agents call generate() from many threads; the engine batches them)
     batching: bool = True  # false = one request at a time through transformers generate (reference path)
     max_batch: int = 16  # rows decoded together; finished rows leave and waiting requests take their place

@@ -26,6 +26,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from . import native
+
 NAME = "fixlab_cpu"
 SMALL_QUERY = 16  # query tokens per row up to which the matmul path wins (decode: 1; drafts: up to 16)
 
@@ -36,12 +38,21 @@ def grouped_attention(module, query, key, value, attention_mask, dropout: float 
     additive float. Returns (B, Q, H, D) as transformers' attention functions do."""
     B, H, Q, D = query.shape
     KV, L = key.shape[1], key.shape[2]
-    if (Q > SMALL_QUERY or query.device.type != "cpu" or query.dtype != torch.float32 or H % KV
-            or dropout or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None):
+    plain = not (query.device.type != "cpu" or query.dtype != torch.float32 or H % KV or dropout
+                 or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None)
+    scale = scaling if scaling is not None else D ** -0.5
+    if (plain and Q <= SMALL_QUERY and key.dtype == value.dtype == torch.float16
+            and key.stride(-1) == value.stride(-1) == 1 and native.available()
+            and (attention_mask is None or attention_mask.dtype == torch.bool)):
+        causal = attention_mask is None and Q > 1 and (is_causal if is_causal is not None
+                                                       else getattr(module, "is_causal", True))
+        return native.decode_attention(query, key, value, attention_mask, causal, scale), None
+    if key.dtype != query.dtype and query.device.type == "cpu":  # a float16 KV cache (kv_dtype) read by prefill
+        key, value = key.to(query.dtype), value.to(query.dtype)
+    if not plain or Q > SMALL_QUERY:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     G = H // KV
-    scale = scaling if scaling is not None else D ** -0.5
     plan = _row_starts(attention_mask, B, L)
     if plan is not None:
         return _attention_by_row(query, key, value, plan, scale), None

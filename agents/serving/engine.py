@@ -124,7 +124,8 @@ class BatchEngine:
     def __init__(self, model, tokenizer, *, eos_ids: set[int], max_context: int, max_batch: int = 16,
                  gather_ms: float = 30.0, max_prefill_tokens: int = 8192, pad_id: int = 0,
                  name: str = "engine", prefix_cache_mib: float = 0, draft_tokens: int = 0,
-                 draft_ngram: int = 3, draft_step_tokens: int = 16, kv_cache_mib: float = 0, heap_trim: bool = True):
+                 draft_ngram: int = 3, draft_step_tokens: int = 16, kv_cache_mib: float = 0, heap_trim: bool = True,
+                 kv_dtype: torch.dtype | None = None):
         self.model = model
         self.tok = tokenizer
         self.eos_ids = set(eos_ids)
@@ -148,8 +149,10 @@ class BatchEngine:
         self.draft_tokens, self.draft_ngram = max(0, int(draft_tokens)), max(1, int(draft_ngram))
         self.draft_step_tokens = max(2, int(draft_step_tokens))  # tokens fed per step, all rows together
         self.prefixes = PrefixStore(int(prefix_cache_mib * 2**20)) if prefix_cache_mib > 0 else None
+        # the KV cache's dtype (None = the model's): float16 halves what decode attention reads (cpu_attention.py)
+        self.kv_dtype = kv_dtype
         # KV budget of the running batch (rows x padded length x kv_token_bytes); 0 = none. See _take_new.
-        self.kv_budget, self.kv_token_bytes = int(kv_cache_mib * 2**20), kv_token_bytes(model)
+        self.kv_budget, self.kv_token_bytes = int(kv_cache_mib * 2**20), kv_token_bytes(model, kv_dtype)
         self.heap_trim = bool(heap_trim)  # hand free heap memory back to the OS (agents/serving/heap.py)
         if self.heap_trim:
             map_large_blocks()  # process-wide: freed KV buffers and activations leave at once, not at the next trim
@@ -286,7 +289,8 @@ class BatchEngine:
         pos = (mask.cumsum(-1) - 1).clamp_min(0)
         cache = DynamicCache(config=self.model.config)
         # Full-attention layers get room to grow in place (see _GrowingLayer); others keep their own logic.
-        cache.layers = [_GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+        cache.layers = [_GrowingLayer(self.kv_dtype) if type(layer) is DynamicLayer else layer
+                        for layer in cache.layers]
         if skip:
             if len(rows) != 1 or any(type(layer) is not type(_GrowingLayer()) for layer in cache.layers):
                 raise RequestError("prefix reuse needs one row and full-attention layers only")
@@ -688,6 +692,8 @@ def _growing_layer_class():
         - rows joining are written into spare rows, left-padded with zeros to the batch's length (`append_rows`).
         Padding columns hold zeros (finite: a masked score times a padded value must stay 0)."""
 
+        store_dtype: torch.dtype | None = None  # the buffers' dtype; None = that of the keys first stored
+
         def lazy_initialization(self, key_states, value_states) -> None:
             super().lazy_initialization(key_states, value_states)
             self._empty()
@@ -712,7 +718,8 @@ def _growing_layer_class():
             rows = -(-rows // 8) * 8 if spare_rows else rows
             cap = left + cols + self._room(cols)
             shape = (rows, like.shape[1], cap, like.shape[-1])
-            return like.new_empty(shape), like.new_empty(shape)
+            dtype = self.store_dtype or like.dtype  # a step's new keys are cast as they are written
+            return like.new_empty(shape, dtype=dtype), like.new_empty(shape, dtype=dtype)
 
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
@@ -822,24 +829,26 @@ def _growing_layer_class():
     return GrowingLayer
 
 
-def _GrowingLayer():
+def _GrowingLayer(store_dtype: torch.dtype | None = None):
     global _GROWING
     if _GROWING is None:
         _GROWING = _growing_layer_class()
-    return _GROWING()
+    layer = _GROWING()
+    layer.store_dtype = store_dtype
+    return layer
 
 
 _GROWING = None
 
 
-def kv_token_bytes(model) -> int:
+def kv_token_bytes(model, kv_dtype: torch.dtype | None = None) -> int:
     """Bytes of keys and values one token of one row takes in the cache, all layers; 0 where the config does not say."""
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     try:
         heads = cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+        dtype = kv_dtype or next(p.dtype for p in model.parameters() if p.is_floating_point())
         return int(cfg.num_hidden_layers) * 2 * int(kv_heads) * int(head_dim) * dtype.itemsize
     except (AttributeError, TypeError, StopIteration):
         return 0

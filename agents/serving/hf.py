@@ -96,6 +96,38 @@ def resolve_weights(name: str | None, device) -> str:
     return name
 
 
+KV_DTYPES = ("auto", "float16", "float32")
+
+
+def resolve_kv_dtype(name: str | None, device, dtype, cpu_attention: bool = True):
+    """The batching engine's KV cache dtype, None = the model's. float16: decode attention reads half the bytes,
+    widened to float32 as it reads (agents/serving/kernels.c); CPU with float32 compute only. auto: float16 there
+    when fixlab's compiled kernels build (agents/serving/native.py), else the model's dtype."""
+    import torch
+
+    name = str(name or "auto").strip().lower()
+    if name not in KV_DTYPES:
+        raise BadModelConfig(f"unknown kv_dtype {name!r}: use {', '.join(KV_DTYPES)}")
+    fits = device.type == "cpu" and dtype == torch.float32 and cpu_attention
+    if name == "auto":
+        if not fits:
+            return None
+        from .native import available
+
+        return torch.float16 if available() else None
+    if name == "float16" and not fits:
+        raise BadModelConfig(f"kv_dtype: float16 is for CPU decode in float32 with cpu_attention on (here: "
+                             f"{device.type}, {str(dtype).replace('torch.', '')}); fix: kv_dtype=auto")
+    if name == "float16":
+        from .native import available
+
+        if not available():
+            raise BadModelConfig("kv_dtype: float16 needs fixlab's compiled kernels, which could not be built here "
+                                 "(no gcc?); fix: kv_dtype=auto or install gcc")
+        return torch.float16
+    return None  # float32: the model's dtype (float32 on CPU beside int8 weights)
+
+
 def _source(cfg: TransformersModelConf) -> tuple[str, dict]:
     """Where the weights come from: (path or hub id, from_pretrained kwargs)."""
     given = [k for k in ("pack", "path", "model") if getattr(cfg, k)]
@@ -128,6 +160,7 @@ class TransformersModel:
         self.device = resolve_device(cfg.device)
         self.weights = resolve_weights(cfg.weights, self.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device, self.weights)
+        self.kv_dtype = resolve_kv_dtype(cfg.kv_dtype, self.device, self.dtype, bool(cfg.cpu_attention))
         t0 = time.perf_counter()
         self._load(cfg)
         self.load_seconds = time.perf_counter() - t0
@@ -158,7 +191,7 @@ class TransformersModel:
                 name=f"engine-{self.name}", prefix_cache_mib=float(cfg.prefix_cache_mib or 0),
                 draft_tokens=int(cfg.draft_tokens or 0), draft_ngram=int(cfg.draft_ngram),
                 draft_step_tokens=int(cfg.draft_step_tokens), kv_cache_mib=float(cfg.kv_cache_mib or 0),
-                heap_trim=bool(cfg.heap_trim))
+                heap_trim=bool(cfg.heap_trim), kv_dtype=self.kv_dtype)
 
     def _load(self, cfg: TransformersModelConf) -> None:
         """Tokenizer and weights onto the device, with the CPU kernels' settings; one line when they cannot load."""

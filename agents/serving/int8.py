@@ -35,7 +35,7 @@ import threading
 import numpy as np
 import torch
 
-from . import int8_native
+from . import native as kernels
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,9 +69,9 @@ class only_rows:
 class Int8Linear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, weight: torch.Tensor | None = None, native: bool = False):
         """`weight`: linear.weight's values when the caller read them elsewhere (MappedFiles), else linear.weight.
-        `native`: round the input and scale the products with the compiled loops of int8_native.py (bit-equal)."""
+        `native`: round the input and scale the products with the compiled loops of native.py (bit-equal)."""
         super().__init__()
-        self.native = native and int8_native.available()
+        self.native = native and kernels.available()
         w = (linear.weight if weight is None else weight).detach().float()
         scale, q = quantize_rows(w)
         # Stored N x K and passed as its transpose (a K x N view): oneDNN was 1.1-3.5x faster with this layout
@@ -93,9 +93,9 @@ class Int8Linear(torch.nn.Module):
         return y.reshape(*shape[:-1], self.out_features).to(dtype)
 
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.native:  # the same values from two compiled loops (int8_native.py)
-            xq, xs = int8_native.quantize_rows(rows)
-            return int8_native.scale_products(torch._int_mm(xq, self.qweight.t()), xs, self.scale, self.bias)
+        if self.native:  # the same values from two compiled loops (native.py)
+            xq, xs = kernels.quantize_rows(rows)
+            return kernels.scale_products(torch._int_mm(xq, self.qweight.t()), xs, self.scale, self.bias)
         xs = (rows.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
         xq = torch.round(rows / xs).to(torch.int8)
         y = torch._int_mm(xq, self.qweight.t()).float().mul_(xs).mul_(self.scale)
@@ -163,7 +163,7 @@ SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = False, native: bool = True) -> int:
     """Replace every nn.Linear whose name does not end with one of `skip` by int8 (an Int8Linear, or with `fuse` a
     slice of a stacked group for q/k/v and gate/up), in place. Returns how many linears were replaced.
-    `native`: the compiled rounding and scaling loops where they build (int8_native.py; same values).
+    `native`: the compiled rounding and scaling loops where they build (native.py; same values).
     One linear at a time, and only names are kept: a float32 linear is freed as soon as it is replaced."""
     targets = [name for name, mod in model.named_modules()
                if type(mod) is torch.nn.Linear and not any(name == s or name.endswith("." + s) for s in skip)]
