@@ -42,6 +42,8 @@ ROWS = {
                     "strategy.stop_after_code=false"],
     # everything on: the config's defaults (int8 matmuls, prefix reuse, stop at the closing fence)
     "engine": ["model=qwen1.5b-coder-q4"],
+    # the defaults before the compiled int8 loops and the float16 KV cache (agents/serving/kernels.c)
+    "engine-eager-kv32": ["model=qwen1.5b-coder-q4", "model.int8_native=false", "model.kv_dtype=float32"],
     # the drafts' defaults before drafts at full batch (8 drafted tokens a row, 16 tokens a step: below 8 rows only)
     "engine-drafts-below-8-rows": ["model=qwen1.5b-coder-q4", "model.draft_tokens=8", "model.draft_step_tokens=16"],
     # llama.cpp as a user would start it (no stop at the closing fence), then with fixlab's settings

@@ -171,6 +171,7 @@ SPEED: list[tuple[str, str]] = [
     ("weights", "weights-20261125T151115Z.json"),
     ("weights", "weights-20261125T172314Z.json"),
     ("weights", "weights-20261127T033700Z.json"),
+    ("weights", "weights-20261127T180814Z.json"),
     ("endtoend", "endtoend-reflection-20261125T113857Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T014247Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T013001Z.json"),
@@ -209,6 +210,8 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261127T020331Z-fullsize-default-final.json"),
     ("memory", "memory-20261127T025115Z-fullsize-prefill896.json"),
     ("memory", "memory-20261127T090825Z-fullsize-drafts.json"),
+    ("memory", "memory-20261127T180944Z-fullsize-native.json"),
+    ("memory", "memory-20261127T182831Z-fullsize-native-kv16.json"),
     ("drafts", "drafts-20261127T095125Z.json"),
     ("forward", "forward-20261127T101425Z.json"),
 ]
@@ -1055,7 +1058,9 @@ def speed_memory(results: Path) -> list[str]:
 # value)], today's value), from the history of conf/model/qwen1.5b-coder-q4.yaml. A file's job is named by what differs
 # from today's defaults, so that the table and the reruns below group the jobs that ran alike.
 CHANGED_DEFAULTS = {"model.int8_skip": ([("20261127T003619Z", "[lm_head]")], "[]"),
-                    "model.max_prefill_tokens": ([("20261126T192424Z", "8192"), ("20261127T025115Z", "2048")], "896")}
+                    "model.max_prefill_tokens": ([("20261126T192424Z", "8192"), ("20261127T025115Z", "2048")], "896"),
+                    "model.int8_native": ([("20261127T180944Z", "false")], "true"),
+                    "model.kv_dtype": ([("20261127T182831Z", "float32")], "auto")}
 
 
 def job_as_today(args: list[str], utc: str) -> list[str]:

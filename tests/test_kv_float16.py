@@ -17,7 +17,7 @@ import torch.nn.functional as F  # noqa: E402
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
 from agents.serving.hf import BadModelConfig, TransformersModel  # noqa: E402
-from test_models_engine import msgs, run_concurrently  # noqa: E402
+from test_models_engine import assert_batched_answers_equal_alone, msgs, run_concurrently  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="the compiled kernels need gcc")
@@ -87,12 +87,7 @@ def test_the_cache_is_float16_by_default_on_cpu_and_answers_do_not_depend_on_the
                                                 dtype="float32", prefix_cache_mib=64))
     try:
         assert m.kv_dtype == torch.float16 and m.engine.kv_dtype == torch.float16
-        reqs = [GenRequest(messages=msgs(k), max_new_tokens=6 + 3 * k) for k in range(1, 7)]
-        alone = [m.generate(r) for r in reqs]
-        together = run_concurrently(m, reqs)
-        for a, b in zip(alone, together):
-            assert not isinstance(b, Exception), b
-            assert a.text == b.text and a.completion_tokens == b.completion_tokens
+        assert_batched_answers_equal_alone(m)
         assert m.engine.stats["max_rows"] == 3
         (_, kv, _), *_ = m.engine.prefixes._entries.values()  # what a later round reuses: float16 too
         assert kv[0][0].dtype == torch.float16

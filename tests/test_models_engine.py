@@ -63,6 +63,16 @@ def tiny(request, tmp_path_factory):
     single.close()
 
 
+def assert_batched_answers_equal_alone(m, n: int = 6) -> None:
+    """n requests of different lengths and budgets, one at a time and then all together: the same answers."""
+    reqs = [GenRequest(messages=msgs(k), max_new_tokens=6 + 3 * k) for k in range(1, n + 1)]
+    alone = [m.generate(r) for r in reqs]
+    together = run_concurrently(m, reqs)
+    for a, b in zip(alone, together):
+        assert not isinstance(b, Exception), b
+        assert a.text == b.text and a.completion_tokens == b.completion_tokens
+
+
 def test_greedy_batched_equals_alone_and_hf_generate(tiny):
     batched, single = tiny
     # different lengths and budgets: rows leave at different steps; 7 requests on max_batch=3 forces refills

@@ -16,7 +16,7 @@ from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
 from agents.serving.hf import BadModelConfig, TransformersModel  # noqa: E402
 from agents.serving.int8 import Int8Linear, StackedSlice, quantize_int8, quantize_rows  # noqa: E402
-from test_models_engine import msgs, run_concurrently  # noqa: E402
+from test_models_engine import assert_batched_answers_equal_alone, msgs  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
 
@@ -71,12 +71,7 @@ def test_int8_model_answers_the_same_batched_and_alone(tiny_int8):
     assert sum(isinstance(x, Int8Linear) for x in m.model.modules()) == 2 * 7
     assert not any(isinstance(x, StackedSlice) for x in m.model.modules())
     assert type(m.model.lm_head) is torch.nn.Linear
-    reqs = [GenRequest(messages=msgs(k), max_new_tokens=6 + 3 * k) for k in range(1, 7)]
-    alone = [m.generate(r) for r in reqs]
-    together = run_concurrently(m, reqs)
-    for a, b in zip(alone, together):
-        assert not isinstance(b, Exception), b
-        assert a.text == b.text and a.completion_tokens == b.completion_tokens
+    assert_batched_answers_equal_alone(m)
     assert m.engine.stats["max_rows"] == 3
 
 
