@@ -75,6 +75,10 @@ SWEEPS: dict[str, Sweep] = {
                           "single_shot, bf16 beside int8 (before 63474fc)",
                           "EPYC", ("strategies", "protocols", "speed_history"),
                           change="int8 weights, bf16 elsewhere, SDPA attention (the start)"),
+    "default_kv16": Sweep("fullsize-single_shot-default-native-kv16-epyc-20261127.json",
+                          "single_shot, compiled int8 loops and float16 KV cache", "EPYC", ("strategies", "speed_history"),
+                          change="compiled int8 rounding and scaling, float16 KV cache read by a compiled decode "
+                                 "attention (ed8444b); run through benchmarks/memory.py"),
     "default_xeon": Sweep("fullsize-single_shot-budgets-20261125.json", "single_shot", "Xeon", ("strategies",),
                           strategy="single_shot"),
     "reflection": Sweep("fullsize-reflection-epyc-fp32-20261126.json",
@@ -148,6 +152,8 @@ PAIRS: list[Pair] = [
     Pair("16 answers vs 8, single_shot's answer stream", ("stream16", 15), ("grid_k1", 7), "techniques"),
     Pair("same job, two commits with result-neutral speed changes", ("default", 3), ("default_grouped", 3), "noise"),
     Pair("same job, bf16 vs fp32 beside the int8 weights", ("default_bf16", 3), ("default", 3), "noise"),
+    Pair("same job, float16 KV cache and compiled int8 loops vs the float32 cache (two days and many speed changes "
+         "apart)", ("default_kv16", 3), ("default", 3), "noise"),
     Pair("`hidden` vs `tests`, 3 rounds (both bf16)", ("hidden", 3), ("default_bf16", 3), "protocols"),
     Pair("`docs` vs `tests`, 3 rounds (both fp32)", ("docs", 3), ("default", 3), "protocols"),
     Pair("`hidden`: 3 candidates with the self-check, 1 round, vs 1 candidate, 4 rounds", ("hidden_check", 0),
@@ -212,14 +218,15 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261127T090825Z-fullsize-drafts.json"),
     ("memory", "memory-20261127T180944Z-fullsize-native.json"),
     ("memory", "memory-20261127T182831Z-fullsize-native-kv16.json"),
+    ("memory", "memory-20261127T184148Z-fullsize-eager-kv32.json"),
     ("drafts", "drafts-20261127T095125Z.json"),
     ("forward", "forward-20261127T101425Z.json"),
 ]
 
 # The README's speed paragraph: the newest figure of each kind (each file also has its row in SPEED).
-SPEED_HEADLINE = {"job": "memory-20261127T090825Z-fullsize-drafts.json",  # make eval's job, all tasks
-                  "job_before": ("memory-20261127T025115Z-fullsize-prefill896.json",  # the same job, before:
-                                 "prompt-lookup drafts at full batch"),
+SPEED_HEADLINE = {"job": "memory-20261127T182831Z-fullsize-native-kv16.json",  # make eval's job, all tasks
+                  "job_before": ("memory-20261127T184148Z-fullsize-eager-kv32.json",  # the same job, before:
+                                 "the compiled int8 loops and the float16 KV cache, on the same machine"),
                   "decode": "weights-20261127T033700Z.json",  # benchmarks/weights.py at 32 rows
                   "drafts": "drafts-20261127T095125Z.json",  # benchmarks/drafts.py: drafts at full batch or not
                   "gpu": "generation-cuda-bf16-20261127T020827Z.json",  # benchmarks/gpu_check.sh
@@ -1231,6 +1238,13 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
     with reading(SPEED_HEADLINE["endtoend"]):
         d = _read(results, SPEED_HEADLINE["endtoend"])
         wall = {r["row"]: r["wall_s"] for r in d["rows"] if r.get("wall_s")}
+        if {"engine", "engine-eager-kv32"} <= set(wall):
+            out.append(f"On the {d['rows'][0]['tasks']}-task {d['strategy']} job side by side, the compiled int8 "
+                       f"loops and the float16 KV cache took {wall['engine']:.0f} s against "
+                       f"{wall['engine-eager-kv32']:.0f} s ({wall['engine-eager-kv32'] / wall['engine']:.2f}x)"
+                       + "".join(f"; {o['strategy']}'s job {o['after']:.0f} s against {o['before']:.0f} s "
+                                 f"({o['before'] / o['after']:.2f}x, {o['file']})" for o in other_strategies(results))
+                       + ".")
         if {"engine", "engine-drafts-below-8-rows"} <= set(wall):
             out.append(f"On the {d['rows'][0]['tasks']}-task {d['strategy']} job side by side, drafts at full batch "
                        f"took {wall['engine']:.0f} s against {wall['engine-drafts-below-8-rows']:.0f} s "
@@ -1251,6 +1265,19 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
                        f"own continuous batching ({SPEED_HEADLINE['gpu']}).")
     out.append("More: docs/RESULTS.md, section 7.")
     return wrap("**Speed.** " + " ".join(out))
+
+
+def other_strategies(results: Path) -> list[dict]:
+    """The same before/after pair on the other strategies' 30-task jobs (SPEED_HEADLINE's endtoend_others)."""
+    out = []
+    for name in SPEED_HEADLINE.get("endtoend_others", ()):
+        with reading(name):
+            d = _read(results, name)
+            wall = {r["row"]: r["wall_s"] for r in d["rows"] if r.get("wall_s")}
+            if {"engine", "engine-eager-kv32"} <= set(wall):
+                out.append({"strategy": d["strategy"], "after": wall["engine"], "before": wall["engine-eager-kv32"],
+                            "file": name})
+    return out
 
 
 def job_before(results: Path) -> str | None:
