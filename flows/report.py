@@ -178,6 +178,7 @@ SPEED: list[tuple[str, str]] = [
     ("weights", "weights-20261125T172314Z.json"),
     ("weights", "weights-20261127T033700Z.json"),
     ("weights", "weights-20261127T180814Z.json"),
+    ("weights", "weights-20261127T191023Z.json"),
     ("endtoend", "endtoend-reflection-20261125T113857Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T014247Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T013001Z.json"),
@@ -199,6 +200,8 @@ SPEED: list[tuple[str, str]] = [
     ("decode_profile", "decode-profile-20261127T024756Z-prefill896.json"),
     ("decode_profile", "decode-profile-20261127T025044Z-prefill2048.json"),
     ("decode_profile", "decode-profile-20261127T041833Z.json"),
+    ("decode_profile", "decode-profile-20261127T190040Z-before-eager-kv32.json"),
+    ("decode_profile", "decode-profile-20261127T190227Z-after-native-kv16.json"),
     ("memory", "memory-20261126T171409Z-after-int8.json"),
     ("memory", "memory-20261126T174015Z-series-int8.json"),
     ("memory", "memory-20261126T182944Z-trim.json"),
@@ -227,7 +230,7 @@ SPEED: list[tuple[str, str]] = [
 SPEED_HEADLINE = {"job": "memory-20261127T182831Z-fullsize-native-kv16.json",  # make eval's job, all tasks
                   "job_before": ("memory-20261127T184148Z-fullsize-eager-kv32.json",  # the same job, before:
                                  "the compiled int8 loops and the float16 KV cache, on the same machine"),
-                  "decode": "weights-20261127T033700Z.json",  # benchmarks/weights.py at 32 rows
+                  "decode": "weights-20261127T191023Z.json",  # benchmarks/weights.py at 32 rows
                   "drafts": "drafts-20261127T095125Z.json",  # benchmarks/drafts.py: drafts at full batch or not
                   "gpu": "generation-cuda-bf16-20261127T020827Z.json",  # benchmarks/gpu_check.sh
                   "endtoend": "endtoend-single_shot-20261127T100907Z.json"}  # 30 tasks, engine and llama.cpp
