@@ -2,7 +2,9 @@
 
 Each nn.Linear of the decoder layers becomes an Int8Linear: its weight is rounded once to int8 with one scale
 per output channel, and each input row is rounded to int8 with its own scale (absmax / 127) on every call.
-The product is torch._int_mm (oneDNN; VNNI where the CPU has it), exact in int32, then scaled back.
+The product is torch._int_mm (oneDNN; VNNI where the CPU has it), exact in int32, then scaled back. The rounding and
+the scaling run as two compiled loops where gcc builds them (native.py, `model.int8_native`; bit-equal to the eager
+ops kept below): on the 2-core EPYC they cut the work around the products from about 97 to 23 ms a decode step.
 
 Why this scheme: a row's result depends only on that row (integer sums are exact and the scales are
 per row and per channel), so batching, padding and prefix reuse change no bits, as in fp32. torch's dynamic
