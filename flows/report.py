@@ -187,6 +187,7 @@ SPEED: list[tuple[str, str]] = [
     ("endtoend", "endtoend-single_shot-20261127T082100Z.json"),
     ("endtoend", "endtoend-single_shot-20261127T100907Z.json"),
     ("endtoend", "endtoend-single_shot-20261127T192300Z.json"),
+    ("endtoend", "endtoend-reflection-20261127T193926Z.json"),
     ("generation", "generation-cpu-20261122-053032.json"),
     ("generation", "generation-cpu-20261122-055229.json"),
     ("generation", "generation-cpu-20261122-060607.json"),
@@ -234,7 +235,8 @@ SPEED_HEADLINE = {"job": "memory-20261127T182831Z-fullsize-native-kv16.json",  #
                   "decode": "weights-20261127T191023Z.json",  # benchmarks/weights.py at 32 rows
                   "drafts": "drafts-20261127T095125Z.json",  # benchmarks/drafts.py: drafts at full batch or not
                   "gpu": "generation-cuda-bf16-20261127T020827Z.json",  # benchmarks/gpu_check.sh
-                  "endtoend": "endtoend-single_shot-20261127T192300Z.json"}  # 30 tasks, engine and llama.cpp
+                  "endtoend": "endtoend-single_shot-20261127T192300Z.json",  # 30 tasks, engine and llama.cpp
+                  "endtoend_others": ("endtoend-reflection-20261127T193926Z.json",)}  # the same pair, reflection
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
 HARNESS: list[str] = ["fullsize-canonical-buggy-docker-epyc-20261126.json"]
