@@ -224,6 +224,7 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261127T180944Z-fullsize-native.json"),
     ("memory", "memory-20261127T182831Z-fullsize-native-kv16.json"),
     ("memory", "memory-20261127T184148Z-fullsize-eager-kv32.json"),
+    ("memory", "memory-20261127T193927Z-fullsize-64rows.json"),
     ("drafts", "drafts-20261127T095125Z.json"),
     ("forward", "forward-20261127T101425Z.json"),
 ]
