@@ -1241,7 +1241,8 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
     ratios = []  # llama.cpp's wall time over the engine's
     rows = tagged(sweeps, "llamacpp")
     if len(rows) == 2 and all(sw.wall_s for sw in rows):
-        ratios.append(f"{rows[1].wall_s / rows[0].wall_s:.2f}x on the default sweep")
+        ratios.append(f"{rows[1].wall_s / rows[0].wall_s:.2f}x on the default sweep with the engine of "
+                      f"{rows[0].spec.file.rsplit('-', 1)[-1][:8]} (before the compiled loops; not rerun since)")
     with reading(SPEED_HEADLINE["endtoend"]):
         d = _read(results, SPEED_HEADLINE["endtoend"])
         wall = {r["row"]: r["wall_s"] for r in d["rows"] if r.get("wall_s")}
