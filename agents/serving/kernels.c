@@ -1,5 +1,6 @@
 /* fixlab's compiled CPU loops, built at first use by agents/serving/native.py with gcc -O3 -march=native -fopenmp
-   -ffp-contract=off and run on the OpenMP runtime torch has already loaded (one thread pool for both).
+   -ffp-contract=off and run on the OpenMP runtime torch has already loaded (one thread pool for both), with as many
+   threads as torch uses (`threads`: the process's fair share of the cores, agents/serving/cores.py).
 
    1. Int8Linear's rounding of its input rows and scaling of its int32 products, one pass each (int8.py).
    2. Decode attention over a KV cache kept in float16 (cpu_attention.py).
@@ -35,8 +36,9 @@ static float row_scale(const float *x, int64_t k) {
 }
 
 /* x: rows of k floats, `ldx` apart; q: rows of k int8, contiguous; scales: one per row. */
-void fixlab_quantize_rows(const float *x, int64_t rows, int64_t k, int64_t ldx, int8_t *q, float *scales) {
-#pragma omp parallel for schedule(static) if (rows * k >= 65536)
+void fixlab_quantize_rows(const float *x, int64_t rows, int64_t k, int64_t ldx, int8_t *q, float *scales,
+                         int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * k >= 65536)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * ldx;
         int8_t *qr = q + r * k;
@@ -52,12 +54,12 @@ void fixlab_quantize_rows(const float *x, int64_t rows, int64_t k, int64_t ldx, 
 
 /* acc: rows x n int32 products, contiguous, overwritten in place by their float32 values. bias may be NULL. */
 void fixlab_scale_products(int32_t *acc, int64_t rows, int64_t n, const float *xs, const float *ws,
-                           const float *bias) {
+                           const float *bias, int threads) {
     int64_t total = rows * n;
     /* columns in blocks, so that one row (decode: a few rows of 150k columns) still splits across threads */
     const int64_t block = 4096;
     int64_t blocks_per_row = (n + block - 1) / block;
-#pragma omp parallel for schedule(static) if (total >= 65536)
+#pragma omp parallel for schedule(static) num_threads(threads) if (total >= 65536)
     for (int64_t b = 0; b < rows * blocks_per_row; b++) {
         int64_t r = b / blocks_per_row, c0 = (b % blocks_per_row) * block;
         int64_t c1 = c0 + block < n ? c0 + block : n;
@@ -129,9 +131,10 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                              int64_t qsb, int64_t qsh, int64_t qsq,
                              const void *k, const void *v, int half_kv, int64_t KV, int64_t L,
                              int64_t ksb, int64_t ksh, int64_t ksl, int64_t vsb, int64_t vsh, int64_t vsl,
-                             const uint8_t *mask, int64_t msb, int64_t msq, int causal, float scale, float *out) {
+                             const uint8_t *mask, int64_t msb, int64_t msq, int causal, float scale, float *out,
+                             int threads) {
     const int64_t G = H / KV, GQ = G * Q, esize = half_kv ? 2 : 4;
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
     {
         float *scores = malloc((size_t)(GQ * L) * sizeof(float));
         float *acc = malloc((size_t)(GQ * D) * sizeof(float));

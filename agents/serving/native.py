@@ -68,11 +68,11 @@ def _build() -> ctypes.CDLL | None:
         os.replace(tmp, out)  # atomic: a concurrent builder's file is the same bytes
     lib = ctypes.CDLL(str(out))
     i64, p = ctypes.c_int64, ctypes.c_void_p
-    lib.fixlab_quantize_rows.argtypes = [p, i64, i64, i64, p, p]
-    lib.fixlab_scale_products.argtypes = [p, i64, i64, p, p, p]
+    lib.fixlab_quantize_rows.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
+    lib.fixlab_scale_products.argtypes = [p, i64, i64, p, p, p, ctypes.c_int]
     lib.fixlab_decode_attention.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, p, ctypes.c_int, i64, i64,
                                             i64, i64, i64, i64, i64, i64, p, i64, i64, ctypes.c_int, ctypes.c_float,
-                                            p]
+                                            p, ctypes.c_int]
     lib.fixlab_quantize_rows.restype = lib.fixlab_scale_products.restype = None
     lib.fixlab_decode_attention.restype = None
     return lib
@@ -106,7 +106,8 @@ def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = rows.contiguous()
     q = torch.empty((m, k), dtype=torch.int8)
     xs = torch.empty((m, 1), dtype=torch.float32)
-    _lib.fixlab_quantize_rows(rows.data_ptr(), m, k, rows.stride(0), q.data_ptr(), xs.data_ptr())
+    _lib.fixlab_quantize_rows(rows.data_ptr(), m, k, rows.stride(0), q.data_ptr(), xs.data_ptr(),
+                              torch.get_num_threads())
     return q, xs
 
 
@@ -114,7 +115,7 @@ def scale_products(acc: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor, bias: 
     """acc (M, N) int32, contiguous, becomes float32 in place: `acc.float().mul_(xs).mul_(ws).add_(bias)`."""
     m, n = acc.shape
     _lib.fixlab_scale_products(acc.data_ptr(), m, n, xs.data_ptr(), ws.data_ptr(),
-                               None if bias is None else bias.data_ptr())
+                               None if bias is None else bias.data_ptr(), torch.get_num_threads())
     return acc.view(torch.float32)
 
 
@@ -137,5 +138,6 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         query.data_ptr(), B, H, Q, D, query.stride(0), query.stride(1), query.stride(2),
         key.data_ptr(), value.data_ptr(), int(key.dtype == torch.float16), KV, L,
         key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),
-        None if mask is None else mask.data_ptr(), msb, msq, int(causal), float(scale), out.data_ptr())
+        None if mask is None else mask.data_ptr(), msb, msq, int(causal), float(scale), out.data_ptr(),
+        torch.get_num_threads())
     return out
