@@ -109,23 +109,19 @@ def resolve_kv_dtype(name: str | None, device, dtype, cpu_attention: bool = True
     if name not in KV_DTYPES:
         raise BadModelConfig(f"unknown kv_dtype {name!r}: use {', '.join(KV_DTYPES)}")
     fits = device.type == "cpu" and dtype == torch.float32 and cpu_attention
-    if name == "auto":
-        if not fits:
-            return None
-        from .native import available
-
-        return torch.float16 if available() else None
-    if name == "float16" and not fits:
+    if name == "float32" or (name == "auto" and not fits):
+        return None  # the model's dtype (float32 on CPU beside int8 weights)
+    if not fits:
         raise BadModelConfig(f"kv_dtype: float16 is for CPU decode in float32 with cpu_attention on (here: "
                              f"{device.type}, {str(dtype).replace('torch.', '')}); fix: kv_dtype=auto")
-    if name == "float16":
-        from .native import available
+    from .native import available
 
-        if not available():
-            raise BadModelConfig("kv_dtype: float16 needs fixlab's compiled kernels, which could not be built here "
-                                 "(no gcc?); fix: kv_dtype=auto or install gcc")
+    if available():
         return torch.float16
-    return None  # float32: the model's dtype (float32 on CPU beside int8 weights)
+    if name == "auto":
+        return None
+    raise BadModelConfig("kv_dtype: float16 needs fixlab's compiled kernels, which could not be built here "
+                         "(no gcc?); fix: kv_dtype=auto or install gcc")
 
 
 def _source(cfg: TransformersModelConf) -> tuple[str, dict]:

@@ -86,7 +86,7 @@ void fixlab_scale_products(int32_t *acc, int64_t rows, int64_t n, const float *x
    out[b, q, h, :] = softmax_l(scale * q[b, h, q, :] . k[b, h / G, l, :]) @ v[b, h / G, l, :]
    over the columns l the mask lets query q of row b see (a NULL mask: all of them, or causally with `causal`).
    A column no query of a row may see (left padding, rejected drafts) is never read: each row costs its own length.
-   K and V are float32 or float16 (kv_half), widened to float32 as they are read; scores, softmax and sums are float32.
+   K and V are float16, widened to float32 as they are read; scores, softmax and sums are float32.
    One work item is a row and a K/V head: its G query heads (and Q query positions) share each K/V read. */
 
 typedef _Float16 half;
@@ -112,35 +112,30 @@ static inline float exp_neg(float x) {
     return p;
 }
 
-static inline void widen(const void *src, int half_kv, int64_t d, float *dst) {
-    if (half_kv) { /* exact: every float16 is a float32 */
-        const half *s = (const half *)src;
-        int64_t i = 0;
+static inline void widen(const half *s, int64_t d, float *dst) { /* exact: every float16 is a float32 */
+    int64_t i = 0;
 #if defined(__AVX512F__)
-        for (; i + 16 <= d; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
+    for (; i + 16 <= d; i += 16) _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
 #elif defined(__F16C__)
-        for (; i + 8 <= d; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
 #endif
-        for (; i < d; i++) dst[i] = (float)s[i];
-    } else {
-        memcpy(dst, src, (size_t)d * sizeof(float));
-    }
+    for (; i < d; i++) dst[i] = (float)s[i];
 }
 
 void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, int64_t D,
                              int64_t qsb, int64_t qsh, int64_t qsq,
-                             const void *k, const void *v, int half_kv, int64_t KV, int64_t L,
+                             const half *k, const half *v, int64_t KV, int64_t L,
                              int64_t ksb, int64_t ksh, int64_t ksl, int64_t vsb, int64_t vsh, int64_t vsl,
                              const uint8_t *mask, int64_t msb, int64_t msq, int causal, float scale, float *out,
                              int threads) {
-    const int64_t G = H / KV, GQ = G * Q, esize = half_kv ? 2 : 4;
+    const int64_t G = H / KV, GQ = G * Q;
 #pragma omp parallel num_threads(threads)
     {
         float *scores = malloc((size_t)(GQ * L) * sizeof(float));
         float *acc = malloc((size_t)(GQ * D) * sizeof(float));
         float *kv = malloc((size_t)D * sizeof(float));
         uint8_t *seen = malloc((size_t)(Q * L + L));
-        float *mx = malloc((size_t)GQ * sizeof(float)), *sum = malloc((size_t)GQ * sizeof(float));
+        float *sum = malloc((size_t)GQ * sizeof(float));
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < B * KV; item++) {
             const int64_t b = item / KV, kh = item % KV;
@@ -153,11 +148,10 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                     sees[qi * L + l] = s;
                     any[l] |= s;
                 }
-            const char *kb = (const char *)k + (b * ksb + kh * ksh) * esize;
-            const char *vb = (const char *)v + (b * vsb + kh * vsh) * esize;
+            const half *kb = k + b * ksb + kh * ksh, *vb = v + b * vsb + kh * vsh;
             for (int64_t l = 0; l < L; l++) {
                 if (!any[l]) continue;
-                widen(kb + l * ksl * esize, half_kv, D, kv);
+                widen(kb + l * ksl, D, kv);
                 for (int64_t g = 0; g < G; g++)
                     for (int64_t qi = 0; qi < Q; qi++) {
                         float *srow = scores + (g * Q + qi) * L;
@@ -186,13 +180,12 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                         t += e;
                     }
                 }
-                mx[r] = m;
                 sum[r] = t;
                 for (int64_t d = 0; d < D; d++) acc[r * D + d] = 0.0f;
             }
             for (int64_t l = 0; l < L; l++) {
                 if (!any[l]) continue;
-                widen(vb + l * vsl * esize, half_kv, D, kv);
+                widen(vb + l * vsl, D, kv);
                 for (int64_t r = 0; r < GQ; r++) {
                     const float p = scores[r * L + l];
                     float *a = acc + r * D;
@@ -207,6 +200,6 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                 for (int64_t d = 0; d < D; d++) o[d] = acc[r * D + d] * inv;
             }
         }
-        free(scores); free(acc); free(kv); free(seen); free(mx); free(sum);
+        free(scores); free(acc); free(kv); free(seen); free(sum);
     }
 }

@@ -1,15 +1,15 @@
 """fixlab's compiled CPU loops (kernels.c): int8's input rounding and output scaling (`model.int8_native`), and
 decode attention over a float16 KV cache (`model.kv_dtype`, agents/serving/cpu_attention.py).
 
-Int8 loops. Why: around each torch._int_mm the eager path makes five passes over memory (abs, amax, divide, round, cast in;
-int32 to float, two multiplies, add out), each a new tensor or a full read and write. On a 2-core EPYC they took
+Int8 loops. Why: around each torch._int_mm the eager path makes five passes over memory (abs, amax, divide, round,
+cast in; int32 to float, two multiplies, add out), each a new tensor or a full read and write. On a 2-core EPYC they took
 about a third of the int8 matmul time in decode and 40% of it in prefill (benchmarks/decode_profile.py). The C
 loops read the input twice (absmax, then round) and scale the int32 products in place, in one pass.
 
 The results are bit-equal to the eager ops (kernels.c says how; test in tests/test_models_int8.py), so
 turning this on or off changes no answer.
 
-Built once per machine at first use: gcc -O3 -march=native -fopenmp into FIXLAB_CACHE/kernels (~1 s), named by a
+Built once per machine at first use: gcc -O3 -march=native -fopenmp into FIXLAB_CACHE/kernels (~0.2 s), named by a
 hash of the source, the compiler and the CPU's flags. Loaded after torch, so its OpenMP calls run on the runtime
 torch already loaded (torch/lib/libgomp.so.1: one thread pool). Without gcc, or if the build fails, `available()`
 is False: Int8Linear keeps the eager ops and the KV cache stays float32 (one line on stderr says why).
@@ -70,7 +70,7 @@ def _build() -> ctypes.CDLL | None:
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.fixlab_quantize_rows.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
     lib.fixlab_scale_products.argtypes = [p, i64, i64, p, p, p, ctypes.c_int]
-    lib.fixlab_decode_attention.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, p, ctypes.c_int, i64, i64,
+    lib.fixlab_decode_attention.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, p, i64, i64,
                                             i64, i64, i64, i64, i64, i64, p, i64, i64, ctypes.c_int, ctypes.c_float,
                                             p, ctypes.c_int]
     lib.fixlab_quantize_rows.restype = lib.fixlab_scale_products.restype = None
@@ -121,7 +121,7 @@ def scale_products(acc: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor, bias: 
 
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                      causal: bool, scale: float) -> torch.Tensor:
-    """query (B, H, Q, D) float32; key, value (B, KV, L, D) float32 or float16, last dim contiguous; mask None or
+    """query (B, H, Q, D) float32; key, value (B, KV, L, D) float16, last dim contiguous; mask None or
     bool (B or 1, 1, Q, >= L), True = attend. Returns (B, Q, H, D) float32, as transformers' attention functions."""
     B, H, Q, D = query.shape
     KV, L = key.shape[1], key.shape[2]
@@ -136,7 +136,7 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         msb, msq = (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(2)
     _lib.fixlab_decode_attention(
         query.data_ptr(), B, H, Q, D, query.stride(0), query.stride(1), query.stride(2),
-        key.data_ptr(), value.data_ptr(), int(key.dtype == torch.float16), KV, L,
+        key.data_ptr(), value.data_ptr(), KV, L,
         key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),
         None if mask is None else mask.data_ptr(), msb, msq, int(causal), float(scale), out.data_ptr(),
         torch.get_num_threads())
