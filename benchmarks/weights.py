@@ -13,6 +13,10 @@ per row, fixed length, no EOS; the prompts come from the prefix store, so this i
     .venv/bin/python benchmarks/weights.py --rows int8-bf16-sdpa,int8-fp32-sdpa,int8 --batches 1 16 32 --context 1000
     .venv/bin/python benchmarks/weights.py --rows int8+head-eager,int8+head --batches 1 32 --context 700  # compiled loops
     .venv/bin/python benchmarks/weights.py --rows int8+head-eager-kv32,int8+head-kv32,int8+head --batches 1 32 --context 700
+    .venv/bin/python benchmarks/weights.py --rows int8@a577d8e,int8+head,int8@a577d8e,int8+head --batches 32 --context 700
+
+A row named NAME@REV is row NAME of this script as it was at git revision REV (run from a temporary worktree of
+this repository in a child process): the engine as it stood then, measured beside today's in one run.
 
 Writes benchmarks/results/weights-<UTC time>.json and prints a table.
 """
@@ -22,7 +26,10 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -161,6 +168,41 @@ def row(name: str, batches: list[int], msgs: list[list[dict]], ref: list[list[in
         m.close()
 
 
+class Revisions:
+    """Rows of this script as it was at other git revisions: one temporary worktree per revision, removed on exit."""
+
+    def __init__(self) -> None:
+        self.trees: dict[str, tuple[str, Path]] = {}
+
+    def row(self, name: str, rev: str, batches: list[int], context: int) -> dict:
+        if rev not in self.trees:
+            git = ["git", "-C", str(REPO)]
+            sha = subprocess.run(git + ["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                                 capture_output=True, text=True).stdout.strip()
+            if not sha:
+                sys.exit(f"error: row {name}@{rev}: {rev!r} is not a commit of this repository (git log shows them)")
+            tree = Path(tempfile.mkdtemp(prefix=f"weights-{rev}-")) / "tree"
+            if (REPO.parent / "shared").is_dir():  # what the repository finds beside it (the offline dataset)
+                (tree.parent / "shared").symlink_to(REPO.parent / "shared")
+            subprocess.run(git + ["worktree", "add", "--detach", "--quiet", str(tree), sha], check=True)
+            self.trees[rev] = (sha, tree)
+        sha, tree = self.trees[rev]
+        out = tree.parent / f"{name}.json"
+        cmd = [sys.executable, str(tree / "benchmarks" / "weights.py"), "--rows", name, "--context", str(context),
+               "--out", str(out), "--batches", *map(str, batches)]
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)  # relative settings (the dataset) as here
+        if done.returncode or not out.exists():
+            last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            sys.exit(f"error: row {name}@{rev} failed at that revision: {last[0]}")
+        r = json.loads(out.read_text())["rows"][0]
+        return {**r, "weights": f"{name}@{rev}", "revision": sha}
+
+    def close(self) -> None:
+        for _, tree in self.trees.values():
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
+            shutil.rmtree(tree.parent, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="dtype,int8,int8+head,llamacpp")
@@ -170,17 +212,24 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     msgs = prompts(8)
-    rows, ref = [], None
-    for w in args.rows.split(","):
-        if w not in ROWS:
-            sys.exit(f"error: unknown row {w!r}: use {', '.join(ROWS)}")
-        if w == "llamacpp":
-            r = llamacpp_row(args.batches, msgs)
-        else:
-            r, greedy = row(w, args.batches, msgs, ref, args.context)
-            ref = ref if ref is not None else greedy
-        rows.append(r)
-        print(json.dumps(r), flush=True)
+    rows, ref, then = [], None, Revisions()
+    names = args.rows.split(",")
+    for w in names:
+        if w.partition("@")[0] not in ROWS and "@" not in w:
+            sys.exit(f"error: unknown row {w!r}: use {', '.join(ROWS)}, or NAME@REV for a row at a git revision")
+    try:
+        for w in names:
+            if "@" in w:
+                r = then.row(*w.split("@", 1), args.batches, args.context)
+            elif w == "llamacpp":
+                r = llamacpp_row(args.batches, msgs)
+            else:
+                r, greedy = row(w, args.batches, msgs, ref, args.context)
+                ref = ref if ref is not None else greedy
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    finally:
+        then.close()
     base = rows[0]
     for r in rows[1:]:
         r["speedup_vs_first"] = {k: round(r[k] / base[k], 2) for k in r if k.endswith("_tok_s") and base.get(k)}
