@@ -12,7 +12,8 @@ round's passing answers is kept.
 With `self_tests` the model also writes assertions of its own (once a task, from what the agent sees: the buggy
 code and the visible examples). They run beside the probes; a group's score is its size times one plus the
 assertions its answer passes (CodeT's dual agreement: answers that agree and tests that answers pass vouch for each
-other), and the agent is satisfied only when the kept answer passes more than half of them.
+other), and the agent is satisfied only when the kept answer passes more than `self_tests_pass` of them (by
+default at least one: the model's assertions are often wrong themselves).
 """
 from __future__ import annotations
 

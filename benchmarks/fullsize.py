@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from agents.config import SingleShotConf  # noqa: E402
 from flows.compare import compare, load_runs, paired_verdicts  # noqa: E402
 from flows.frontier import cost_by_round, run_machine, task_seconds  # noqa: E402
 from flows.stats import paired, wilson  # noqa: E402
@@ -92,7 +93,12 @@ def overfit_gap(client, run: dict) -> dict | None:
     if any(a.get("self_check") for t in trajs for a in t["attempts"]):
         out["without_self_check"] = without_self_check(trajs, hid, vis)
     if any((a.get("self_check") or {}).get("own_tests") for t in trajs for a in t["attempts"]):
-        out["without_own_tests"] = without_own_tests(trajs, hid, int(run["params"].get("strategy.self_check", 1)))
+        need = int(run["params"].get("strategy.self_check", 1))
+        out["without_own_tests"] = without_own_tests(trajs, hid, need)
+        # the label at today's default share (runs before the knob judged at more than half): same answers
+        ran, today = float(run["params"].get("strategy.self_tests_pass", 0.5)), SingleShotConf().self_tests_pass
+        if ran != today:
+            out["at_default_pass"] = at_own_tests_pass(trajs, hid, need, today)
     return out
 
 
@@ -153,6 +159,25 @@ def without_own_tests(trajs: list[dict], hid: list[bool], need: int) -> dict:
             "ci95": [round(gap.low, 4), round(gap.high, 4)], "satisfied_but_rejected": gap.only_a,
             "own_tests_vs_none": {"diff": round(vs.diff, 4), "ci95": [round(vs.low, 4), round(vs.high, 4)],
                                   "only_with": vs.only_a, "only_without": vs.only_b, "p_value": round(vs.p_value, 6)}}
+
+
+def at_own_tests_pass(trajs: list[dict], hid: list[bool], need: int, share: float) -> dict:
+    """The same answers labelled as if `strategy.self_tests_pass` had been `share`: that knob moves only the label
+    (satisfied or unsure), never which answer is kept, so this reads back exactly what such a run would have said."""
+    sat = []
+    for t in trajs:
+        last = t["attempts"][-1] if t["attempts"] else None
+        check = (last or {}).get("self_check") or {}
+        if not passed_what_it_saw(t) or not check.get("own_tests"):  # no own tests ran: its label stands
+            sat.append(passed_what_it_saw(t) and t.get("stop_reason") != "unsure")
+            continue
+        top = check["groups"][0]  # the kept answer's group (ranked first)
+        sat.append(len(top) >= need and check["own_passed"][0] > share * check["own_tests"])
+    gap = paired(sat, hid)
+    right = sum(s and h for s, h in zip(sat, hid))
+    return {"share": share, "hidden_passed": sum(hid), "satisfied": sum(sat), "satisfied_and_passed": right,
+            "gap": round(gap.diff, 4), "ci95": [round(gap.low, 4), round(gap.high, 4)],
+            "satisfied_but_rejected": gap.only_a, "passed_but_unsure": gap.only_b}
 
 
 def _name(params: dict) -> str:
@@ -248,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
                       f"satisfied {w['satisfied']} ({w['satisfied_but_rejected']} of them rejected by the full test), "
                       f"gap {w['gap'] * 100:+.1f} points; own tests vs none {v['diff'] * 100:+.1f} points "
                       f"({v['only_with']} vs {v['only_without']}, p = {v['p_value']:.3g})")
+            if "at_default_pass" in g:
+                w = g["at_default_pass"]
+                print(f"  the same answers labelled at today's self_tests_pass={w['share']}: satisfied {w['satisfied']} "
+                      f"({w['satisfied_and_passed']} right, {w['satisfied_but_rejected']} rejected by the full test, "
+                      f"{w['passed_but_unsure']} right but unsure), gap {w['gap'] * 100:+.1f} points "
+                      f"({w['ci95'][0] * 100:+.1f} to {w['ci95'][1] * 100:+.1f})")
     for p in out.get("paired", []) + out.get("paired_with_earlier", []):
         print(f"- {p['verdict']}")
     return 0

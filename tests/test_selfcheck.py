@@ -126,7 +126,7 @@ def test_own_assertions_outvote_a_pair_of_answers_that_agree_on_an_overfit():
     assert plain.first_pass_round is None and plain.stop_reason == "solved"
 
 
-def test_an_answer_that_fails_most_own_assertions_leaves_the_agent_unsure():
+def test_an_answer_that_passes_none_of_its_own_assertions_leaves_the_agent_unsure():
     traj = run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(WRONG), OWN], self_check=2, self_tests=6)
     a = traj.attempts[0]
     assert a.candidate == 0 and a.self_check["own_passed"] == [0] and not a.self_check["satisfied"]
@@ -152,3 +152,22 @@ def test_the_record_reads_back_what_agreement_alone_would_have_kept():
     # agreement alone keeps the overfit pair both times and believes it; the own tests kept FIX, and doubted the pair
     assert hid == [True, False] and off["hidden_passed"] == 0 and off["satisfied"] == 2
     assert off["satisfied_but_rejected"] == 2 and off["own_tests_vs_none"]["only_with"] == 1
+
+
+def test_the_share_of_own_assertions_to_pass_moves_the_label_never_the_answer():
+    """FIX passes 3 of the 4 assertions: satisfied when more than half must pass, unsure when more than three quarters
+    must; the same answer is kept and scored either way. The record reads the other label back exactly."""
+    fullsize = _fullsize()
+    strict, half = (run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(FIX), OWN], self_check=1, self_tests=6,
+                        self_tests_pass=share) for share in (0.75, 0.5))
+    for traj in (strict, half):
+        assert traj.attempts[0].candidate == 2 and traj.attempts[0].self_check["own_passed"] == [3, 0]
+        assert traj.first_pass_round == 0
+    assert strict.stop_reason == "unsure" and half.stop_reason == "solved"
+    trajs = [json.loads(json.dumps(strict.to_dict(), default=str))]
+    hid = [True]
+    assert fullsize.at_own_tests_pass(trajs, hid, 1, 0.75)["satisfied"] == 0  # its own label, read back
+    back = fullsize.at_own_tests_pass(trajs, hid, 1, 0.5)
+    assert back["satisfied"] == 1 and back["gap"] == 0 and back["satisfied_and_passed"] == 1
+    with pytest.raises(ValueError, match="self_tests_pass=1 is a share"):
+        check_config(agent(strategy="single_shot", candidates=2, self_check=1, self_tests=4, self_tests_pass=1))
