@@ -114,6 +114,9 @@ SWEEPS: dict[str, Sweep] = {
     "hidden_own": Sweep("fullsize-hidden-owntests-epyc-20261127.json",
                         "single_shot, protocol `hidden`, 3 candidates a round, its own 6 assertions (`self_tests: 6`, "
                         "`self_check: 1`)", "EPYC", ("protocols",)),
+    "hidden_own5": Sweep("fullsize-hidden-owntests-k5-epyc-20261127.json",
+                         "single_shot, protocol `hidden`, 5 candidates a round, its own 6 assertions (`self_tests: 6`, "
+                         "`self_check: 1`)", "EPYC", ("protocols",)),
     "docs": Sweep("fullsize-single_shot-docs-epyc-fp32-20261125.json", "single_shot, protocol `docs`", "EPYC",
                   ("protocols",), no_wall="stopped and resumed: wall_s covers the resumed part only"),
     "small": Sweep("fullsize-single_shot-0.5b-budgets-epyc-20261126.json", "0.5B single_shot, bf16 (as it ships)",
@@ -162,6 +165,8 @@ PAIRS: list[Pair] = [
          ("hidden_own", 1), ("hidden", 3), "protocols"),
     Pair("`hidden`: 3 candidates with their own assertions, 2 rounds, vs with the self-check, 1 round",
          ("hidden_own", 1), ("hidden_check", 0), "protocols"),
+    Pair("`hidden`: 5 candidates a round with their own assertions vs 3, 2 rounds", ("hidden_own5", 1),
+         ("hidden_own", 1), "protocols"),
     Pair("1.5B vs 0.5B, single_shot, 3 rounds", ("default", 3), ("small", 3), "small"),
     Pair("0.5B: 2 candidates a round vs 1 (both fp32, 32 rows)", ("small_k2", 3), ("small_fp32", 3), "small"),
     Pair("0.5B: fp32 with 32 rows vs bf16 with 16", ("small_fp32", 3), ("small", 3), "small"),
@@ -179,6 +184,7 @@ SPEED: list[tuple[str, str]] = [
     ("weights", "weights-20261127T033700Z.json"),
     ("weights", "weights-20261127T180814Z.json"),
     ("weights", "weights-20261127T191023Z.json"),
+    ("weights", "weights-20261127T213249Z.json"),
     ("endtoend", "endtoend-reflection-20261125T113857Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T014247Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T013001Z.json"),
@@ -233,7 +239,8 @@ SPEED: list[tuple[str, str]] = [
 SPEED_HEADLINE = {"job": "memory-20261127T182831Z-fullsize-native-kv16.json",  # make eval's job, all tasks
                   "job_before": ("memory-20261127T184148Z-fullsize-eager-kv32.json",  # the same job, before:
                                  "the compiled int8 loops and the float16 KV cache, on the same machine"),
-                  "decode": "weights-20261127T191023Z.json",  # benchmarks/weights.py at 32 rows
+                  "job_sweep": "fullsize-single_shot-default-native-kv16-epyc-20261127.json",  # the job's run
+                  "decode": "weights-20261127T213249Z.json",  # benchmarks/weights.py at 32 rows, beside a577d8e's
                   "drafts": "drafts-20261127T095125Z.json",  # benchmarks/drafts.py: drafts at full batch or not
                   "gpu": "generation-cuda-bf16-20261127T020827Z.json",  # benchmarks/gpu_check.sh
                   "endtoend": "endtoend-single_shot-20261127T192300Z.json",  # 30 tasks, engine and llama.cpp
@@ -608,7 +615,15 @@ def hidden_sentence(sw: LoadedSweep) -> str:
             f"{pass_ci(r.passed, r.total)}) with an overfit gap of {points(g['gap'])} points "
             f"({points(g['ci95'][0])} to {points(g['ci95'][1])}): it stopped satisfied with "
             f"{g.get('satisfied', g['visible_passed'])} answers, {g['visible_only']} of them rejected by the full test "
-            f"(run {r.short}).")
+            f"(run {r.short})." + (f" {default_pass_words(g['at_default_pass'])}" if "at_default_pass" in g else ""))
+
+
+def default_pass_words(w: dict) -> str:
+    """A run's labels read back at today's `self_tests_pass` (benchmarks/fullsize.py at_own_tests_pass)."""
+    return (f"Labelled by today's rule (`self_tests_pass: {w['share']:g}`, chosen on Python/0-23; the rule never "
+            f"changes an answer, so this is read back exactly) it is satisfied with {w['satisfied']}, "
+            f"{w['satisfied_but_rejected']} of them rejected by the full test: a gap of {points(w['gap'])} points "
+            f"({points(w['ci95'][0])} to {points(w['ci95'][1])}).")
 
 
 def headline_block(sweeps: dict[str, LoadedSweep], in_readme: bool = True, frontier_words: str = "") -> str:
@@ -733,6 +748,12 @@ def section_protocols(sweeps: dict[str, LoadedSweep]) -> list[str]:
         out += ["", "The model's own assertions (`self_tests`) against agreement alone, on the same answers (the round "
                 "that stopped keeps the first answer of its largest group, satisfied when `self_check` answers agree; "
                 "read back from the recorded groups):", "", *own]
+    today = [f"- {sw.spec.label}, {rounds(sw.last.iters)} (run {sw.last.short}): "
+             + default_pass_words(sw.last.overfit["at_default_pass"])
+             for sw in rows if (sw.last.overfit or {}).get("at_default_pass")]
+    if today:
+        out += ["", "Runs judged before `self_tests_pass` (at more than half of the own assertions), labelled by "
+                "today's rule:", "", *today]
     out += ["", "The budget under each protocol:", ""]
     out += budget_verdicts([sw for sw in rows if sw.last.params.get("protocol", "tests") != "tests"])
     return out
@@ -837,6 +858,20 @@ def section_speed(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
     return out
 
 
+# llama.cpp's full default sweep beside the engine's on the same machine: (llama.cpp's SWEEPS key, the engine's), oldest
+# first; the README names the last pair whose files are registered.
+LLAMACPP_VS: list[tuple[str, str]] = [("llamacpp", "default"), ("llamacpp_kv16", "default_kv16")]
+
+
+def llamacpp_ratios(sweeps: dict[str, LoadedSweep]) -> list[tuple[LoadedSweep, LoadedSweep, float]]:
+    """(llama.cpp's sweep, the engine's, llama.cpp's wall over the engine's) for each LLAMACPP_VS pair at hand."""
+    out = []
+    for a, b in LLAMACPP_VS:
+        if a in sweeps and b in sweeps and sweeps[a].wall_s and sweeps[b].wall_s:
+            out.append((sweeps[a], sweeps[b], sweeps[a].wall_s / sweeps[b].wall_s))
+    return out
+
+
 def speed_llamacpp(sweeps: dict[str, LoadedSweep]) -> list[str]:
     rows = tagged(sweeps, "llamacpp")
     out = ["### fixlab's engine against llama.cpp on the same GGUF, the whole default sweep", ""]
@@ -848,9 +883,8 @@ def speed_llamacpp(sweeps: dict[str, LoadedSweep]) -> list[str]:
                    f"{tok(sw.last.cost.get('completion_tokens'))}", minutes(sw.wall_s),
                    f"{sw.last.cost['completion_tokens'] / sw.wall_s:.1f}" if sw.wall_s else "-", link(sw.spec.file)]
                   for sw in rows])
-    walls = [sw.wall_s for sw in rows]
-    if len(rows) == 2 and all(walls):
-        out += ["", f"{rows[1].spec.label} took {walls[1] / walls[0]:.2f}x the wall time of {rows[0].spec.label}."]
+    out += [""] + [f"- {a.spec.label} took {ratio:.2f}x the wall time of {b.spec.label} ({link(a.spec.file)}, "
+                   f"{link(b.spec.file)})." for a, b, ratio in llamacpp_ratios(sweeps)]
     return out + ["", *pair_table(pairs_for(sweeps, "llamacpp"))]
 
 
@@ -917,7 +951,7 @@ def speed_weights(results: Path) -> list[str]:
                              " / ".join(f"{v:.1f}" for _, v in batches), " / ".join(str(b) for b, _ in batches)])
     return ["### Prefill and decode tokens/s, 1.5B pack (`benchmarks/weights.py`)", "",
             "Rows of one file ran side by side; a decode context, where given, is the tokens of context each row "
-            "decodes at.", "",
+            "decodes at. A row NAME@REV is row NAME of the script as it stood at commit REV (the engine then).", "",
             *table(["results file", "machine", "decode context", "weights", "dtype", "GiB", "prefill tokens/s",
                     "decode tokens/s", "at batch"], rows)]
 
@@ -1224,9 +1258,17 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
                    + (job_before(results) or "") + ".")
     with reading(SPEED_HEADLINE["decode"]):
         d = _read(results, SPEED_HEADLINE["decode"])
-        best = max(d["rows"], key=lambda r: r.get("batch32_tok_s") or 0)
-        out.append(f"The engine decodes {best['batch32_tok_s']:.1f} tokens/s at 32 rows and {d['decode_context']} tokens "
-                   f"of context, and prefills {best['prefill_tok_s']:.0f} tokens/s ({SPEED_HEADLINE['decode']}).")
+        now = [r for r in d["rows"] if not r.get("revision") and r.get("batch32_tok_s")]
+        best = max(now, key=lambda r: r["batch32_tok_s"])
+        mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731  (a row repeated in the file: its mean)
+        same = [r for r in now if r["weights"] == best["weights"]]
+        then = [r for r in d["rows"] if r.get("revision") and r.get("batch32_tok_s")]
+        out.append(f"The engine decodes {mean(same, 'batch32_tok_s'):.1f} tokens/s at 32 rows and {d['decode_context']} "
+                   f"tokens of context, and prefills {mean(same, 'prefill_tok_s'):.0f} tokens/s"
+                   + (f", against {mean(then, 'batch32_tok_s'):.1f} and {mean(then, 'prefill_tok_s'):.0f} for the "
+                      f"engine of {then[0]['weights'].split('@')[1]} beside it, "
+                      f"{mean(same, 'batch32_tok_s') / mean(then, 'batch32_tok_s'):.2f}x decode" if then else "")
+                   + f" ({SPEED_HEADLINE['decode']}).")
     if "drafts" in SPEED_HEADLINE:
         with reading(SPEED_HEADLINE["drafts"]):
             d = _read(results, SPEED_HEADLINE["drafts"])
@@ -1239,10 +1281,12 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
                            f"only below 8 rows ({new['draft_accepted']} of {new['draft_tokens']} drafted tokens kept; "
                            f"{SPEED_HEADLINE['drafts']}).")
     ratios = []  # llama.cpp's wall time over the engine's
-    rows = tagged(sweeps, "llamacpp")
-    if len(rows) == 2 and all(sw.wall_s for sw in rows):
-        ratios.append(f"{rows[1].wall_s / rows[0].wall_s:.2f}x on the default sweep with the engine of "
-                      f"{rows[0].spec.file.rsplit('-', 1)[-1][:8]} (before the compiled loops; not rerun since)")
+    at_hand = llamacpp_ratios(sweeps)
+    if at_hand:
+        a, b, ratio = at_hand[-1]
+        ratios.append(f"{ratio:.2f}x on make eval's job, one after the other on the same machine ({a.spec.file})"
+                      if b.spec.file == SPEED_HEADLINE["job_sweep"] else
+                      f"{ratio:.2f}x on the default sweep with an older engine ({b.spec.file}; not rerun since)")
     with reading(SPEED_HEADLINE["endtoend"]):
         d = _read(results, SPEED_HEADLINE["endtoend"])
         wall = {r["row"]: r["wall_s"] for r in d["rows"] if r.get("wall_s")}
