@@ -182,10 +182,13 @@ class Revisions:
             if not sha:
                 sys.exit(f"error: row {name}@{rev}: {rev!r} is not a commit of this repository (git log shows them)")
             tree = Path(tempfile.mkdtemp(prefix=f"weights-{rev}-")) / "tree"
+            self.trees[rev] = (sha, tree)  # before the add: close() removes whatever part of it exists
             if (REPO.parent / "shared").is_dir():  # what the repository finds beside it (the offline dataset)
                 (tree.parent / "shared").symlink_to(REPO.parent / "shared")
-            subprocess.run(git + ["worktree", "add", "--detach", "--quiet", str(tree), sha], check=True)
-            self.trees[rev] = (sha, tree)
+            added = subprocess.run(git + ["worktree", "add", "--detach", "--quiet", str(tree), sha],
+                                   capture_output=True, text=True)
+            if added.returncode:
+                sys.exit(f"error: row {name}@{rev}: git worktree add failed: {added.stderr.strip()[-200:]}")
         sha, tree = self.trees[rev]
         out = tree.parent / f"{name}.json"
         cmd = [sys.executable, str(tree / "benchmarks" / "weights.py"), "--rows", name, "--context", str(context),
@@ -215,7 +218,7 @@ def main() -> None:
     rows, ref, then = [], None, Revisions()
     names = args.rows.split(",")
     for w in names:
-        if w.partition("@")[0] not in ROWS and "@" not in w:
+        if "@" not in w and w not in ROWS:
             sys.exit(f"error: unknown row {w!r}: use {', '.join(ROWS)}, or NAME@REV for a row at a git revision")
     try:
         for w in names:
