@@ -76,7 +76,8 @@ SWEEPS: dict[str, Sweep] = {
                           "EPYC", ("strategies", "protocols", "speed_history"),
                           change="int8 weights, bf16 elsewhere, SDPA attention (the start)"),
     "default_kv16": Sweep("fullsize-single_shot-default-native-kv16-epyc-20261127.json",
-                          "single_shot, compiled int8 loops and float16 KV cache", "EPYC", ("strategies", "speed_history"),
+                          "single_shot, compiled int8 loops and float16 KV cache", "EPYC",
+                          ("strategies", "speed_history", "llamacpp"),
                           change="compiled int8 rounding and scaling, float16 KV cache read by a compiled decode "
                                  "attention (ed8444b); run through benchmarks/memory.py"),
     "default_xeon": Sweep("fullsize-single_shot-budgets-20261125.json", "single_shot", "Xeon", ("strategies",),
@@ -106,6 +107,9 @@ SWEEPS: dict[str, Sweep] = {
                                      ("strategies",), no_wall="stopped; the file states its wall in words"),
     "llamacpp": Sweep("fullsize-single_shot-llamacpp-32slots-epyc-20261126.json",
                       "single_shot through llama.cpp, 32 slots", "EPYC", ("llamacpp",)),
+    "llamacpp_kv16": Sweep("fullsize-single_shot-llamacpp-32slots-beside-kv16-epyc-20261127.json",
+                           "single_shot through llama.cpp, 32 slots, on the machine of the float16-cache run", "EPYC",
+                           ("llamacpp",)),
     "hidden": Sweep("fullsize-single_shot-hidden-epyc-bf16-20261125.json", "single_shot, protocol `hidden`, bf16",
                     "EPYC", ("protocols",)),
     "hidden_check": Sweep('fullsize-hidden-selfcheck-epyc-20261127.json',
@@ -171,6 +175,8 @@ PAIRS: list[Pair] = [
     Pair("0.5B: 2 candidates a round vs 1 (both fp32, 32 rows)", ("small_k2", 3), ("small_fp32", 3), "small"),
     Pair("0.5B: fp32 with 32 rows vs bf16 with 16", ("small_fp32", 3), ("small", 3), "small"),
     Pair("llama.cpp vs fixlab's engine, single_shot, 3 rounds", ("llamacpp", 3), ("default", 3), "llamacpp"),
+    Pair("llama.cpp vs the engine with compiled loops and float16 KV cache, same machine, 3 rounds", ("llamacpp_kv16", 3),
+         ("default_kv16", 3), "llamacpp"),
 ]
 
 # Speed benchmarks: kind -> files, one line each (kinds: weights, generation, endtoend, sandbox, sweep_cache, drafts,
@@ -231,6 +237,7 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261127T182831Z-fullsize-native-kv16.json"),
     ("memory", "memory-20261127T184148Z-fullsize-eager-kv32.json"),
     ("memory", "memory-20261127T193927Z-fullsize-64rows.json"),
+    ("memory", "memory-20261127T213250Z-fullsize-llamacpp-32slots.json"),
     ("drafts", "drafts-20261127T095125Z.json"),
     ("forward", "forward-20261127T101425Z.json"),
 ]
