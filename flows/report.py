@@ -200,6 +200,7 @@ SPEED: list[tuple[str, str]] = [
     ("endtoend", "endtoend-single_shot-20261127T100907Z.json"),
     ("endtoend", "endtoend-single_shot-20261127T192300Z.json"),
     ("endtoend", "endtoend-reflection-20261127T193926Z.json"),
+    ("endtoend", "endtoend-react-20261127T220800Z.json"),
     ("generation", "generation-cpu-20261122-053032.json"),
     ("generation", "generation-cpu-20261122-055229.json"),
     ("generation", "generation-cpu-20261122-060607.json"),
@@ -251,7 +252,8 @@ SPEED_HEADLINE = {"job": "memory-20261127T182831Z-fullsize-native-kv16.json",  #
                   "drafts": "drafts-20261127T095125Z.json",  # benchmarks/drafts.py: drafts at full batch or not
                   "gpu": "generation-cuda-bf16-20261127T020827Z.json",  # benchmarks/gpu_check.sh
                   "endtoend": "endtoend-single_shot-20261127T192300Z.json",  # 30 tasks, engine and llama.cpp
-                  "endtoend_others": ("endtoend-reflection-20261127T193926Z.json",)}  # the same pair, reflection
+                  "endtoend_others": ("endtoend-reflection-20261127T193926Z.json",  # the same pair, reflection
+                                      "endtoend-react-20261127T220800Z.json")}  # and react (10 tasks)
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
 HARNESS: list[str] = ["fullsize-canonical-buggy-docker-epyc-20261126.json"]
@@ -1301,8 +1303,10 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
             out.append(f"On the {d['rows'][0]['tasks']}-task {d['strategy']} job side by side, the compiled int8 "
                        f"loops and the float16 KV cache took {wall['engine']:.0f} s against "
                        f"{wall['engine-eager-kv32']:.0f} s ({wall['engine-eager-kv32'] / wall['engine']:.2f}x)"
-                       + "".join(f"; {o['strategy']}'s job {o['after']:.0f} s against {o['before']:.0f} s "
-                                 f"({o['before'] / o['after']:.2f}x, {o['file']})" for o in other_strategies(results))
+                       + "".join(f"; {o['strategy']}'s {o['tasks']}-task job {o['after']:.0f} s against "
+                                 f"{o['before']:.0f} s ({o['before'] / o['after']:.2f}x; {o['tokens'][0]} completion "
+                                 f"tokens against {o['tokens'][1]}, {o['tok_s'][0]:.1f} against {o['tok_s'][1]:.1f} a "
+                                 f"second of wall; {o['file']})" for o in other_strategies(results))
                        + ".")
         if {"engine", "engine-drafts-below-8-rows"} <= set(wall):
             out.append(f"On the {d['rows'][0]['tasks']}-task {d['strategy']} job side by side, drafts at full batch "
@@ -1334,8 +1338,11 @@ def other_strategies(results: Path) -> list[dict]:
             d = _read(results, name)
             wall = {r["row"]: r["wall_s"] for r in d["rows"] if r.get("wall_s")}
             if {"engine", "engine-eager-kv32"} <= set(wall):
+                by = {r["row"]: r for r in d["rows"]}
                 out.append({"strategy": d["strategy"], "after": wall["engine"], "before": wall["engine-eager-kv32"],
-                            "file": name})
+                            "file": name, "tasks": by["engine"]["tasks"],
+                            "tok_s": (by["engine"]["completion_tok_per_s"], by["engine-eager-kv32"]["completion_tok_per_s"]),
+                            "tokens": (by["engine"]["completion_tokens"], by["engine-eager-kv32"]["completion_tokens"])})
     return out
 
 
