@@ -1203,12 +1203,24 @@ FRONTIER_MODEL, FRONTIER_PROTOCOL = "qwen1.5b-coder-q4", "tests"  # the frontier
 PICTURE = REPO / "docs" / "frontier.png"
 
 
-def frontier_of(results: Path):
-    """The cost-accuracy frontier (flows/frontier.py) of the 1.5B pack under `tests` over the fullsize files."""
+def frontier_of(results: Path, protocol: str = FRONTIER_PROTOCOL):
+    """The cost-accuracy frontier (flows/frontier.py) of the 1.5B pack under `protocol` over the fullsize files."""
     from .frontier import frontier, records_from_files
 
     return frontier(records_from_files(sorted(results.glob("fullsize-*.json"))), model=FRONTIER_MODEL,
-                    protocol=FRONTIER_PROTOCOL, paired_only=True)
+                    protocol=protocol, paired_only=True)
+
+
+def section_frontier_hidden(results: Path) -> list[str]:
+    """The same frontier under `hidden`, where the verdict is the full test the agent never saw (the overfit gap of
+    each run: section 2)."""
+    from .frontier import markdown
+
+    return ["## The frontier under `hidden`", "",
+            f"The same, for {FRONTIER_MODEL} under protocol `hidden` (`python -m flows.frontier --model "
+            f"{FRONTIER_MODEL} --protocol hidden --paired-only`). pass@1 is the verdict of the full test, which the "
+            "agent never saw; each run's overfit gap is in section 2.", "",
+            *markdown(frontier_of(results, "hidden")).rstrip("\n").split("\n")]
 
 
 def section_frontier(results: Path) -> list[str]:
@@ -1232,7 +1244,7 @@ def results_document(results: Path) -> str:
              "sample per task after each round, with its 95% Wilson interval. Machines: "
              + "; ".join(f"{k} = {v}" for k, v in MACHINES.items()) + ", shared with other work.", "",
              "## Headline", "", *headline_block(sweeps, in_readme=False).split("\n"), ""]
-    for section in (section_frontier(results), section_grid(sweeps), section_strategies(sweeps), section_protocols(sweeps), section_small(sweeps),
+    for section in (section_frontier(results), section_frontier_hidden(results), section_grid(sweeps), section_strategies(sweeps), section_protocols(sweeps), section_small(sweeps),
                     section_bug_types(sweeps), section_techniques(sweeps), section_tuning(sweeps),
                     section_harness(results), section_speed(sweeps, results)):
         lines += section + [""]
