@@ -121,6 +121,9 @@ SWEEPS: dict[str, Sweep] = {
     "hidden_own5": Sweep("fullsize-hidden-owntests-k5-epyc-20261127.json",
                          "single_shot, protocol `hidden`, 5 candidates a round, its own 6 assertions (`self_tests: 6`, "
                          "`self_check: 1`)", "EPYC", ("protocols",)),
+    "hidden_own5_live": Sweep("fullsize-hidden-owntests-k5-live-epyc-20261127.json",
+                              "single_shot, protocol `hidden`, 5 candidates a round, its own 6 assertions "
+                              "(`self_tests: 6`, `self_check: 1`, `self_tests_pass: 0`)", "EPYC", ("protocols",)),
     "docs": Sweep("fullsize-single_shot-docs-epyc-fp32-20261125.json", "single_shot, protocol `docs`", "EPYC",
                   ("protocols",), no_wall="stopped and resumed: wall_s covers the resumed part only"),
     "small": Sweep("fullsize-single_shot-0.5b-budgets-epyc-20261126.json", "0.5B single_shot, bf16 (as it ships)",
@@ -171,6 +174,8 @@ PAIRS: list[Pair] = [
          ("hidden_own", 1), ("hidden_check", 0), "protocols"),
     Pair("`hidden`: 5 candidates a round with their own assertions vs 3, 2 rounds", ("hidden_own5", 1),
          ("hidden_own", 1), "protocols"),
+    Pair("`hidden`, 5 candidates with own assertions, 3 rounds: the same command run twice (today's agent vs the run "
+         "before the label knob)", ("hidden_own5_live", 2), ("hidden_own5", 2), "protocols"),
     Pair("1.5B vs 0.5B, single_shot, 3 rounds", ("default", 3), ("small", 3), "small"),
     Pair("0.5B: 2 candidates a round vs 1 (both fp32, 32 rows)", ("small_k2", 3), ("small_fp32", 3), "small"),
     Pair("0.5B: fp32 with 32 rows vs bf16 with 16", ("small_fp32", 3), ("small", 3), "small"),
