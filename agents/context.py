@@ -157,7 +157,7 @@ class Context:
         """Group a round's candidates that passed the visible tests (call indexes; a repeat goes with the candidate
         it repeats) by what they return on probe inputs and, with `self_tests`, which of the model's own assertions
         they pass; the best group first (agents/selfcheck.py)."""
-        from .selfcheck import PROBE_RUN_S, behaviour, groups, probe_calls, probe_program
+        from .selfcheck import PROBE_RUN_S, behaviour, groups, probe_calls, probe_program, satisfied
 
         task, knobs = self.task, self.cfg.strategy
         calls = probe_calls(self.view.feedback_test, task.entry_point)
@@ -180,13 +180,12 @@ class Context:
         if checks:  # CodeT: answers that agree and assertions they pass vouch for each other
             order.sort(key=lambda g: (-len(g) * (1 + own_passed(seen[g[0]])), -len(g), g[0]))
         grouped = [[passing[j] for j in g] for g in order]
-        satisfied = len(grouped[0]) >= knobs.self_check
         report = {"probes": len(calls), "groups": grouped, "runs": len(ran) if calls or checks else 0}
         if checks:
             report["own_tests"] = len(checks)
             report["own_passed"] = [own_passed(seen[g[0]]) for g in order]
-            satisfied = satisfied and report["own_passed"][0] > knobs.self_tests_pass * len(checks)
-        report["satisfied"] = satisfied
+        report["satisfied"] = satisfied(len(grouped[0]), knobs.self_check, (report.get("own_passed") or [0])[0],
+                                        len(checks), knobs.self_tests_pass)
         return report
 
     def write_own_tests(self) -> list[str]:

@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from agents.config import SingleShotConf  # noqa: E402
+from agents.selfcheck import satisfied  # noqa: E402
 from flows.compare import compare, load_runs, paired_verdicts  # noqa: E402
 from flows.frontier import cost_by_round, run_machine, task_seconds  # noqa: E402
 from flows.stats import paired, wilson  # noqa: E402
@@ -168,11 +169,12 @@ def at_own_tests_pass(trajs: list[dict], hid: list[bool], need: int, share: floa
     for t in trajs:
         last = t["attempts"][-1] if t["attempts"] else None
         check = (last or {}).get("self_check") or {}
-        if not passed_what_it_saw(t) or not check.get("own_tests"):  # no own tests ran: its label stands
-            sat.append(passed_what_it_saw(t) and t.get("stop_reason") != "unsure")
+        seen = passed_what_it_saw(t)
+        if not seen or not check.get("own_tests"):  # no own tests ran: its label stands
+            sat.append(seen and t.get("stop_reason") != "unsure")
             continue
-        top = check["groups"][0]  # the kept answer's group (ranked first)
-        sat.append(len(top) >= need and check["own_passed"][0] > share * check["own_tests"])
+        # the kept answer's group is ranked first; the agent's own rule (agents/selfcheck.py)
+        sat.append(satisfied(len(check["groups"][0]), need, check["own_passed"][0], check["own_tests"], share))
     gap = paired(sat, hid)
     right = sum(s and h for s, h in zip(sat, hid))
     return {"share": share, "hidden_passed": sum(hid), "satisfied": sum(sat), "satisfied_and_passed": right,

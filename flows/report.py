@@ -20,6 +20,7 @@ import textwrap
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from statistics import fmean
 
 from .stats import Paired, paired, sign_test_p, wilson
 from .frontier import FrontierError, png_bytes
@@ -1216,27 +1217,22 @@ def frontier_of(results: Path, protocol: str = FRONTIER_PROTOCOL):
                     protocol=protocol, paired_only=True)
 
 
-def section_frontier_hidden(results: Path) -> list[str]:
-    """The same frontier under `hidden`, where the verdict is the full test the agent never saw (the overfit gap of
-    each run: section 2)."""
+def section_frontier(results: Path, protocol: str = FRONTIER_PROTOCOL) -> list[str]:
+    """The frontier under `protocol`: under `tests` the answer the README gives, under `hidden` the same with the
+    verdict of the full test the agent never saw (each run's overfit gap: section 2)."""
     from .frontier import markdown
 
-    return ["## The frontier under `hidden`", "",
-            f"The same, for {FRONTIER_MODEL} under protocol `hidden` (`python -m flows.frontier --model "
-            f"{FRONTIER_MODEL} --protocol hidden --paired-only`). pass@1 is the verdict of the full test, which the "
-            "agent never saw; each run's overfit gap is in section 2.", "",
-            *markdown(frontier_of(results, "hidden")).rstrip("\n").split("\n")]
-
-
-def section_frontier(results: Path) -> list[str]:
-    from .frontier import markdown
-
-    return ["## The answer: pass@1 against cost", "",
-            f"Every configuration of {FRONTIER_MODEL} recorded on every task under protocol `{FRONTIER_PROTOCOL}` "
-            "with per-task outcomes, its cost per task, the Pareto set and a paired verdict for each step along it "
-            f"(`python -m flows.frontier --model {FRONTIER_MODEL} --protocol {FRONTIER_PROTOCOL} --paired-only`; "
-            "picture: docs/frontier.png). A step buys something only where the paired test says so.", "",
-            *markdown(frontier_of(results)).rstrip("\n").split("\n")]
+    command = f"`python -m flows.frontier --model {FRONTIER_MODEL} --protocol {protocol} --paired-only`"
+    if protocol == FRONTIER_PROTOCOL:
+        head = ["## The answer: pass@1 against cost", "",
+                f"Every configuration of {FRONTIER_MODEL} recorded on every task under protocol `{protocol}` with "
+                "per-task outcomes, its cost per task, the Pareto set and a paired verdict for each step along it "
+                f"({command}; picture: docs/frontier.png). A step buys something only where the paired test says so."]
+    else:
+        head = [f"## The frontier under `{protocol}`", "",
+                f"The same, for {FRONTIER_MODEL} under protocol `{protocol}` ({command}). pass@1 is the verdict of "
+                "the full test, which the agent never saw; each run's overfit gap is in section 2."]
+    return head + ["", *markdown(frontier_of(results, protocol)).rstrip("\n").split("\n")]
 
 
 def results_document(results: Path) -> str:
@@ -1249,7 +1245,7 @@ def results_document(results: Path) -> str:
              "sample per task after each round, with its 95% Wilson interval. Machines: "
              + "; ".join(f"{k} = {v}" for k, v in MACHINES.items()) + ", shared with other work.", "",
              "## Headline", "", *headline_block(sweeps, in_readme=False).split("\n"), ""]
-    for section in (section_frontier(results), section_frontier_hidden(results), section_grid(sweeps), section_strategies(sweeps), section_protocols(sweeps), section_small(sweeps),
+    for section in (section_frontier(results), section_frontier(results, "hidden"), section_grid(sweeps), section_strategies(sweeps), section_protocols(sweeps), section_small(sweeps),
                     section_bug_types(sweeps), section_techniques(sweeps), section_tuning(sweeps),
                     section_harness(results), section_speed(sweeps, results)):
         lines += section + [""]
@@ -1286,7 +1282,9 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
         d = _read(results, SPEED_HEADLINE["decode"])
         now = [r for r in d["rows"] if not r.get("revision") and r.get("batch32_tok_s")]
         best = max(now, key=lambda r: r["batch32_tok_s"])
-        mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731  (a row repeated in the file: its mean)
+        def mean(rs: list[dict], k: str) -> float:  # a row repeated in the file: its mean
+            return fmean(r[k] for r in rs)
+
         same = [r for r in now if r["weights"] == best["weights"]]
         then = [r for r in d["rows"] if r.get("revision") and r.get("batch32_tok_s")]
         out.append(f"The engine decodes {mean(same, 'batch32_tok_s'):.1f} tokens/s at 32 rows and {d['decode_context']} "
@@ -1353,11 +1351,10 @@ def other_strategies(results: Path) -> list[dict]:
     for name in SPEED_HEADLINE.get("endtoend_others", ()):
         with reading(name):
             d = _read(results, name)
-            wall = {r["row"]: r["wall_s"] for r in d["rows"] if r.get("wall_s")}
-            if {"engine", "engine-eager-kv32"} <= set(wall):
-                by = {r["row"]: r for r in d["rows"]}
-                out.append({"strategy": d["strategy"], "after": wall["engine"], "before": wall["engine-eager-kv32"],
-                            "file": name, "tasks": by["engine"]["tasks"],
+            by = {r["row"]: r for r in d["rows"] if r.get("wall_s")}
+            if {"engine", "engine-eager-kv32"} <= set(by):
+                out.append({"strategy": d["strategy"], "after": by["engine"]["wall_s"],
+                            "before": by["engine-eager-kv32"]["wall_s"], "file": name, "tasks": by["engine"]["tasks"],
                             "tok_s": (by["engine"]["completion_tok_per_s"], by["engine-eager-kv32"]["completion_tok_per_s"]),
                             "tokens": (by["engine"]["completion_tokens"], by["engine-eager-kv32"]["completion_tokens"])})
     return out
