@@ -124,7 +124,7 @@ class _Stop:
         cls.start_marking()
         cls.marker.join(max(0.0, cls.deadline - time.monotonic()))
         said = "the run is marked KILLED" if not cls.marker.is_alive() else "the store was busy, the run left RUNNING"
-        print(f"fixlab: stopped; {said} and `resume=last` continues it", file=sys.stderr)
+        say(f"fixlab: stopped; {said} and `resume=last` continues it")
         stop_now(130)
 
 
@@ -159,13 +159,26 @@ def _leave_after_grace(fd: int) -> None:
     _Stop.leave()
 
 
+def say(line: str) -> None:
+    """One line on stderr, if anyone still reads it: a parent that died (a closed pipe) must not stop the stop."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def stop_now(code: int) -> None:
     """Leave at once: worker threads still inside a task would hold a normal exit until their task ends (minutes
     for a model call). Every finished task is already on disk and the run is already marked, so nothing is lost."""
-    stop_prefect_api()
-    sys.stderr.flush()
-    sys.stdout.flush()
-    os._exit(code)
+    try:
+        stop_prefect_api()
+    finally:
+        for stream in (sys.stderr, sys.stdout):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # its reader is gone
+                pass
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -174,6 +174,35 @@ def test_a_stopped_job_leaves_nothing_behind_and_resumes(tmp_path, sig, prefect_
 
 
 @needs_data
+def test_a_job_whose_parent_died_still_stops_within_seconds(tmp_path, prefect_api):
+    """A wrapper that read the job's output died (its pipes closed), then the job got SIGTERM: writing the stop's
+    line to a pipe nobody reads must not keep the job running until its tasks in flight end."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = [sys.executable, "-m", "flows.evaluate", f"tracking.uri={uri}", f"tracking.artifacts={tmp_path}/artifacts",
+           f"hydra.run.dir={tmp_path}/outputs", *ARGS, "model.delay_s=30"]
+    env = base_env(tmp_path)
+    env["PREFECT_API_URL"] = prefect_api
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    state = tmp_path / "state"
+    deadline = time.monotonic() + 240
+    while not (state.exists() and list(state.glob("*"))):  # the run exists: its tasks are in flight (30 s each)
+        assert proc.poll() is None, f"run ended before it could be stopped: {proc.stderr.read()[-2000:]}"
+        assert time.monotonic() < deadline, "the run did not start in time"
+        time.sleep(0.2)
+    time.sleep(2.0)
+    proc.stdout.close()  # the parent is gone: nobody reads what the job writes
+    proc.stderr.close()
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(60)
+    took = time.monotonic() - t0
+    from flows.evaluate import _Stop
+
+    assert rc == 130 and took < _Stop.GRACE_S + _Stop.MARK_WAIT_S + 1.0, (rc, took)
+    assert MlflowClient(uri).get_run(next(state.iterdir()).name).info.status == "KILLED"
+
+
+@needs_data
 def test_sigterm_during_a_sweep_marks_its_parent_run_killed_too(tmp_path, prefect_api):
     """A stop leaves through os._exit (tasks in flight cannot hold it), past atexit: the sweep's parent run must
     not be left RUNNING beside its KILLED job."""
