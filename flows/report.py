@@ -81,6 +81,11 @@ SWEEPS: dict[str, Sweep] = {
                           ("strategies", "speed_history", "llamacpp"),
                           change="compiled int8 rounding and scaling, float16 KV cache read by a compiled decode "
                                  "attention (ed8444b); run through benchmarks/memory.py"),
+    "default_fma": Sweep("fullsize-single_shot-default-fma-attention-epyc-20261128.json",
+                         "single_shot, decode attention with fused multiply-adds in registers", "EPYC",
+                         ("strategies", "speed_history", "llamacpp"),
+                         change="the compiled decode attention's AVX-512 path: fused multiply-adds, each block of "
+                                "query rows' sums in registers; run through benchmarks/memory.py"),
     "default_xeon": Sweep("fullsize-single_shot-budgets-20261125.json", "single_shot", "Xeon", ("strategies",),
                           strategy="single_shot"),
     "reflection": Sweep("fullsize-reflection-epyc-fp32-20261126.json",
@@ -165,6 +170,8 @@ PAIRS: list[Pair] = [
     Pair("same job, bf16 vs fp32 beside the int8 weights", ("default_bf16", 3), ("default", 3), "noise"),
     Pair("same job, float16 KV cache and compiled int8 loops vs the float32 cache (two days and many speed changes "
          "apart)", ("default_kv16", 3), ("default", 3), "noise"),
+    Pair("same job, decode attention with fused multiply-adds vs without (the only change that moves numbers)",
+         ("default_fma", 3), ("default_kv16", 3), "noise"),
     Pair("`hidden` vs `tests`, 3 rounds (both bf16)", ("hidden", 3), ("default_bf16", 3), "protocols"),
     Pair("`docs` vs `tests`, 3 rounds (both fp32)", ("docs", 3), ("default", 3), "protocols"),
     Pair("`hidden`: 3 candidates with the self-check, 1 round, vs 1 candidate, 4 rounds", ("hidden_check", 0),
@@ -183,10 +190,12 @@ PAIRS: list[Pair] = [
     Pair("llama.cpp vs fixlab's engine, single_shot, 3 rounds", ("llamacpp", 3), ("default", 3), "llamacpp"),
     Pair("llama.cpp vs the engine with compiled loops and float16 KV cache, same machine, 3 rounds", ("llamacpp_kv16", 3),
          ("default_kv16", 3), "llamacpp"),
+    Pair("llama.cpp vs the engine with the register-blocked decode attention, same machine, 3 rounds",
+         ("llamacpp_kv16", 3), ("default_fma", 3), "llamacpp"),
 ]
 
 # Speed benchmarks: kind -> files, one line each (kinds: weights, generation, endtoend, sandbox, sweep_cache, drafts,
-# forward, decode_profile, memory).
+# forward, decode_profile, attention, memory).
 SPEED: list[tuple[str, str]] = [
     ("weights", "weights-20261125T093920Z.json"),
     ("weights", "weights-20261125T094443Z.json"),
@@ -197,6 +206,7 @@ SPEED: list[tuple[str, str]] = [
     ("weights", "weights-20261127T180814Z.json"),
     ("weights", "weights-20261127T191023Z.json"),
     ("weights", "weights-20261127T213249Z.json"),
+    ("weights", "weights-20261128T000129Z.json"),
     ("endtoend", "endtoend-reflection-20261125T113857Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T014247Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T013001Z.json"),
@@ -207,6 +217,9 @@ SPEED: list[tuple[str, str]] = [
     ("endtoend", "endtoend-single_shot-20261127T192300Z.json"),
     ("endtoend", "endtoend-reflection-20261127T193926Z.json"),
     ("endtoend", "endtoend-react-20261127T220800Z.json"),
+    ("endtoend", "endtoend-react-20261128T003442Z.json"),
+    ("endtoend", "endtoend-single_shot-20261128T004448Z.json"),
+    ("endtoend", "endtoend-reflection-20261128T005728Z.json"),
     ("generation", "generation-cpu-20261122-053032.json"),
     ("generation", "generation-cpu-20261122-055229.json"),
     ("generation", "generation-cpu-20261122-060607.json"),
@@ -223,6 +236,9 @@ SPEED: list[tuple[str, str]] = [
     ("decode_profile", "decode-profile-20261127T041833Z.json"),
     ("decode_profile", "decode-profile-20261127T190040Z-before-eager-kv32.json"),
     ("decode_profile", "decode-profile-20261127T190227Z-after-native-kv16.json"),
+    ("decode_profile", "decode-profile-20261128T001528Z-before-fma-attention-0995f0a.json"),
+    ("decode_profile", "decode-profile-20261128T001644Z-after-fma-attention.json"),
+    ("attention", "attention-20261128T001409Z.json"),
     ("memory", "memory-20261126T171409Z-after-int8.json"),
     ("memory", "memory-20261126T174015Z-series-int8.json"),
     ("memory", "memory-20261126T182944Z-trim.json"),
@@ -245,21 +261,22 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261127T184148Z-fullsize-eager-kv32.json"),
     ("memory", "memory-20261127T193927Z-fullsize-64rows.json"),
     ("memory", "memory-20261127T213250Z-fullsize-llamacpp-32slots.json"),
+    ("memory", "memory-20261128T000210Z-fullsize-attn-fma.json"),
     ("drafts", "drafts-20261127T095125Z.json"),
     ("forward", "forward-20261127T101425Z.json"),
 ]
 
 # The README's speed paragraph: the newest figure of each kind (each file also has its row in SPEED).
-SPEED_HEADLINE = {"job": "memory-20261127T182831Z-fullsize-native-kv16.json",  # make eval's job, all tasks
-                  "job_before": ("memory-20261127T184148Z-fullsize-eager-kv32.json",  # the same job, before:
-                                 "the compiled int8 loops and the float16 KV cache, on the same machine"),
-                  "job_sweep": "fullsize-single_shot-default-native-kv16-epyc-20261127.json",  # the job's run
-                  "decode": "weights-20261127T213249Z.json",  # benchmarks/weights.py at 32 rows, beside a577d8e's
+SPEED_HEADLINE = {"job": "memory-20261128T000210Z-fullsize-attn-fma.json",  # make eval's job, all tasks
+                  "job_before": ("memory-20261127T182831Z-fullsize-native-kv16.json",  # the same job, before:
+                                 "the register-blocked decode attention, on the same machine"),
+                  "job_sweep": "fullsize-single_shot-default-fma-attention-epyc-20261128.json",  # the job's run
+                  "decode": "weights-20261128T000129Z.json",  # benchmarks/weights.py at 32 rows, beside a577d8e's
                   "drafts": "drafts-20261127T095125Z.json",  # benchmarks/drafts.py: drafts at full batch or not
                   "gpu": "generation-cuda-bf16-20261127T020827Z.json",  # benchmarks/gpu_check.sh
-                  "endtoend": "endtoend-single_shot-20261127T192300Z.json",  # 30 tasks, engine and llama.cpp
-                  "endtoend_others": ("endtoend-reflection-20261127T193926Z.json",  # the same pair, reflection
-                                      "endtoend-react-20261127T220800Z.json")}  # and react (10 tasks)
+                  "endtoend": "endtoend-single_shot-20261128T004448Z.json",  # 30 tasks, engine and llama.cpp
+                  "endtoend_others": ("endtoend-reflection-20261128T005728Z.json",  # the same pair, reflection
+                                      "endtoend-react-20261128T003442Z.json")}  # and react
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
 HARNESS: list[str] = ["fullsize-canonical-buggy-docker-epyc-20261126.json"]
@@ -866,7 +883,8 @@ def section_speed(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
            "running beside them; the CPU of each is named). Short benchmarks and whole jobs can disagree: a whole "
            "job keeps many rows decoding, a short one spends its time in the tail.", ""]
     for part in (speed_llamacpp(sweeps), speed_endtoend(results), speed_sweeps(sweeps, results), speed_history(sweeps),
-                 speed_weights(results), speed_decode_profile(results), speed_drafts(results), speed_forward(results),
+                 speed_weights(results), speed_decode_profile(results), speed_attention(results), speed_drafts(results),
+                 speed_forward(results),
                  speed_memory(results), speed_generation(results),
                  speed_generation_gpu(results), speed_sandbox(results)):
         out += part + [""]
@@ -875,7 +893,8 @@ def section_speed(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
 
 # llama.cpp's full default sweep beside the engine's on the same machine: (llama.cpp's SWEEPS key, the engine's), oldest
 # first; the README names the last pair whose files are registered.
-LLAMACPP_VS: list[tuple[str, str]] = [("llamacpp", "default"), ("llamacpp_kv16", "default_kv16")]
+LLAMACPP_VS: list[tuple[str, str]] = [("llamacpp", "default"), ("llamacpp_kv16", "default_kv16"),
+                                       ("llamacpp_kv16", "default_fma")]
 
 
 def llamacpp_ratios(sweeps: dict[str, LoadedSweep]) -> list[tuple[LoadedSweep, LoadedSweep, float]]:
@@ -1086,6 +1105,24 @@ def speed_forward(results: Path) -> list[str]:
             "columns run the batched path).", "",
             *table(["results file", "machine", "shape", "padding", "forward ms batched (attention)",
                     "forward ms per-row gate (attention)", "speedup"], rows)]
+
+
+def speed_attention(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "attention"):
+        with reading(name):
+            sh = d["shape"]
+            for r in d["rows"]:
+                rows.append([name, _machine(d), f"{sh['rows']} x {sh['context']} x {sh['queries']}",
+                             str(sh["kv_mb_read"]), r["kernels"], f"{r['ms_per_step']:.1f}", f"{r['kv_gb_per_s']:.1f}",
+                             f"{r['max_abs_diff_vs_exact']:.1e}", f"{r['this_tree_faster']:.2f}"])
+    return ["### Decode attention alone, kernel against kernel (`benchmarks/attention.py`)", "",
+            "The compiled decode attention (agents/serving/kernels.c) of the tree that ran the benchmark against the "
+            "same file at earlier commits, taking turns step after step over a made-up float16 KV cache of the 1.5B "
+            "pack's shapes (28 layers, 12:2 heads, head size 128; rows x longest row's columns x query tokens a row, "
+            "rows up to 199 columns apart). Largest difference from exact float32 attention over the same values.", "",
+            *table(["results file", "machine", "shape", "K/V MB a step", "kernels", "ms a step", "K/V GB/s",
+                    "max diff vs exact", "time over the tree's"], rows)]
 
 
 def speed_memory(results: Path) -> list[str]:
@@ -1315,8 +1352,9 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
         d = _read(results, SPEED_HEADLINE["endtoend"])
         wall = {r["row"]: r["wall_s"] for r in d["rows"] if r.get("wall_s")}
         if {"engine", "engine-eager-kv32"} <= set(wall):
-            out.append(f"On the {d['rows'][0]['tasks']}-task {d['strategy']} job side by side, the compiled int8 "
-                       f"loops and the float16 KV cache took {wall['engine']:.0f} s against "
+            out.append(f"On the {d['rows'][0]['tasks']}-task {d['strategy']} job side by side, the compiled "
+                       f"kernels (int8 loops, decode attention) and the float16 KV cache took {wall['engine']:.0f} s "
+                       f"against "
                        f"{wall['engine-eager-kv32']:.0f} s ({wall['engine-eager-kv32'] / wall['engine']:.2f}x)"
                        + "".join(f"; {o['strategy']}'s {o['tasks']}-task job {o['after']:.0f} s against "
                                  f"{o['before']:.0f} s ({o['before'] / o['after']:.2f}x; {o['tokens'][0]} completion "

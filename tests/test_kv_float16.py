@@ -24,7 +24,10 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="the compile
 
 
 class _Layer:
-    num_key_value_groups, is_causal = 3, True  # 6 query heads over 2 K/V heads
+    is_causal = True
+
+    def __init__(self, groups: int = 3):
+        self.num_key_value_groups = groups  # query heads per K/V head
 
 
 def _reference(query, key, value, mask):
@@ -35,12 +38,16 @@ def _reference(query, key, value, mask):
     return out.transpose(1, 2)
 
 
-@pytest.mark.parametrize("D", [16, 128, 40])
-def test_float16_cache_attention_equals_exact_attention_over_its_values(D):
+# (head size, query heads per K/V head): the AVX-512 path keeps up to 6 query rows x 4 vectors of 16 in registers, so
+# these cover every block of 1-6 rows (with 1, 3 and 16 queries a row) and 1-4 vectors; 40 takes the portable loops
+@pytest.mark.parametrize("D,G", [(16, 3), (48, 7), (96, 2), (128, 6), (64, 5), (40, 3)])
+def test_float16_cache_attention_equals_exact_attention_over_its_values(D, G):
     from agents.serving.cpu_attention import grouped_attention
 
     g = torch.Generator().manual_seed(D)
-    B, H, KV, L, cap = 4, 6, 2, 37, 50
+    B, KV, L, cap = 4, 2, 37, 50
+    H = G * KV
+    layer = _Layer(G)
     # the cache as the engine holds it: a view of a buffer with spare columns on both sides
     kbuf = (torch.randn(B + 2, KV, cap, D, generator=g) * 3).half()
     vbuf = torch.randn(B + 2, KV, cap, D, generator=g).half()
@@ -54,7 +61,7 @@ def test_float16_cache_attention_equals_exact_attention_over_its_values(D):
         keep[2, :, :, 20:23] = False  # holes: rejected drafts
         for mask in (keep, keep[:1], None):  # per row, one for all rows, none (causal)
             want_mask = torch.ones(Q, L, dtype=torch.bool).tril(L - Q) if mask is None else mask
-            ours, _ = grouped_attention(_Layer(), query, key, value, mask)
+            ours, _ = grouped_attention(layer, query, key, value, mask)
             assert ours.shape == (B, Q, H, D) and ours.dtype == torch.float32
             want = _reference(query, key, value, want_mask)
             assert torch.allclose(ours, want, atol=2e-5, rtol=1e-5), (D, Q, (ours - want).abs().max())
@@ -62,17 +69,17 @@ def test_float16_cache_attention_equals_exact_attention_over_its_values(D):
     poisoned = key.clone()
     poisoned[3, :, :30] = float("nan")
     q1 = torch.randn(B, H, 1, D, generator=g)
-    a, _ = grouped_attention(_Layer(), q1, poisoned, value, keep[:, :, -1:])
-    b, _ = grouped_attention(_Layer(), q1, key, value, keep[:, :, -1:])
+    a, _ = grouped_attention(layer, q1, poisoned, value, keep[:, :, -1:])
+    b, _ = grouped_attention(layer, q1, key, value, keep[:, :, -1:])
     assert torch.equal(a, b)
     # a row that may see nothing gives zeros, not NaN
     none = keep[:, :, -1:].clone()
     none[0] = False
-    a, _ = grouped_attention(_Layer(), q1, key, value, none)
+    a, _ = grouped_attention(layer, q1, key, value, none)
     assert torch.equal(a[0], torch.zeros_like(a[0])) and torch.isfinite(a).all()
     # long queries (prefill) read the float16 cache through SDPA, widened
     qp = torch.randn(B, H, 20, D, generator=g)
-    a, _ = grouped_attention(_Layer(), qp, key[:, :, :20], value[:, :, :20], None)
+    a, _ = grouped_attention(layer, qp, key[:, :, :20], value[:, :, :20], None)
     assert torch.allclose(a, _reference(qp, key[:, :, :20], value[:, :, :20],
                                         torch.ones(20, 20, dtype=torch.bool).tril()), atol=2e-5)
 

@@ -14,9 +14,11 @@ attends to its own columns only.
 
 With the float16 KV cache (`model.kv_dtype`, the default on CPU where fixlab's compiled kernels build) the same steps
 go to native.decode_attention instead (agents/serving/kernels.c): it reads half the bytes, widened to float32, and
-each row only over the columns its mask lets it see, with no per-row Python calls. On the 2-core EPYC at 32 rows x 700
-tokens: attention 63 ms a step against 97 here (decode-profile-20261127T190040Z / 190227Z). Prefill (more query
-tokens) widens the cache and keeps SDPA.
+each row only over the columns its mask lets it see, with no per-row Python calls; on AVX-512 CPUs with fused
+multiply-adds and each block of query rows' sums held in registers. On the 2-core EPYC at 32 rows x 700 tokens:
+attention 63 ms a step against 97 here (decode-profile-20261127T190040Z / 190227Z), then 34 against 55 for the
+portable loops (decode-profile-20261128T001528Z / 001644Z; the kernels alone, side by side: 31.8 ms against 62.9,
+attention-20261128T001409Z). Prefill (more query tokens) widens the cache and keeps SDPA.
 
 Only fp32 steps with at most SMALL_QUERY query tokens take this path (decode, prompt-lookup drafts); prefill and
 other dtypes go to transformers' SDPA. bf16 scores would be rounded before the softmax (8 bits of mantissa on

@@ -87,7 +87,10 @@ void fixlab_scale_products(int32_t *acc, int64_t rows, int64_t n, const float *x
    over the columns l the mask lets query q of row b see (a NULL mask: all of them, or causally with `causal`).
    A column no query of a row may see (left padding, rejected drafts) is never read: each row costs its own length.
    K and V are float16, widened to float32 as they are read; scores, softmax and sums are float32.
-   One work item is a row and a K/V head: its G query heads (and Q query positions) share each K/V read. */
+   One work item is a row and a K/V head: its G query heads (and Q query positions) share each K/V read.
+   Where the CPU has AVX-512 the products and sums take the register-blocked path below (2x the portable loops on a
+   2-core EPYC: benchmarks/attention.py); results agree with exact attention to about 3e-6 either way (the test:
+   tests/test_kv_float16.py, every block shape). */
 
 typedef _Float16 half;
 
@@ -122,6 +125,85 @@ static inline void widen(const half *s, int64_t d, float *dst) { /* exact: every
     for (; i < d; i++) dst[i] = (float)s[i];
 }
 
+#if defined(__AVX512F__)
+/* The AVX-512 path, for D a multiple of 16 up to 256 (Qwen2.5: 64 and 128): the same sums with fused multiply-adds
+   and the work laid out for registers. Scores: one K row widened once, then the dot with each of the item's query
+   rows (two accumulator chains each). Values: the item's probability rows in blocks of up to 6, each block's running
+   sums kept in registers over every column, 64 dimensions (4 vectors) at a time. Rounding differs from the portable
+   loops below in the last bits only (fused multiply-adds, another summation order). */
+#define VR 6 /* query rows whose sums stay in registers: 6 x 4 vectors + 4 for V, of 32 */
+
+static inline __attribute__((always_inline)) void values_block(const float *scores, int64_t L, const uint8_t *any,
+                                                                const half *vb, int64_t vsl, int64_t d0, const int nr,
+                                                                const int nc, float *acc, int64_t D) {
+    __m512 a[VR][4];
+    for (int r = 0; r < VR; r++)
+        for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
+    for (int64_t l = 0; l < L; l++) {
+        if (!any[l]) continue;
+        const half *vr = vb + l * vsl + d0;
+        __m512 x[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            if (c < nc) x[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * c)));
+#pragma GCC unroll 6
+        for (int r = 0; r < VR; r++) {
+            if (r >= nr) break;
+            const __m512 p = _mm512_set1_ps(scores[r * L + l]);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                if (c < nc) a[r][c] = _mm512_fmadd_ps(p, x[c], a[r][c]);
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) _mm512_storeu_ps(acc + r * D + d0 + 16 * c, a[r][c]);
+}
+
+/* one specialisation per (rows, vectors) pair, so that the loops above unroll into registers */
+#define VB(NR, NC) values_block(s, L, any, vb, vsl, d0, NR, NC, out, D)
+#define VB_NC(NR) switch (nc) { case 1: VB(NR, 1); break; case 2: VB(NR, 2); break; \
+                                case 3: VB(NR, 3); break; default: VB(NR, 4); } break
+
+static void values_avx512(const float *scores, int64_t L, const uint8_t *any, const half *vb, int64_t vsl,
+                          int64_t GQ, int64_t D, float *acc) {
+    for (int64_t r0 = 0; r0 < GQ; r0 += VR)
+        for (int64_t d0 = 0; d0 < D; d0 += 64) {
+            const int nr = GQ - r0 < VR ? (int)(GQ - r0) : VR, nc = D - d0 < 64 ? (int)((D - d0) / 16) : 4;
+            const float *s = scores + r0 * L;
+            float *out = acc + r0 * D;
+            switch (nr) {
+                case 1: VB_NC(1); case 2: VB_NC(2); case 3: VB_NC(3);
+                case 4: VB_NC(4); case 5: VB_NC(5); default: VB_NC(6);
+            }
+        }
+}
+#undef VB_NC
+#undef VB
+
+static void scores_avx512(const float *const *qrows, const uint8_t *sees, const uint8_t *any, int64_t Q, int64_t GQ,
+                          const half *kb, int64_t ksl, int64_t L, int64_t D, float scale, float *scores) {
+    const int64_t nc = D / 16;
+    __m512 k[16];
+    for (int64_t l = 0; l < L; l++) {
+        if (!any[l]) continue;
+        const half *kr = kb + l * ksl;
+        for (int64_t c = 0; c < nc; c++) k[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + 16 * c)));
+        for (int64_t r = 0; r < GQ; r++) {
+            float *srow = scores + r * L;
+            if (!sees[(r % Q) * L + l]) { srow[l] = -INFINITY; continue; }
+            const float *qv = qrows[r];
+            __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(qv), k[0]), s1 = _mm512_setzero_ps();
+            for (int64_t c = 1; c + 1 < nc; c += 2) {
+                s1 = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * c), k[c], s1);
+                s0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * (c + 1)), k[c + 1], s0);
+            }
+            if (nc % 2 == 0) s1 = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * (nc - 1)), k[nc - 1], s1);
+            srow[l] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * scale;
+        }
+    }
+}
+#endif
+
 void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, int64_t D,
                              int64_t qsb, int64_t qsh, int64_t qsq,
                              const half *k, const half *v, int64_t KV, int64_t L,
@@ -129,8 +211,12 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                              const uint8_t *mask, int64_t msb, int64_t msq, int causal, float scale, float *out,
                              int threads) {
     const int64_t G = H / KV, GQ = G * Q;
+#if defined(__AVX512F__)
+    const int fast = D % 16 == 0 && D <= 256;
+#endif
 #pragma omp parallel num_threads(threads)
     {
+        const float **qrows = malloc((size_t)GQ * sizeof(float *));
         float *scores = malloc((size_t)(GQ * L) * sizeof(float));
         float *acc = malloc((size_t)(GQ * D) * sizeof(float));
         float *kv = malloc((size_t)D * sizeof(float));
@@ -149,6 +235,12 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                     any[l] |= s;
                 }
             const half *kb = k + b * ksb + kh * ksh, *vb = v + b * vsb + kh * vsh;
+#if defined(__AVX512F__)
+            if (fast) {
+                for (int64_t r = 0; r < GQ; r++) qrows[r] = q + b * qsb + (kh * G + r / Q) * qsh + (r % Q) * qsq;
+                scores_avx512(qrows, sees, any, Q, GQ, kb, ksl, L, D, scale, scores);
+            } else
+#endif
             for (int64_t l = 0; l < L; l++) {
                 if (!any[l]) continue;
                 widen(kb + l * ksl, D, kv);
@@ -183,6 +275,9 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                 sum[r] = t;
                 for (int64_t d = 0; d < D; d++) acc[r * D + d] = 0.0f;
             }
+#if defined(__AVX512F__)
+            if (fast) values_avx512(scores, L, any, vb, vsl, GQ, D, acc); else
+#endif
             for (int64_t l = 0; l < L; l++) {
                 if (!any[l]) continue;
                 widen(vb + l * vsl, D, kv);
@@ -200,6 +295,6 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                 for (int64_t d = 0; d < D; d++) o[d] = acc[r * D + d] * inv;
             }
         }
-        free(scores); free(acc); free(kv); free(seen); free(sum);
+        free(scores); free(acc); free(kv); free(seen); free(sum); free(qrows);
     }
 }
