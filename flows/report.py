@@ -195,7 +195,7 @@ PAIRS: list[Pair] = [
 ]
 
 # Speed benchmarks: kind -> files, one line each (kinds: weights, generation, endtoend, sandbox, sweep_cache, drafts,
-# forward, decode_profile, attention, memory).
+# forward, decode_profile, attention, int8_matmul, memory).
 SPEED: list[tuple[str, str]] = [
     ("weights", "weights-20261125T093920Z.json"),
     ("weights", "weights-20261125T094443Z.json"),
@@ -239,6 +239,7 @@ SPEED: list[tuple[str, str]] = [
     ("decode_profile", "decode-profile-20261128T001528Z-before-fma-attention-0995f0a.json"),
     ("decode_profile", "decode-profile-20261128T001644Z-after-fma-attention.json"),
     ("attention", "attention-20261128T001409Z.json"),
+    ("int8_matmul", "int8-matmul-20261128T012540Z.json"),
     ("memory", "memory-20261126T171409Z-after-int8.json"),
     ("memory", "memory-20261126T174015Z-series-int8.json"),
     ("memory", "memory-20261126T182944Z-trim.json"),
@@ -883,8 +884,8 @@ def section_speed(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
            "running beside them; the CPU of each is named). Short benchmarks and whole jobs can disagree: a whole "
            "job keeps many rows decoding, a short one spends its time in the tail.", ""]
     for part in (speed_llamacpp(sweeps), speed_endtoend(results), speed_sweeps(sweeps, results), speed_history(sweeps),
-                 speed_weights(results), speed_decode_profile(results), speed_attention(results), speed_drafts(results),
-                 speed_forward(results),
+                 speed_weights(results), speed_decode_profile(results), speed_attention(results),
+                 speed_int8_matmul(results), speed_drafts(results), speed_forward(results),
                  speed_memory(results), speed_generation(results),
                  speed_generation_gpu(results), speed_sandbox(results)):
         out += part + [""]
@@ -1123,6 +1124,20 @@ def speed_attention(results: Path) -> list[str]:
             "rows up to 199 columns apart). Largest difference from exact float32 attention over the same values.", "",
             *table(["results file", "machine", "shape", "K/V MB a step", "kernels", "ms a step", "K/V GB/s",
                     "max diff vs exact", "time over the tree's"], rows)]
+
+
+def speed_int8_matmul(results: Path) -> list[str]:
+    rows = []
+    for name, d in speed_files(results, "int8_matmul"):
+        with reading(name):
+            for r in d["rows"]:
+                rows.append([name, _machine(d), str(r["rows"]), f"{r['ms_per_step']:.1f}", f"{r['weight_gb_per_s']:.1f}",
+                             str(r["g_mac_per_s"])])
+    return ["### The int8 products alone, by rows (`benchmarks/int8_matmul.py`)", "",
+            "torch._int_mm over the 1.5B pack's 28 layers of decoder matrices (1.31 GB of int8, every byte from "
+            "memory), M rows at a time: at 1 row the products stream the weights at the memory's pace, with hundreds "
+            "they near the CPU's int8 peak, and at decode's 16-64 rows they reach neither.", "",
+            *table(["results file", "machine", "rows", "ms a step", "weights GB/s", "G multiply-adds/s"], rows)]
 
 
 def speed_memory(results: Path) -> list[str]:
