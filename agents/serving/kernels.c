@@ -273,19 +273,22 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                     }
                 }
                 sum[r] = t;
-                for (int64_t d = 0; d < D; d++) acc[r * D + d] = 0.0f;
             }
 #if defined(__AVX512F__)
-            if (fast) values_avx512(scores, L, any, vb, vsl, GQ, D, acc); else
+            if (fast) values_avx512(scores, L, any, vb, vsl, GQ, D, acc); /* writes every sum: nothing to clear */
+            else
 #endif
-            for (int64_t l = 0; l < L; l++) {
-                if (!any[l]) continue;
-                widen(vb + l * vsl, D, kv);
-                for (int64_t r = 0; r < GQ; r++) {
-                    const float p = scores[r * L + l];
-                    float *a = acc + r * D;
+            {
+                for (int64_t i = 0; i < GQ * D; i++) acc[i] = 0.0f;
+                for (int64_t l = 0; l < L; l++) {
+                    if (!any[l]) continue;
+                    widen(vb + l * vsl, D, kv);
+                    for (int64_t r = 0; r < GQ; r++) {
+                        const float p = scores[r * L + l];
+                        float *a = acc + r * D;
 #pragma omp simd
-                    for (int64_t d = 0; d < D; d++) a[d] += p * kv[d];
+                        for (int64_t d = 0; d < D; d++) a[d] += p * kv[d];
+                    }
                 }
             }
             for (int64_t r = 0; r < GQ; r++) {
