@@ -53,7 +53,7 @@ def build(rev: str, into: Path) -> ctypes.CDLL:
         sys.exit(f"error: --against {rev}: its kernels.c has no decode attention (it came with the float16 KV cache)")
     src, lib = into / f"kernels-{rev.replace('/', '_')}.c", into / f"kernels-{rev.replace('/', '_')}.so"
     src.write_text(source)
-    done = subprocess.run(["gcc", *native.FLAGS, str(src), "-o", str(lib)], capture_output=True, text=True)
+    done = subprocess.run(["gcc", *native.ISAS[native.default_isa()], *native.FLAGS, str(src), "-o", str(lib)], capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"error: kernels.c at {rev} did not build: {(done.stderr.strip().splitlines() or ['?'])[0][:200]}")
     so = ctypes.CDLL(str(lib))
@@ -91,11 +91,12 @@ def main() -> None:
         libs = {rev: build(rev, Path(tmp)) for rev in revs}
         best = {rev: float("inf") for rev in revs}
         diff = {}
-        saved = native._lib
+        key = native.default_isa()
+        saved = native._libs.get(key)
         try:
             for rep in range(args.reps + 1):  # the first round warms the caches and is not kept
                 for rev in revs:
-                    native._lib = libs[rev]
+                    native._libs[key] = libs[rev]
                     t = time.perf_counter()
                     outs = [native.decode_attention(query, k, v, mask, False, scale) for k, v in cache]
                     wall = time.perf_counter() - t
@@ -104,7 +105,7 @@ def main() -> None:
                     else:  # the warm-up round's answers: the same every round
                         diff[rev] = float((outs[0] - exact).abs().max())
         finally:
-            native._lib = saved
+            native._libs[key] = saved
     visible = int(mask[:, 0, -1].sum())
     kv_bytes = visible * KV_HEADS * D * 2 * 2 * LAYERS  # K and V, float16
     rows = [{"kernels": "this tree" if rev == "." else rev, "ms_per_step": round(best[rev] * 1e3, 1),

@@ -55,6 +55,12 @@ def model_identity(model: ModelConf) -> dict:
     if isinstance(model, TransformersModelConf):
         from agents.serving.hf import resolve_device, resolve_dtype, resolve_weights
 
+        from agents.serving.paths import recorded
+
+        chosen = recorded(model)
+        if chosen is not None:  # the path this process's model took (weights, dtype, runtime: measured when auto)
+            ident["serving"] = {k: v for k, v in chosen.items() if k != "int8_kernel"}
+            return ident
         device = resolve_device(model.device)
         if model.dtype == "auto":
             weights = resolve_weights(model.weights, device)

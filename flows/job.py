@@ -43,8 +43,13 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
     tasks = load_tasks(settings.dataset)
     # Build model and sandbox before any task starts, so a missing key or model is one error up front
     # (not for dask: the model lives in the worker processes, possibly on other machines).
+    model = None
     if settings.runner.name != "dask":
-        model_and_sandbox(settings)
+        model, _ = model_and_sandbox(settings)
+        choice = getattr(model, "choice", None)  # a local model's measured path (agents/serving/paths.py)
+        if choice is not None:
+            # a recorded parameter: runs that took different paths (different answers) are not one configuration
+            settings.raw["serving"] = choice.record()
     check_runner(settings.runner)
     tracker = RunTracker(settings.tracking)
     run_id, resume = open_run(tracker, settings)
@@ -53,7 +58,8 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
     print(f"fixlab: {len(tasks)} tasks x {settings.samples} sample(s), {len(jobs)} to run, model={settings.model.name} "
           f"strategy={settings.agent.strategy.name} iters={settings.agent.iters} run_id={run_id}", file=sys.stderr,
           flush=True)
-    progress = Progress(len(tasks) * settings.samples, len(done), sum(t.passed for t in done.values()))
+    progress = Progress(len(tasks) * settings.samples, len(done), sum(t.passed for t in done.values()),
+                        activity=getattr(model, "activity", None))
 
     def finished(job: Job, outcome: Outcome) -> None:
         task, sample = job
@@ -80,6 +86,7 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
         status = "KILLED" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "FAILED"
         raise
     finally:
+        progress.close()
         if on_open:
             on_open(None)
         if status != "FINISHED":
@@ -153,15 +160,49 @@ def _result_rows(trajs: list[Trajectory]):
 
 
 class Progress:
-    """One stderr line per finished task: tasks done / total, passes so far, the rate."""
+    """One stderr line per finished task: tasks done / total, passes so far, the rate. A job is never silent: while no
+    task has ended for `every` seconds, one heartbeat line every `every` seconds (rows in flight, tokens/s over the
+    interval, tasks done), from the model's activity() where it has one (agents/serving/engine.py)."""
 
-    def __init__(self, total: int, already: int = 0, passed: int = 0):
+    def __init__(self, total: int, already: int = 0, passed: int = 0, activity: Callable[[], dict | None] | None = None,
+                 every: float = 30.0):
         self.total, self.done, self.passed = total, already, passed
         self.lock = threading.Lock()
-        self.t0 = time.perf_counter()
+        self.t0 = self.last = time.perf_counter()
+        self.activity, self.every = activity, every
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name="fixlab-heartbeat", daemon=True)
+        self._beat.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _probe(self) -> dict | None:
+        try:
+            return self.activity() if self.activity else None
+        except Exception:  # a heartbeat never breaks a job
+            return None
+
+    def _heartbeat(self) -> None:
+        seen = self._probe()
+        while not self._stop.wait(self.every):
+            now = self._probe()
+            with self.lock:
+                quiet = time.perf_counter() - self.last
+                done, total = self.done, self.total
+            if quiet < self.every:
+                seen = now
+                continue
+            line = f"[{done:>4}/{total}] still working, no task ended for {quiet:.0f} s"
+            if now:
+                rate = (now["tokens"] - (seen or now)["tokens"]) / self.every
+                line += f": {now['rows']} rows in flight, {now['waiting']} waiting, {rate:.1f} tokens/s over the last {self.every:.0f} s"
+            print(line + f", {done} tasks done", file=sys.stderr, flush=True)
+            seen = now
 
     def __call__(self, traj: Trajectory) -> None:
         with self.lock:
+            self.last = time.perf_counter()
             self.done += 1
             self.passed += traj.passed
             verdict = "ERROR" if traj.error else (f"passed@{traj.first_pass_round}" if traj.passed else "failed")

@@ -13,7 +13,7 @@ RESULT_NEUTRAL = (
     "resume", "cache", "cache_dir", "sweep_ahead", "sweep_ahead_to", "sweep_stream", "offline", "runner.", "tracking.",
     # model: batching engine, CPU threads, prefix reuse, drafts, llama.cpp slots, HTTP client
     "model.max_batch", "model.gather_ms", "model.max_prefill_tokens", "model.batching", "model.threads",
-    "model.skinny_matmul", "model.int8_fuse", "model.sdpa_gqa", "model.prefix_cache_mib", "model.kv_cache_mib",
+    "model.skinny_matmul", "model.int8_fuse", "model.int8_kernel", "serving.int8_kernel", "model.sdpa_gqa", "model.prefix_cache_mib", "model.kv_cache_mib",
     "model.heap_trim", "model.draft_tokens", "model.draft_ngram",
     "model.draft_step_tokens", "model.slots", "model.cache_prompt", "model.cache_ram_mib", "model.log_verbosity",
     "model.speculative", "model.ngram_size", "model.max_concurrency", "model.timeout_s", "model.max_retries",

@@ -256,7 +256,8 @@ class RunTracker:
         old, new = run.data.params, {k[:250]: v[:6000] for k, v in flatten(params).items()}
         diff = sorted(k for k in set(old) | set(new)
                       if old.get(k) != new.get(k) and not result_neutral(k)
-                      and not (k not in old and new[k] == knob_default(k, new)))
+                      and not (k not in old and new[k] == knob_default(k, new))
+                      and not (k not in old and k.startswith("serving.")))  # runs from before the path was recorded
         if diff:
             k = diff[0]
             raise ConfigError(f"resume={run_id}: config differs from that run's at {k} "

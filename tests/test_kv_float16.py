@@ -38,11 +38,24 @@ def _reference(query, key, value, mask):
     return out.transpose(1, 2)
 
 
-# (head size, query heads per K/V head): the AVX-512 path keeps up to 6 query rows x 4 vectors of 16 in registers, so
-# these cover every block of 1-6 rows (with 1, 3 and 16 queries a row) and 1-4 vectors; 40 takes the portable loops
-@pytest.mark.parametrize("D,G", [(16, 3), (48, 7), (96, 2), (128, 6), (64, 5), (40, 3)])
-def test_float16_cache_attention_equals_exact_attention_over_its_values(D, G):
+def _runnable_isas() -> list[str]:
+    from agents.serving.native import runnable_isas
+
+    return runnable_isas()
+
+
+# (head size, query heads per K/V head): the AVX-512 path keeps up to 6 query rows x 4 vectors of 16 in registers, the
+# AVX2 path 6 rows x 2 vectors of 8, so these cover every block of 1-6 rows (with 1, 3 and 16 queries a row) and every
+# vector count; 40 takes the portable loops on AVX-512 and a one-vector tail on AVX2, 20 the portable loops on both.
+# Every build this CPU runs (native, AVX2, portable): an AVX-512 machine tests the AVX2 path too.
+@pytest.mark.parametrize("isa", _runnable_isas())
+@pytest.mark.parametrize("D,G", [(16, 3), (48, 7), (96, 2), (128, 6), (64, 5), (40, 3), (20, 2)])
+def test_float16_cache_attention_equals_exact_attention_over_its_values(D, G, isa, monkeypatch):
+    from agents.serving import native
     from agents.serving.cpu_attention import grouped_attention
+
+    monkeypatch.setattr(native, "FORCED_ISA", isa)  # native.decode_attention runs that build
+    assert native.available(), isa
 
     g = torch.Generator().manual_seed(D)
     B, KV, L, cap = 4, 2, 37, 50

@@ -332,8 +332,7 @@ def test_a_model_gives_the_same_logits_with_and_without_the_compiled_loops(tmp_p
 def test_without_a_compiler_int8_keeps_the_eager_ops_and_says_so(monkeypatch, capsys, tmp_path):
     from agents.serving import native
 
-    monkeypatch.setattr(native, "_tried", False)
-    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_libs", {})
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     monkeypatch.setenv("FIXLAB_CACHE", str(tmp_path))  # no kernel built earlier is found
     lin = Int8Linear(torch.nn.Linear(32, 8), native=True)

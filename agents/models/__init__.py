@@ -17,9 +17,9 @@ def build_model(conf: ModelConf, dataset=None) -> Model:
 
         return OracleModel(load_tasks(dataset or DatasetConf()), conf)
     if isinstance(conf, TransformersModelConf):
-        from ..serving.hf import TransformersModel
+        from ..serving.paths import build_local
 
-        return TransformersModel(conf)
+        return build_local(conf)  # fixlab's engine, or llama.cpp where `runtime: auto` measured it faster
     if isinstance(conf, LlamaCppModelConf):
         from ..serving.llamacpp import LlamaCppModel
 

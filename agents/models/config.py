@@ -31,8 +31,8 @@ class TransformersModelConf(ModelConf):
     # auto = bfloat16 on cuda; on cpu float32 beside int8 weights (bf16 decode attention was 1.6x slower), else
     # bfloat16 where the cpu has bf16 instructions (avx512_bf16, amx), else float32
     dtype: str = "auto"
-    # dtype = weights in that dtype; int8 = cpu matmuls in int8, per-row scales (agents/serving/int8.py); auto = int8
-    # on cpu, dtype elsewhere
+    # dtype = weights in that dtype; int8 = cpu matmuls in int8, per-row scales (agents/serving/int8.py); auto = on
+    # cpu the faster of int8, float32 and bf16 as measured here (agents/serving/paths.py), dtype elsewhere
     weights: str = "dtype"
     # modules left in the dtype under int8 ([] = lm_head too: +10-17% decode, benchmarks/weights.py)
     int8_skip: list[str] = field(default_factory=lambda: ["lm_head"])
@@ -42,6 +42,11 @@ class TransformersModelConf(ModelConf):
     # true: int8's input rounding and output scaling as compiled loops, built with gcc at first use (bit-equal;
     # agents/serving/native.py); eager torch ops where no compiler is found
     int8_native: bool = True
+    # which kernel multiplies int8 weights: auto = measured on this machine per number of rows (agents/serving/
+    # paths.py); torch = torch._int_mm; fixlab = fixlab's own (AVX-512 VNNI, AVX2 or portable). Same values either way
+    int8_kernel: str = "auto"
+    # engine = fixlab's engine; llamacpp = llama.cpp on a pack's GGUF; auto = the one measured faster here (packs)
+    runtime: str = "engine"
     threads: int | None = None  # torch CPU threads; null = the cores this process may use (agents/serving/cores.py)
     skinny_matmul: bool = True  # cpu fp32: decode matmuls as W @ x.T (MKL's x @ W.T is up to 3x slower for 2-32 rows)
     sdpa_gqa: bool = True  # cpu: SDPA's grouped K/V heads under a padding mask (10x faster for Qwen2.5's 14:2 heads)

@@ -195,6 +195,12 @@ class BatchEngine:
     def generate(self, req: GenRequest, prompt_ids: list[int]) -> Generation:
         return self.submit(req, prompt_ids).result()
 
+    def activity(self) -> dict:
+        """What the engine is doing now, for a job's heartbeat: rows being decoded, requests waiting, and tokens
+        generated so far (decode steps' tokens plus accepted drafts). Read from any thread; approximate."""
+        return {"rows": len(self._rows), "waiting": len(self._queue),
+                "tokens": self.stats["row_steps"] + self.stats["draft_accepted"]}
+
     def close(self) -> None:
         with self._cv:
             self._closed = True

@@ -154,19 +154,6 @@ class TransformersModel:
         self.cfg = cfg
         self.name = cfg.name
         self.device = resolve_device(cfg.device)
-        self.weights = resolve_weights(cfg.weights, self.device)
-        self.dtype = resolve_dtype(cfg.dtype, self.device, self.weights)
-        self.kv_dtype = resolve_kv_dtype(cfg.kv_dtype, self.device, self.dtype, bool(cfg.cpu_attention))
-        t0 = time.perf_counter()
-        self._load(cfg)
-        self.load_seconds = time.perf_counter() - t0
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ModelUnavailable(f"model {self.name!r} has no chat template: use an instruct/chat checkpoint")
-        self.eos_ids = self._eos_ids()
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else min(self.eos_ids, default=0)
-        self.max_context = int(cfg.max_context or getattr(self.model.config, "max_position_embeddings", 0)
-                               or 4096)
         self._cores = None
         if self.device.type == "cpu":
             # torch defaults to the physical cores of the machine, which can exceed what this process may use,
@@ -174,6 +161,30 @@ class TransformersModel:
             from .cores import claim_threads
 
             self._cores = claim_threads(cfg.threads)
+        try:
+            # weights, dtype and int8 kernels: as configured, and what `auto` measures on this machine (paths.py)
+            from .paths import resolve
+
+            self.choice = resolve(cfg, self.device, self._cores.threads if self._cores else 1)
+            self.weights = self.choice.weights
+            self.dtype = (resolve_dtype(cfg.dtype, self.device, self.weights) if self.weights == "int8"
+                          else getattr(torch, self.choice.dtype))
+            self.kv_dtype = resolve_kv_dtype(cfg.kv_dtype, self.device, self.dtype, bool(cfg.cpu_attention))
+            t0 = time.perf_counter()
+            self._load(cfg)
+            self.load_seconds = time.perf_counter() - t0
+        except BaseException:
+            if self._cores is not None:
+                self._cores.release()
+            raise
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ModelUnavailable(f"model {self.name!r} has no chat template: use an instruct/chat checkpoint")
+        self.eos_ids = self._eos_ids()
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.eos_ids, default=0)
+        self.max_context = int(cfg.max_context or getattr(self.model.config, "max_position_embeddings", 0)
+                               or 4096)
+        if self._cores is not None:
             torch.set_num_threads(self._cores.threads)
         self._lock = threading.Lock()  # the unbatched path runs one request at a time
         self.engine = None
@@ -216,7 +227,7 @@ class TransformersModel:
 
             quantize_int8(self.model, skip=tuple(cfg.int8_skip),  # []: lm_head in int8 too
                           fuse=bool(cfg.int8_fuse),  # no measured gain (agents/models/config.py)
-                          native=bool(cfg.int8_native))
+                          native=bool(cfg.int8_native), plan=self.choice.plan())
         if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.skinny_matmul:
             # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
             from .engine import use_skinny_matmul
@@ -298,6 +309,9 @@ class TransformersModel:
             finish = "stop"
         return Generation(text=text, prompt_tokens=n, completion_tokens=len(new),
                           seconds=time.perf_counter() - t0, finish_reason=finish)
+
+    def activity(self) -> dict | None:
+        return self.engine.activity() if self.engine is not None else None
 
     def close(self) -> None:
         if self.engine is not None:

@@ -2,7 +2,10 @@
 
 Each nn.Linear of the decoder layers becomes an Int8Linear: its weight is rounded once to int8 with one scale
 per output channel, and each input row is rounded to int8 with its own scale (absmax / 127) on every call.
-The product is torch._int_mm (oneDNN; VNNI where the CPU has it), exact in int32, then scaled back. The rounding and
+The product is exact in int32, then scaled back. Two kernels compute it, with the same values (`Int8Plan`): torch's
+torch._int_mm (oneDNN: AMX or VNNI where the CPU has them; on AVX2-only CPUs a reference loop, 11-31x slower than
+float32) and fixlab's own over packed weights (native.PackedInt8: AVX-512 VNNI, AVX2 or portable loops). Which one
+runs at which number of rows is measured on each machine (agents/serving/paths.py, `model.int8_kernel`). The rounding and
 the scaling run as two compiled loops where gcc builds them (native.py, `model.int8_native`; bit-equal to the eager
 ops kept below): on the 2-core EPYC they cut the work around the products from about 97 to 23 ms a decode step.
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -68,17 +72,57 @@ class only_rows:
         _ONLY.rows = self.saved
 
 
+@dataclass(frozen=True)
+class Int8Plan:
+    """Which int8 kernel multiplies an input of a given number of rows (tokens): `small` up to `split` rows, `large`
+    above. A kernel is "torch" (torch._int_mm) or "fixlab" (native.PackedInt8 of build `isa`, None = this CPU's).
+    Both give the same values, so a plan changes speed only. Int8Linear keeps only the weight layouts its plan uses."""
+
+    small: str = "torch"
+    large: str = "torch"
+    split: int = 0
+    isa: str | None = None
+
+    def __post_init__(self):
+        for k in (self.small, self.large):
+            if k not in INT8_KERNELS:
+                raise ValueError(f"int8 kernel {k!r} is unknown: use one of {', '.join(INT8_KERNELS)}")
+
+    def kernel(self, rows: int) -> str:
+        return self.small if rows <= self.split else self.large
+
+    @property
+    def kernels(self) -> set[str]:
+        return {self.large} | ({self.small} if self.split > 0 else set())
+
+    def describe(self) -> str:
+        name = {"torch": "torch._int_mm", "fixlab": f"fixlab {kernels.gemm_isa(self.isa)}"
+                if "fixlab" in self.kernels else "fixlab"}
+        if len(self.kernels) == 1:
+            return name[self.large]
+        return f"{name[self.small]} up to {self.split} rows, {name[self.large]} above"
+
+
+INT8_KERNELS = ("torch", "fixlab")
+
+
 class Int8Linear(torch.nn.Module):
-    def __init__(self, linear: torch.nn.Linear, weight: torch.Tensor | None = None, native: bool = False):
+    def __init__(self, linear: torch.nn.Linear, weight: torch.Tensor | None = None, native: bool = False,
+                 plan: Int8Plan | None = None):
         """`weight`: linear.weight's values when the caller read them elsewhere (MappedFiles), else linear.weight.
-        `native`: round the input and scale the products with the compiled loops of native.py (bit-equal)."""
+        `native`: round the input and scale the products with the compiled loops of native.py (bit-equal).
+        `plan`: which kernel at how many rows (default torch._int_mm always); fixlab's needs the compiled loops."""
         super().__init__()
         self.native = native and kernels.available()
+        self.plan = plan or Int8Plan()
+        if "fixlab" in self.plan.kernels and not kernels.available():
+            raise RuntimeError("int8 kernel fixlab needs fixlab's compiled kernels, which could not be built here")
         w = (linear.weight if weight is None else weight).detach().float()
         scale, q = quantize_rows(w)
         # Stored N x K and passed as its transpose (a K x N view): oneDNN was 1.1-3.5x faster with this layout
-        # than with a contiguous K x N matrix for 1-64 rows (measured here).
-        self.register_buffer("qweight", q.contiguous())
+        # than with a contiguous K x N matrix for 1-64 rows (measured here). Not kept where the plan never uses it.
+        self.packed = kernels.PackedInt8(q, self.plan.isa) if "fixlab" in self.plan.kernels else None
+        self.register_buffer("qweight", q.contiguous() if "torch" in self.plan.kernels else None)
         self.register_buffer("scale", scale)
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().float(),
                                                                         requires_grad=False)
@@ -95,6 +139,9 @@ class Int8Linear(torch.nn.Module):
         return y.reshape(*shape[:-1], self.out_features).to(dtype)
 
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and self.plan.kernel(rows.shape[0]) == "fixlab":  # same values, fixlab's kernel
+            xq, xs = kernels.quantize_rows(rows)
+            return self.packed.matmul(xq, xs, self.scale, self.bias)
         if self.native:  # the same values from two compiled loops (native.py)
             xq, xs = kernels.quantize_rows(rows)
             return kernels.scale_products(torch._int_mm(xq, self.qweight.t()), xs, self.scale, self.bias)
@@ -106,7 +153,8 @@ class Int8Linear(torch.nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row x per-channel"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row x per-channel, "
+                f"{self.plan.describe()}")
 
 
 class _Stacked(torch.nn.Module):
@@ -115,7 +163,7 @@ class _Stacked(torch.nn.Module):
     with another input (or twice) recomputes, so a caller with another call order still gets exact answers."""
 
     def __init__(self, linears: list[torch.nn.Linear], weights: list[torch.Tensor] | None = None,
-                 native: bool = False):
+                 native: bool = False, plan: Int8Plan | None = None):
         super().__init__()
         weights = weights or [m.weight for m in linears]
         stacked = torch.nn.Linear(linears[0].in_features, sum(m.out_features for m in linears),
@@ -125,7 +173,7 @@ class _Stacked(torch.nn.Module):
             if stacked.bias is not None:
                 stacked.bias.copy_(torch.cat([m.bias.detach().float() if m.bias is not None
                                               else torch.zeros(m.out_features) for m in linears]))
-        self.inner = Int8Linear(stacked, native=native)
+        self.inner = Int8Linear(stacked, native=native, plan=plan)
         self.splits = [m.out_features for m in linears]
         self._x: torch.Tensor | None = None
         self._outs: tuple = ()
@@ -162,10 +210,12 @@ class StackedSlice(torch.nn.Module):
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
-def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = False, native: bool = True) -> int:
+def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = False, native: bool = True,
+                  plan: Int8Plan | None = None) -> int:
     """Replace every nn.Linear whose name does not end with one of `skip` by int8 (an Int8Linear, or with `fuse` a
     slice of a stacked group for q/k/v and gate/up), in place. Returns how many linears were replaced.
-    `native`: the compiled rounding and scaling loops where they build (native.py; same values).
+    `native`: the compiled rounding and scaling loops where they build (native.py; same values). `plan`: which
+    int8 kernel at how many rows (Int8Plan; same values).
     One linear at a time, and only names are kept: a float32 linear is freed as soon as it is replaced."""
     targets = [name for name, mod in model.named_modules()
                if type(mod) is torch.nn.Linear and not any(name == s or name.endswith("." + s) for s in skip)]
@@ -181,7 +231,7 @@ def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = Fals
                     members = [getattr(parent, n) for n in names]
                     if len({m.in_features for m in members}) != 1:
                         continue
-                    group = _Stacked(members, [files.read(m.weight) for m in members], native=native)
+                    group = _Stacked(members, [files.read(m.weight) for m in members], native=native, plan=plan)
                     parent.add_module(f"int8_stacked{g}", group)
                     for i, n in enumerate(names):
                         setattr(parent, n, StackedSlice(group, i))
@@ -193,7 +243,7 @@ def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = Fals
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             mod = getattr(parent, attr)
-            setattr(parent, attr, Int8Linear(mod, files.read(mod.weight), native=native))
+            setattr(parent, attr, Int8Linear(mod, files.read(mod.weight), native=native, plan=plan))
             del mod
     return len(targets)
 

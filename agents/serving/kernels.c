@@ -88,9 +88,9 @@ void fixlab_scale_products(int32_t *acc, int64_t rows, int64_t n, const float *x
    A column no query of a row may see (left padding, rejected drafts) is never read: each row costs its own length.
    K and V are float16, widened to float32 as they are read; scores, softmax and sums are float32.
    One work item is a row and a K/V head: its G query heads (and Q query positions) share each K/V read.
-   Where the CPU has AVX-512 the products and sums take the register-blocked path below (2x the portable loops on a
-   2-core EPYC: benchmarks/attention.py); results agree with exact attention to about 3e-6 either way (the test:
-   tests/test_kv_float16.py, every block shape). */
+   Where the CPU has AVX-512 (or AVX2 with FMA) the products and sums take the register-blocked paths below (AVX-512:
+   2x the portable loops on a 2-core EPYC, benchmarks/attention.py); results agree with exact attention to about 3e-6
+   on every path (the test: tests/test_kv_float16.py, every block shape, every build this CPU runs). */
 
 typedef _Float16 half;
 
@@ -202,6 +202,91 @@ static void scores_avx512(const float *const *qrows, const uint8_t *sees, const 
         }
     }
 }
+#define FAST_D(D) ((D) % 16 == 0 && (D) <= 256)
+#define FAST_SCORES scores_avx512
+#define FAST_VALUES values_avx512
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* The AVX2 path (AMD Zen 2/3, Intel before Ice Lake), for D a multiple of 8: the same layout with 8-float vectors and
+   16 registers. Values: blocks of up to 6 probability rows x 16 dimensions (12 sums + 2 V vectors + 1 broadcast).
+   Scores: one K row widened once into a buffer, its dot with each query row by fused multiply-adds in two chains. */
+#define VR 6
+
+static inline __attribute__((always_inline)) void values_block(const float *scores, int64_t L, const uint8_t *any,
+                                                                const half *vb, int64_t vsl, int64_t d0, const int nr,
+                                                                const int nc, float *acc, int64_t D) {
+    __m256 a[VR][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < VR; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; c++) a[r][c] = _mm256_setzero_ps();
+    for (int64_t l = 0; l < L; l++) {
+        if (!any[l]) continue;
+        const half *vr = vb + l * vsl + d0;
+        const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)vr));
+        const __m256 x1 = nc > 1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + 8))) : x0;
+#pragma GCC unroll 6
+        for (int r = 0; r < VR; r++) {
+            if (r < nr) {
+                const __m256 p = _mm256_set1_ps(scores[r * L + l]);
+                a[r][0] = _mm256_fmadd_ps(p, x0, a[r][0]);
+                if (nc > 1) a[r][1] = _mm256_fmadd_ps(p, x1, a[r][1]);
+            }
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < VR; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; c++)
+            if (r < nr && c < nc) _mm256_storeu_ps(acc + r * D + d0 + 8 * c, a[r][c]);
+}
+
+#define VB(NR, NC) values_block(s, L, any, vb, vsl, d0, NR, NC, out, D)
+#define VB_NC(NR) if (nc == 1) VB(NR, 1); else VB(NR, 2); break
+
+static void values_avx2(const float *scores, int64_t L, const uint8_t *any, const half *vb, int64_t vsl,
+                        int64_t GQ, int64_t D, float *acc) {
+    for (int64_t r0 = 0; r0 < GQ; r0 += VR)
+        for (int64_t d0 = 0; d0 < D; d0 += 16) {
+            const int nr = GQ - r0 < VR ? (int)(GQ - r0) : VR, nc = D - d0 < 16 ? 1 : 2;
+            const float *s = scores + r0 * L;
+            float *out = acc + r0 * D;
+            switch (nr) {
+                case 1: VB_NC(1); case 2: VB_NC(2); case 3: VB_NC(3);
+                case 4: VB_NC(4); case 5: VB_NC(5); default: VB_NC(6);
+            }
+        }
+}
+#undef VB_NC
+#undef VB
+
+static void scores_avx2(const float *const *qrows, const uint8_t *sees, const uint8_t *any, int64_t Q, int64_t GQ,
+                        const half *kb, int64_t ksl, int64_t L, int64_t D, float scale, float *scores) {
+    float k[256];
+    for (int64_t l = 0; l < L; l++) {
+        if (!any[l]) continue;
+        widen(kb + l * ksl, D, k);
+        for (int64_t r = 0; r < GQ; r++) {
+            float *srow = scores + r * L;
+            if (!sees[(r % Q) * L + l]) { srow[l] = -INFINITY; continue; }
+            const float *qv = qrows[r];
+            __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(qv), _mm256_loadu_ps(k)), s1 = _mm256_setzero_ps();
+            int64_t d = 8;
+            for (; d + 16 <= D; d += 16) {
+                s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), _mm256_loadu_ps(k + d), s1);
+                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d + 8), _mm256_loadu_ps(k + d + 8), s0);
+            }
+            if (d < D) s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), _mm256_loadu_ps(k + d), s1);
+            const __m256 t = _mm256_add_ps(s0, s1);
+            __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_add_ss(h, _mm_movehdup_ps(h));
+            srow[l] = _mm_cvtss_f32(h) * scale;
+        }
+    }
+}
+#define FAST_D(D) ((D) % 8 == 0 && (D) <= 256)
+#define FAST_SCORES scores_avx2
+#define FAST_VALUES values_avx2
 #endif
 
 void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, int64_t D,
@@ -211,8 +296,8 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                              const uint8_t *mask, int64_t msb, int64_t msq, int causal, float scale, float *out,
                              int threads) {
     const int64_t G = H / KV, GQ = G * Q;
-#if defined(__AVX512F__)
-    const int fast = D % 16 == 0 && D <= 256;
+#if defined(FAST_D)
+    const int fast = FAST_D(D);
 #endif
 #pragma omp parallel num_threads(threads)
     {
@@ -235,10 +320,10 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                     any[l] |= s;
                 }
             const half *kb = k + b * ksb + kh * ksh, *vb = v + b * vsb + kh * vsh;
-#if defined(__AVX512F__)
+#if defined(FAST_D)
             if (fast) {
                 for (int64_t r = 0; r < GQ; r++) qrows[r] = q + b * qsb + (kh * G + r / Q) * qsh + (r % Q) * qsq;
-                scores_avx512(qrows, sees, any, Q, GQ, kb, ksl, L, D, scale, scores);
+                FAST_SCORES(qrows, sees, any, Q, GQ, kb, ksl, L, D, scale, scores);
             } else
 #endif
             for (int64_t l = 0; l < L; l++) {
@@ -274,8 +359,8 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                 }
                 sum[r] = t;
             }
-#if defined(__AVX512F__)
-            if (fast) values_avx512(scores, L, any, vb, vsl, GQ, D, acc); /* writes every sum: nothing to clear */
+#if defined(FAST_D)
+            if (fast) FAST_VALUES(scores, L, any, vb, vsl, GQ, D, acc); /* writes every sum: nothing to clear */
             else
 #endif
             {
@@ -300,4 +385,234 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
         }
         free(scores); free(acc); free(kv); free(seen); free(sum); free(qrows);
     }
+}
+
+/* ---- 3. int8 matmul over packed weights -------------------------------------------------------------------------
+
+   y[m, n] = ((float)sum_k x[m, k] * w[n, k] * xs[m]) * ws[n] + bias[n], the same values as Int8Linear's
+   torch._int_mm path (the integer sums are exact, the scaling is the same IEEE operations in the same order), for
+   CPUs where torch._int_mm is slow (on AVX2-only CPUs it is a reference loop: 11-31x slower than float32).
+   x and w hold values in [-127, 127] (Int8Linear rounds to that range), so no product or partial sum below can
+   saturate or overflow: |sum| <= K * 127 * 255 < 2^31 for K < 66,000.
+
+   Weights are packed once (fixlab_int8_pack) into panels of PANEL output columns; within a panel, for each group of
+   KG consecutive k, the PANEL columns' KG values lie side by side: [panel][k / KG][PANEL][KG], K padded with zeros
+   to a multiple of 4 and the last panel's missing columns zero. Each instruction set has its own panel:
+   - AVX-512 VNNI: vpdpbusd multiplies unsigned by signed bytes, four k at a time into int32 lanes, 64 products an
+     instruction. x is offset to unsigned (x + 128) and 128 * (the column's weight sum) taken off at the end: exact.
+     A tile is 8 rows x 48 columns: 24 accumulators of the 32 registers.
+   - AVX2: no unsigned-by-signed product without 16-bit saturation for our range (vpmaddubsw saturates pairs at 255 *
+     127 * 2), so bytes are widened to int16 and vpmaddwd sums pairs of k into int32 (exact); 16 products an
+     instruction. A tile is 4 rows x 24 columns: 12 accumulators of the 16 registers.
+   - elsewhere (ARM...): the same packing and plain loops the compiler vectorizes.
+   The work is split across threads by panels; every tile reads its panel from cache for each block of rows. */
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define GEMM_ISA "avx512vnni"
+#define PANEL 48
+#define KG 4
+#define MR 8
+#elif defined(__AVX2__)
+#define GEMM_ISA "avx2"
+#define PANEL 24
+#define KG 2
+#define MR 4
+#else
+#define GEMM_ISA "portable"
+#define PANEL 16
+#define KG 4
+#define MR 4
+#endif
+
+const char *fixlab_gemm_isa(void) { return GEMM_ISA; }
+int64_t fixlab_gemm_panel(void) { return PANEL; }
+
+static inline int64_t pad4(int64_t k) { return (k + 3) / 4 * 4; }
+
+/* Bytes of the packed matrix for N x K weights. */
+int64_t fixlab_int8_packed_size(int64_t n, int64_t k) { return (n + PANEL - 1) / PANEL * PANEL * pad4(k); }
+
+/* w: N x K int8, rows contiguous (`ldw` apart). packed: fixlab_int8_packed_size bytes. colsum: N int32 (the weight
+   sums the VNNI path takes off; filled on every path). */
+void fixlab_int8_pack(const int8_t *w, int64_t n, int64_t k, int64_t ldw, int8_t *packed, int32_t *colsum,
+                      int threads) {
+    const int64_t kp = pad4(k), panels = (n + PANEL - 1) / PANEL;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < panels; p++) {
+        int8_t *dst = packed + p * PANEL * kp;
+        for (int64_t g = 0; g < kp / KG; g++)
+            for (int64_t c = 0; c < PANEL; c++)
+                for (int64_t j = 0; j < KG; j++) {
+                    const int64_t col = p * PANEL + c, kk = g * KG + j;
+                    dst[(g * PANEL + c) * KG + j] = col < n && kk < k ? w[col * ldw + kk] : 0;
+                }
+        for (int64_t c = 0; c < PANEL && p * PANEL + c < n; c++) {
+            int32_t s = 0;
+            for (int64_t kk = 0; kk < k; kk++) s += w[(p * PANEL + c) * ldw + kk];
+            colsum[p * PANEL + c] = s;
+        }
+    }
+}
+
+/* One tile's int32 sums as floats: ((float)acc * xs[m]) * ws[n] + bias[n], in that order (as the eager ops). */
+static inline void store_tile(const int32_t *acc, int mr, int64_t n0, int64_t n, const float *xs, const float *ws,
+                              const float *bias, float *y, int64_t ldy) {
+    const int64_t cols = n - n0 < PANEL ? n - n0 : PANEL;
+    for (int r = 0; r < mr; r++) {
+        const float s = xs[r];
+        float *yr = y + r * ldy + n0;
+        const int32_t *ar = acc + r * PANEL;
+        int64_t c = 0;
+#if defined(__AVX512F__)
+        for (; c + 16 <= cols; c += 16) {
+            __m512 p = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(ar + c)), _mm512_set1_ps(s));
+            p = _mm512_mul_ps(p, _mm512_loadu_ps(ws + n0 + c));
+            if (bias) p = _mm512_add_ps(p, _mm512_loadu_ps(bias + n0 + c));
+            _mm512_storeu_ps(yr + c, p);
+        }
+#elif defined(__AVX2__)
+        for (; c + 8 <= cols; c += 8) {
+            __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(ar + c))),
+                                     _mm256_set1_ps(s));
+            p = _mm256_mul_ps(p, _mm256_loadu_ps(ws + n0 + c));
+            if (bias) p = _mm256_add_ps(p, _mm256_loadu_ps(bias + n0 + c));
+            _mm256_storeu_ps(yr + c, p);
+        }
+#endif
+        for (; c < cols; c++) {
+            float p = (float)ar[c] * s;
+            p = p * ws[n0 + c];
+            yr[c] = bias ? p + bias[n0 + c] : p;
+        }
+    }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* xu: rows of kp bytes (x + 128); wp: one panel. acc: mr x PANEL int32, the exact sums x . w.
+   The 24 sums are named variables, not an array: GCC kept an array of them on the stack (spilled every step). */
+/* vpdpbusd adds into its destination; through the intrinsic GCC 12 copied every sum out and back each step, so the
+   instruction is written with the sum as an in-out operand */
+static inline __attribute__((always_inline)) __m512i dpbusd(__m512i acc, __m512i u8, __m512i s8) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
+    return acc;
+}
+#define Z3(r) __m512i a##r##0 = _mm512_setzero_si512(), a##r##1 = a##r##0, a##r##2 = a##r##0
+#define DP(r) if (mr > r) { \
+        int32_t four; memcpy(&four, xu + r * kp + 4 * g, 4); const __m512i b = _mm512_set1_epi32(four); \
+        a##r##0 = dpbusd(a##r##0, b, w0); a##r##1 = dpbusd(a##r##1, b, w1); a##r##2 = dpbusd(a##r##2, b, w2); }
+#define ST(r) if (mr > r) { \
+        _mm512_storeu_si512(acc + r * PANEL, _mm512_sub_epi32(a##r##0, o0)); \
+        _mm512_storeu_si512(acc + r * PANEL + 16, _mm512_sub_epi32(a##r##1, o1)); \
+        _mm512_storeu_si512(acc + r * PANEL + 32, _mm512_sub_epi32(a##r##2, o2)); }
+static inline __attribute__((always_inline)) void tile(const uint8_t *xu, int64_t kp, const int mr, const int8_t *wp,
+                                                       const int32_t *colsum, int64_t n0, int64_t n, int32_t *acc) {
+    Z3(0); Z3(1); Z3(2); Z3(3); Z3(4); Z3(5); Z3(6); Z3(7);
+    for (int64_t g = 0; g < kp / 4; g++) {
+        const __m512i w0 = _mm512_loadu_si512(wp + g * 192), w1 = _mm512_loadu_si512(wp + g * 192 + 64),
+                      w2 = _mm512_loadu_si512(wp + g * 192 + 128);
+        DP(0) DP(1) DP(2) DP(3) DP(4) DP(5) DP(6) DP(7)
+    }
+    int32_t off[PANEL];
+    for (int c = 0; c < PANEL; c++) off[c] = n0 + c < n ? colsum[n0 + c] * 128 : 0;
+    const __m512i o0 = _mm512_loadu_si512(off), o1 = _mm512_loadu_si512(off + 16), o2 = _mm512_loadu_si512(off + 32);
+    ST(0) ST(1) ST(2) ST(3) ST(4) ST(5) ST(6) ST(7)
+}
+#undef Z3
+#undef DP
+#undef ST
+typedef uint8_t xelem;
+static inline xelem to_x(int8_t v) { return (uint8_t)(v + 128); }
+#elif defined(__AVX2__)
+/* x16: rows of kp int16; wp: one panel. 12 named sums, as above. */
+#define Z3(r) __m256i a##r##0 = _mm256_setzero_si256(), a##r##1 = a##r##0, a##r##2 = a##r##0
+#define DP(r) if (mr > r) { \
+        int32_t two; memcpy(&two, x16 + r * kp + 2 * g, 4); const __m256i b = _mm256_set1_epi32(two); \
+        a##r##0 = _mm256_add_epi32(a##r##0, _mm256_madd_epi16(b, w0)); \
+        a##r##1 = _mm256_add_epi32(a##r##1, _mm256_madd_epi16(b, w1)); \
+        a##r##2 = _mm256_add_epi32(a##r##2, _mm256_madd_epi16(b, w2)); }
+#define ST(r) if (mr > r) { \
+        _mm256_storeu_si256((__m256i *)(acc + r * PANEL), a##r##0); \
+        _mm256_storeu_si256((__m256i *)(acc + r * PANEL + 8), a##r##1); \
+        _mm256_storeu_si256((__m256i *)(acc + r * PANEL + 16), a##r##2); }
+static inline __attribute__((always_inline)) void tile(const int16_t *x16, int64_t kp, const int mr, const int8_t *wp,
+                                                       const int32_t *colsum, int64_t n0, int64_t n, int32_t *acc) {
+    (void)colsum; (void)n0; (void)n;
+    Z3(0); Z3(1); Z3(2); Z3(3);
+    for (int64_t g = 0; g < kp / 2; g++) {
+        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wp + g * 48))),
+                      w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wp + g * 48 + 16))),
+                      w2 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wp + g * 48 + 32)));
+        DP(0) DP(1) DP(2) DP(3)
+    }
+    ST(0) ST(1) ST(2) ST(3)
+}
+#undef Z3
+#undef DP
+#undef ST
+typedef int16_t xelem;
+static inline xelem to_x(int8_t v) { return v; }
+#else
+static inline void tile(const int8_t *x, int64_t kp, const int mr, const int8_t *wp, const int32_t *colsum,
+                        int64_t n0, int64_t n, int32_t *acc) {
+    (void)colsum; (void)n0; (void)n;
+    for (int r = 0; r < mr; r++) {
+        int32_t s[PANEL] = {0};
+        for (int64_t g = 0; g < kp / KG; g++)
+            for (int c = 0; c < PANEL; c++)
+                for (int j = 0; j < KG; j++) s[c] += (int32_t)x[r * kp + g * KG + j] * wp[(g * PANEL + c) * KG + j];
+        for (int c = 0; c < PANEL; c++) acc[r * PANEL + c] = s[c];
+    }
+}
+typedef int8_t xelem;
+static inline xelem to_x(int8_t v) { return v; }
+#endif
+
+/* x: M x K int8 rows `ldx` apart; packed, colsum: from fixlab_int8_pack; xs: M row scales; ws: N column scales;
+   bias: N or NULL; y: M x N float32 rows `ldy` apart. */
+void fixlab_int8_matmul(const int8_t *x, int64_t m, int64_t k, int64_t ldx, const int8_t *packed,
+                        const int32_t *colsum, int64_t n, const float *xs, const float *ws, const float *bias, float *y,
+                        int64_t ldy, int threads) {
+    const int64_t kp = pad4(k), panels = (n + PANEL - 1) / PANEL;
+    xelem *xc = malloc((size_t)(m * kp) * sizeof(xelem)); /* x in the form the tile multiplies, K padded */
+#pragma omp parallel num_threads(threads) if (m * kp >= 65536)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < m; r++) {
+            for (int64_t i = 0; i < k; i++) xc[r * kp + i] = to_x(x[r * ldx + i]);
+            for (int64_t i = k; i < kp; i++) xc[r * kp + i] = to_x(0);
+        }
+    }
+    /* threads split the panels; for many rows and few panels (prefill of a narrow matrix) they split rows too */
+    const int64_t row_blocks = (m + MR - 1) / MR;
+    const int64_t split = panels >= 4 * threads || row_blocks < 2 ? 1 : (row_blocks < threads ? row_blocks : threads);
+#pragma omp parallel num_threads(threads) if (m * n * k >= 262144)
+    {
+        int32_t acc[MR * PANEL];
+#pragma omp for schedule(static) collapse(2)
+        for (int64_t s = 0; s < split; s++)
+            for (int64_t p = 0; p < panels; p++) {
+                const int8_t *wp = packed + p * PANEL * kp;
+                const int64_t n0 = p * PANEL;
+                const int64_t b0 = row_blocks * s / split, b1 = row_blocks * (s + 1) / split;
+                for (int64_t rb = b0; rb < b1; rb++) {
+                    const int64_t m0 = rb * MR;
+                    const int mr = m - m0 < MR ? (int)(m - m0) : MR;
+                    const xelem *xr = xc + m0 * kp;
+                    switch (mr) { /* one specialisation per row count, so the tile's loops unroll into registers */
+                        case 1: tile(xr, kp, 1, wp, colsum, n0, n, acc); break;
+                        case 2: tile(xr, kp, 2, wp, colsum, n0, n, acc); break;
+                        case 3: tile(xr, kp, 3, wp, colsum, n0, n, acc); break;
+#if MR > 4
+                        case 4: tile(xr, kp, 4, wp, colsum, n0, n, acc); break;
+                        case 5: tile(xr, kp, 5, wp, colsum, n0, n, acc); break;
+                        case 6: tile(xr, kp, 6, wp, colsum, n0, n, acc); break;
+                        case 7: tile(xr, kp, 7, wp, colsum, n0, n, acc); break;
+#endif
+                        default: tile(xr, kp, MR, wp, colsum, n0, n, acc);
+                    }
+                    store_tile(acc, mr, n0, n, xs + m0, ws, bias, y + m0 * ldy, ldy);
+                }
+            }
+    }
+    free(xc);
 }

@@ -9,8 +9,12 @@ loops read the input twice (absmax, then round) and scale the int32 products in 
 The results are bit-equal to the eager ops (kernels.c says how; test in tests/test_models_int8.py), so
 turning this on or off changes no answer.
 
-Built once per machine at first use: gcc -O3 -march=native -fopenmp into FIXLAB_CACHE/kernels (~0.2 s), named by a
-hash of the source, the compiler and the CPU's flags. Loaded after torch, so its OpenMP calls run on the runtime
+3. int8 matmul over packed weights (`PackedInt8`): exact integer sums as torch._int_mm, for CPUs where that is slow
+(AVX2-only: a reference loop) or slower than this kernel (few rows); which one a job uses is measured
+(agents/serving/paths.py).
+
+Built once per machine and instruction set at first use: gcc -O3 -march=native -fopenmp (ISAS: or AVX2 only) into
+FIXLAB_CACHE/kernels (~0.3 s), named by a hash of the source, the compiler, the flags and the CPU's flags. Loaded after torch, so its OpenMP calls run on the runtime
 torch already loaded (torch/lib/libgomp.so.1: one thread pool). Without gcc, or if the build fails, `available()`
 is False: Int8Linear keeps the eager ops and the KV cache stays float32 (one line on stderr says why).
 """
@@ -29,11 +33,18 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-strict-aliasing", "-fPIC", "-shared"]
+FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-strict-aliasing", "-fPIC", "-shared"]
+# The instruction sets a build can target. native: every instruction this CPU has (AVX-512 VNNI where present);
+# avx2: x86-64-v3 (AVX2, FMA, F16C), the code an AVX2-only CPU (AMD Zen 2/3, Intel before Ice Lake) runs, which an
+# AVX-512 machine runs too: so the AVX2 paths are built, tested and timed there; portable: no vector intrinsics.
+ISAS = {"native": ["-march=native"], "avx2": ["-march=x86-64-v3", "-mtune=generic"],
+        "portable": ["-march=x86-64" if platform.machine() in ("x86_64", "AMD64") else "-march=native"]}
+# FIXLAB_CPU_ISA=avx2 makes this process behave as on an AVX2-only CPU: the kernels are built for AVX2 (agents/
+# serving/paths.py also keeps torch's own int8 and bf16 matmuls out of the calibration, as that CPU would).
+FORCED_ISA = os.environ.get("FIXLAB_CPU_ISA", "").strip().lower() or None
 
 _lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_tried = False
+_libs: dict[str, ctypes.CDLL | None] = {}
 
 
 def _cpu_flags() -> str:
@@ -44,7 +55,7 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-def _build() -> ctypes.CDLL | None:
+def _build(isa: str) -> ctypes.CDLL | None:
     cc = shutil.which(os.environ.get("CC") or "gcc") or (None if os.environ.get("CC") else shutil.which("cc"))
     if cc is None or not SOURCE.exists():
         print("fixlab: compiled kernels: no C compiler (gcc) found; using the eager int8 ops and a float32 KV cache",
@@ -53,12 +64,13 @@ def _build() -> ctypes.CDLL | None:
     from .packs import cache_root
 
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, _cpu_flags(), " ".join(FLAGS)]).encode())
-    out = cache_root() / "kernels" / f"kernels-{key.hexdigest()[:16]}.so"
+    flags = ISAS[isa] + FLAGS
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, _cpu_flags(), " ".join(flags)]).encode())
+    out = cache_root() / "kernels" / f"kernels-{isa}-{key.hexdigest()[:16]}.so"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
+        r = subprocess.run([cc, *flags, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
         if r.returncode != 0:
             tmp.unlink(missing_ok=True)
             first = (r.stderr.strip().splitlines() or ["?"])[0][:200]
@@ -75,27 +87,84 @@ def _build() -> ctypes.CDLL | None:
                                             p, ctypes.c_int]
     lib.fixlab_quantize_rows.restype = lib.fixlab_scale_products.restype = None
     lib.fixlab_decode_attention.restype = None
+    lib.fixlab_gemm_isa.restype = ctypes.c_char_p
+    lib.fixlab_gemm_isa.argtypes = []
+    lib.fixlab_int8_packed_size.restype = i64
+    lib.fixlab_int8_packed_size.argtypes = [i64, i64]
+    lib.fixlab_int8_pack.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
+    lib.fixlab_int8_pack.restype = None
+    lib.fixlab_int8_matmul.argtypes = [p, i64, i64, i64, p, p, i64, p, p, p, p, i64, ctypes.c_int]
+    lib.fixlab_int8_matmul.restype = None
     return lib
 
 
-def library() -> ctypes.CDLL | None:
-    """The compiled kernels, built on first call; None where they cannot be built."""
-    global _lib, _tried
-    if not _tried:
+def default_isa() -> str:
+    """The build this process runs: FIXLAB_CPU_ISA's, else native."""
+    return FORCED_ISA or "native"
+
+
+def library(isa: str | None = None) -> ctypes.CDLL | None:
+    """The compiled kernels for an instruction set (ISAS; default: this CPU's own, or FIXLAB_CPU_ISA), built on first
+    call; None where they cannot be built."""
+    isa = isa or default_isa()
+    if isa not in ISAS:
+        raise ValueError(f"FIXLAB_CPU_ISA={isa!r} is unknown: use one of {', '.join(ISAS)}")
+    if isa not in _libs:
         with _lock:
-            if not _tried:
+            if isa not in _libs:
                 try:
-                    _lib = _build()
+                    _libs[isa] = _build(isa)
                 except OSError as e:
                     print(f"fixlab: compiled kernels: {e}; using the eager int8 ops and a float32 KV cache",
                           file=sys.stderr)
-                    _lib = None
-                _tried = True
-    return _lib
+                    _libs[isa] = None
+    return _libs[isa]
 
 
 def available() -> bool:
     return library() is not None
+
+
+def runnable_isas() -> list[str]:
+    """The builds this CPU can run, best first: native, then avx2 where the CPU has AVX2 and FMA (and native is more),
+    then portable."""
+    flags = set(_cpu_flags().split(":", 1)[-1].split())
+    out = [default_isa()]
+    if out[0] == "native" and {"avx2", "fma", "f16c"} <= flags and platform.machine() in ("x86_64", "AMD64"):
+        out.append("avx2")
+    out.append("portable")
+    return out
+
+
+def gemm_isa(isa: str | None = None) -> str:
+    """What fixlab's int8 matmul in that build runs on: avx512vnni, avx2 or portable."""
+    return library(isa).fixlab_gemm_isa().decode()
+
+
+class PackedInt8:
+    """An N x K int8 matrix packed for fixlab's int8 matmul of one build (kernels.c section 3): panels of columns, K in
+    groups, plus each column's sum. Bit-equal to torch._int_mm with the same scaling (tests/test_models_int8.py)."""
+
+    def __init__(self, q: torch.Tensor, isa: str | None = None):
+        self.lib = library(isa)
+        n, k = q.shape
+        q = q.contiguous()
+        self.n, self.k = n, k
+        self.data = torch.empty(self.lib.fixlab_int8_packed_size(n, k), dtype=torch.int8)
+        self.colsum = torch.empty(n, dtype=torch.int32)
+        self.lib.fixlab_int8_pack(q.data_ptr(), n, k, k, self.data.data_ptr(), self.colsum.data_ptr(),
+                                  torch.get_num_threads())
+
+    def matmul(self, xq: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """float32 (M, N) = ((xq @ w.T as exact int32) * xs) * ws + bias, for xq (M, K) int8 with unit column
+        stride and xs (M, 1)."""
+        m = xq.shape[0]
+        y = torch.empty((m, self.n), dtype=torch.float32)
+        self.lib.fixlab_int8_matmul(xq.data_ptr(), m, self.k, xq.stride(0), self.data.data_ptr(),
+                                    self.colsum.data_ptr(), self.n, xs.data_ptr(), ws.data_ptr(),
+                                    None if bias is None else bias.data_ptr(), y.data_ptr(), self.n,
+                                    torch.get_num_threads())
+        return y
 
 
 def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +175,7 @@ def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rows = rows.contiguous()
     q = torch.empty((m, k), dtype=torch.int8)
     xs = torch.empty((m, 1), dtype=torch.float32)
-    _lib.fixlab_quantize_rows(rows.data_ptr(), m, k, rows.stride(0), q.data_ptr(), xs.data_ptr(),
+    library().fixlab_quantize_rows(rows.data_ptr(), m, k, rows.stride(0), q.data_ptr(), xs.data_ptr(),
                               torch.get_num_threads())
     return q, xs
 
@@ -114,7 +183,7 @@ def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def scale_products(acc: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """acc (M, N) int32, contiguous, becomes float32 in place: `acc.float().mul_(xs).mul_(ws).add_(bias)`."""
     m, n = acc.shape
-    _lib.fixlab_scale_products(acc.data_ptr(), m, n, xs.data_ptr(), ws.data_ptr(),
+    library().fixlab_scale_products(acc.data_ptr(), m, n, xs.data_ptr(), ws.data_ptr(),
                                None if bias is None else bias.data_ptr(), torch.get_num_threads())
     return acc.view(torch.float32)
 
@@ -134,7 +203,7 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         if mask.stride(-1) != 1:
             mask = mask.contiguous()
         msb, msq = (mask.stride(0) if mask.shape[0] > 1 else 0), mask.stride(2)
-    _lib.fixlab_decode_attention(
+    library().fixlab_decode_attention(
         query.data_ptr(), B, H, Q, D, query.stride(0), query.stride(1), query.stride(2),
         key.data_ptr(), value.data_ptr(), KV, L,
         key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),

@@ -1,0 +1,481 @@
+"""Which path a local model takes on this machine, chosen by measuring the machine, not by assuming.
+
+Three choices, each `auto` by default in TransformersModelConf and each obeyed when set:
+- `int8_kernel`: which kernel multiplies int8 weights at how many rows: torch._int_mm or fixlab's own
+  (native.PackedInt8). Both give the same values, so this one never changes an answer.
+- `weights` (with `dtype`): int8 weights, or the model's dtype (float32; bf16 where the CPU multiplies it).
+- `runtime`: fixlab's engine, or llama.cpp on the same GGUF where the model is a registry pack.
+
+How (first use of a model on a machine, then cached per CPU model and flags, torch version, kernel source and model
+shapes under FIXLAB_CACHE/paths/):
+1. Matmuls (`calibrate_matmuls`, a few seconds): every path the CPU can run multiplies the model's real shapes
+   (one decoder layer's seven matrices, times the layers, plus the output layer) with synthetic weights, at 1 to
+   512 rows. A path already 5x slower than the best at one row is not timed further (on an AVX2-only CPU
+   torch._int_mm is a reference loop: its 32-row figure alone would take seconds).
+2. Runtime (`build_local`, only for packs, where llama.cpp can serve the same GGUF): the engine on the chosen
+   weights and llama.cpp each decode the same 32 requests; the faster serves the job.
+The decision is a recorded parameter of the run (`serving`: runtime, weights, dtype, and the int8 kernels, which do
+not change answers): runs that took different paths are different configurations (flows/cache.py, flows/frontier.py).
+
+On ARM (Graviton, Apple Silicon; not tested here, no such machine): torch._int_mm has no int8 dot-product kernel there
+and fixlab's int8 matmul is its portable loops, so int8 is timed like everything else and would lose to float32 or
+bf16 (NEON/SVE bf16 through oneDNN where the CPU has it); llama.cpp's NEON dot-product kernels are its strongest
+path there, and the runtime step picks it when it decodes faster. Nothing assumes x86: a path that cannot run is
+not timed, and no path is chosen without a figure.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..models.config import LlamaCppModelConf, TransformersModelConf
+from . import machine
+
+CACHE_VERSION = 1
+ROWS = (1, 4, 8, 16, 32, 64, 128, 512)  # decode steps span 1-128 rows (tokens, drafts included); prefill 512+
+DECODE_ROWS = 32  # the width the paths are ranked at: the default job decodes 32 rows most of the time
+PREFILL_ROWS = 512
+CUT = 5.0  # a path this many times slower than the best at one row is not timed at more rows
+SLOW_WARNING = 5.0  # an explicit choice measured this many times slower than the best gets one warning line
+
+
+@dataclass
+class Choice:
+    """What a local model runs on, and why (the figures that decided it)."""
+
+    weights: str  # int8 | dtype
+    dtype: str  # float32 | bfloat16: the dtype of everything that is not an int8 matmul
+    int8: dict | None  # the Int8Plan's fields (weights int8)
+    runtime: str = "engine"  # engine | llamacpp
+    reason: str = ""
+    matmul_ms: dict = field(default_factory=dict)  # path -> {rows: ms of a decode step's matmuls}
+    decode_tok_s: dict = field(default_factory=dict)  # runtime -> tokens/s of 32 real requests (step 2)
+
+    def plan(self):
+        from .int8 import Int8Plan
+
+        return Int8Plan(**self.int8) if self.int8 else None
+
+    def label(self) -> str:
+        """`int8 (fixlab avx2)`, `float32`, `llama.cpp`: the first words of the job's path line."""
+        if self.runtime == "llamacpp":
+            return "llama.cpp (the pack's GGUF)"
+        if self.weights == "int8":
+            return f"int8 ({self.plan().describe()})"
+        return self.dtype
+
+    def record(self) -> dict:
+        """The run's `serving` parameter: what changes answers (runtime, weights, dtype) and the int8 kernels."""
+        out = {"runtime": self.runtime, "weights": self.weights if self.runtime == "engine" else "gguf",
+               "dtype": self.dtype if self.runtime == "engine" else "gguf"}
+        if self.runtime == "engine" and self.weights == "int8":
+            out["int8_kernel"] = self.plan().describe()
+        return out
+
+
+# ---- the model's shapes ---------------------------------------------------------------------------------------------
+def model_shapes(config) -> dict:
+    """{"layer": [(out, in) of q, k, v, o, gate, up, down], "layers": n, "head": (vocab, hidden)} of a transformers
+    decoder config (Qwen2, Llama, Mistral... share these names)."""
+    h = config.hidden_size
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    hd = getattr(config, "head_dim", None) or h // heads
+    inter = config.intermediate_size
+    layer = [(heads * hd, h), (kv * hd, h), (kv * hd, h), (h, heads * hd), (inter, h), (inter, h), (h, inter)]
+    return {"layer": layer, "layers": int(config.num_hidden_layers), "head": (int(config.vocab_size), h)}
+
+
+# ---- step 1: matmuls ---------------------------------------------------------------------------------------------
+def matmul_paths(cpu: dict | None = None) -> list[str]:
+    """The matmul paths this CPU can run, in the order they are timed: fixlab's int8 kernel first (it runs
+    everywhere the compiled kernels build), torch's int8, float32, then bf16 where the CPU multiplies it."""
+    from . import native
+
+    cpu = cpu or machine.cpu()
+    flags = set(cpu["flags"])
+    forced = native.FORCED_ISA not in (None, "native")
+    out = []
+    if native.available():
+        out.append("int8:fixlab")
+    if not forced:  # an AVX2-only CPU's torch._int_mm is a reference loop: as forced, it is left out
+        out.append("int8:torch")
+    out.append("float32")
+    if not forced and flags & {"avx512_bf16", "amx_bf16", "bf16"}:
+        out.append("bfloat16")
+    return out
+
+
+def _linear(path: str, n: int, k: int, threads_plan=None):
+    """A module that multiplies (M, k) float32 inputs by a synthetic (n, k) weight the way `path` does in the engine."""
+    import torch
+
+    from .engine import _skinny_linear
+    from .int8 import Int8Linear, Int8Plan
+
+    w = torch.empty(n, k).uniform_(-0.05, 0.05)
+    lin = torch.nn.Linear(k, n, bias=False, device="meta")
+    lin.weight = torch.nn.Parameter(w, requires_grad=False)
+    if path.startswith("int8:"):
+        kernel = path.split(":", 1)[1]
+        return Int8Linear(lin, native=True, plan=Int8Plan(small=kernel, large=kernel))
+    if path == "bfloat16":
+        lin = lin.to(torch.bfloat16)
+        return lambda x: lin(x.to(torch.bfloat16))
+    return lambda x: _skinny_linear(lin, x)
+
+
+def _time(fn, x, reps: int) -> float:
+    fn(x)  # warm: first-call packing, page faults
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(x)
+        best = min(best, time.perf_counter() - t0)
+    return best * 1000
+
+
+def calibrate_matmuls(shapes: dict, paths: list[str] | None = None, rows: tuple[int, ...] = ROWS,
+                      head_slice: int = 8, log=None) -> dict:
+    """{path: {rows: ms}}: the matmuls of one step of the whole model at that many rows (tokens): the layer's seven
+    matrices times the layers, plus the output layer for decode widths (at PREFILL_ROWS and above only the last
+    position of each prompt reaches it, so it is left out there). The output layer is timed on 1/head_slice of its
+    rows and scaled (its cost is linear in them)."""
+    import torch
+
+    paths = paths or matmul_paths()
+    vocab, hidden = shapes["head"]
+    out: dict[str, dict[int, float]] = {}
+    best1 = None
+    for path in paths:
+        t0 = time.perf_counter()
+        mods = [(_linear(path, n, k), k) for n, k in shapes["layer"]]
+        head = _linear(path, max(1, vocab // head_slice), hidden)
+        out[path] = {}
+        for m in rows:
+            ms = 0.0
+            reps = 3 if m <= 64 else 2
+            for mod, k in mods:
+                ms += _time(mod, torch.randn(m, k), reps)
+            ms *= shapes["layers"]
+            if m < PREFILL_ROWS:
+                ms += _time(head, torch.randn(m, hidden), reps) * vocab / max(1, vocab // head_slice)
+            out[path][m] = round(ms, 2)
+            if m == rows[0]:
+                if best1 is not None and ms > CUT * best1:
+                    break  # hopeless here: not timed at more rows
+                best1 = ms if best1 is None else min(best1, ms)
+        if log:
+            log(f"  {path}: " + ", ".join(f"{ms:.1f} ms at {m}" for m, ms in out[path].items())
+                + f" ({time.perf_counter() - t0:.1f} s)")
+        del mods, head
+    return out
+
+
+def choose(table: dict, decode_rows: int = DECODE_ROWS, prefill_rows: int = PREFILL_ROWS) -> Choice:
+    """The weights, dtype and int8 plan from a calibration table ({path: {rows: ms}}): pure, so tests give it faked
+    timings. A path with no figure at the ranking width (cut as hopeless) is never chosen."""
+    from .native import FORCED_ISA
+
+    int8 = {p.split(":", 1)[1]: t for p, t in table.items() if p.startswith("int8:")}
+    plan = None
+    if int8:
+        def best(m):  # the int8 kernel fastest at m rows, among those timed there
+            timed = {k: t[m] for k, t in int8.items() if m in t}
+            return min(timed, key=timed.get) if timed else None
+
+        widths = sorted({m for t in int8.values() for m in t})
+        winners = [(m, best(m)) for m in widths]
+        small = winners[0][1]
+        large = next((k for m, k in reversed(winners) if len(int8) == 1 or all(m in t for t in int8.values())),
+                     small)
+        split = 0
+        if small != large:
+            for m, k in winners:
+                if k != small:
+                    break
+                split = m
+        plan = {"small": small, "large": large, "split": split, "isa": FORCED_ISA}
+
+    def step_ms(path, m):
+        if path == "int8":
+            k = plan["small"] if m <= plan["split"] else plan["large"]
+            return int8[k].get(m)
+        return table[path].get(m)
+
+    ranked = {p: step_ms(p, decode_rows) for p in (["int8"] if int8 else []) + [p for p in table
+                                                                              if not p.startswith("int8:")]}
+    ranked = {p: ms for p, ms in ranked.items() if ms is not None}
+    if not ranked:
+        raise ValueError(f"no matmul path was timed at {decode_rows} rows")
+    win = min(ranked, key=ranked.get)
+    figures = ", ".join(f"{p} {decode_rows * 1000 / ms:.0f}" for p, ms in sorted(ranked.items(), key=lambda kv: kv[1]))
+    reason = f"matmuls alone at {decode_rows} rows, tokens/s: {figures}"
+    return Choice(weights="int8" if win == "int8" else "dtype", dtype="float32" if win in ("int8", "float32")
+                  else win, int8=plan if win == "int8" else None, reason=reason, matmul_ms=table)
+
+
+# ---- the cache ------------------------------------------------------------------------------------------------------
+def _key(shapes: dict, what: str, extra: dict | None = None) -> tuple[str, dict]:
+    from importlib import metadata
+
+    from . import native
+
+    ident = {"version": CACHE_VERSION, "what": what, "cpu": machine.cpu(), "torch": metadata.version("torch"),
+             "forced": native.FORCED_ISA, "kernels": hashlib.sha256(native.SOURCE.read_bytes()).hexdigest()[:16],
+             "shapes": shapes, **(extra or {})}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20], ident
+
+
+def _cache_file(key: str) -> Path:
+    from .packs import cache_root
+
+    return cache_root() / "paths" / f"{key}.json"
+
+
+def _read(key: str) -> dict | None:
+    try:
+        return json.loads(_cache_file(key).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write(key: str, ident: dict, data: dict) -> None:
+    p = _cache_file(key)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": ident, "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               **data}, indent=1))
+    os.replace(tmp, p)
+
+
+def _say(msg: str) -> None:
+    print(f"fixlab: {msg}", file=sys.stderr, flush=True)
+
+
+# ---- resolving a model config ---------------------------------------------------------------------------------------
+def shapes_for(cfg: TransformersModelConf) -> dict:
+    from transformers import AutoConfig
+
+    from .hf import _source
+
+    src, kw = _source(cfg)
+    return model_shapes(AutoConfig.from_pretrained(src, trust_remote_code=bool(cfg.trust_remote_code), **kw))
+
+
+def cached_matmul_choice(cfg: TransformersModelConf, threads: int) -> Choice | None:
+    cached = _read(_key(shapes_for(cfg), "matmuls", {"threads": threads})[0])
+    if cached is None:
+        return None
+    return choose({p: {int(m): ms for m, ms in t.items()} for p, t in cached["matmul_ms"].items()})
+
+
+def matmul_choice(cfg: TransformersModelConf, threads: int) -> Choice:
+    """Step 1 for this model on this machine: read from the cache, or measured (and cached) now."""
+    import torch
+
+    cached = cached_matmul_choice(cfg, threads)
+    if cached is not None:
+        return cached
+    shapes = shapes_for(cfg)
+    key, ident = _key(shapes, "matmuls", {"threads": threads})
+    _say(f"measuring this machine's matmul paths for {cfg.name} (once; cached under {_cache_file(key).parent}) on "
+         f"{machine.summary()}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            table = calibrate_matmuls(shapes, log=_say)
+    finally:
+        torch.set_num_threads(before)
+    _write(key, ident, {"matmul_ms": table, "seconds": round(time.perf_counter() - t0, 1)})
+    return choose(table)
+
+
+def resolve(cfg: TransformersModelConf, device, threads: int) -> Choice:
+    """The weights, dtype and int8 plan this config runs with on `device`: what it sets, and what `auto` measures.
+    Off the CPU nothing is measured: weights in the dtype (bf16 on CUDA)."""
+    from .hf import BadModelConfig, resolve_dtype, resolve_weights
+    from .int8 import INT8_KERNELS, Int8Plan
+
+    kernel = str(cfg.int8_kernel or "auto").strip().lower()
+    if kernel not in ("auto",) + INT8_KERNELS:
+        raise BadModelConfig(f"unknown int8_kernel {cfg.int8_kernel!r}: use auto, {', '.join(INT8_KERNELS)}")
+    weights = resolve_weights(cfg.weights, device)
+    if device.type != "cpu":
+        return Choice(weights="dtype", dtype=str(resolve_dtype(cfg.dtype, device, "dtype")).replace("torch.", ""),
+                      int8=None, reason=f"{device.type}: weights in the model's dtype")
+    if weights == "dtype" and cfg.weights != "auto":  # explicitly the dtype: nothing to measure
+        return Choice(weights="dtype", dtype=str(resolve_dtype(cfg.dtype, device, "dtype")).replace("torch.", ""),
+                      int8=None, reason="weights=dtype as configured")
+    if weights == "int8" and (kernel != "auto" or not cfg.int8_native):  # nothing left to measure
+        kernel = kernel if cfg.int8_native else "torch"  # fixlab's kernel rounds with the compiled loops
+        if kernel == "fixlab":
+            from .native import available
+            if not available():
+                raise BadModelConfig("int8_kernel=fixlab needs fixlab's compiled kernels, which could not be built "
+                                     "here (no gcc?); fix: int8_kernel=auto")
+        from .native import FORCED_ISA
+
+        chosen = Choice(weights="int8", dtype="float32", int8=asdict(Int8Plan(kernel, kernel, 0, FORCED_ISA)),
+                        reason=f"weights={cfg.weights}, int8_kernel={kernel} as configured")
+        cached = cached_matmul_choice(cfg, threads)
+        if cached is not None:
+            _warn_if_slow(cached, f"int8:{kernel}", f"int8_kernel={kernel}")
+        return chosen
+    measured = matmul_choice(cfg, threads)
+    if weights == "int8" and measured.weights != "int8":  # obeyed, with the measured int8 plan
+        chosen = choose({p: t for p, t in measured.matmul_ms.items() if p.startswith("int8:")})
+        chosen.reason, chosen.matmul_ms = measured.reason, measured.matmul_ms
+        _warn_if_slow(measured, "int8", "weights=int8")
+        return chosen
+    if measured.weights == "dtype" and cfg.dtype not in (None, "auto"):
+        measured.dtype = str(resolve_dtype(cfg.dtype, device, "dtype")).replace("torch.", "")
+    return measured
+
+
+def _warn_if_slow(measured: Choice, path: str, setting: str) -> None:
+    """One line when an explicit setting was measured SLOW_WARNING times slower than the best path here."""
+    table = measured.matmul_ms
+    best = min((t[DECODE_ROWS] for t in table.values() if DECODE_ROWS in t), default=None)
+    if path == "int8":
+        mine = min((t.get(DECODE_ROWS, float("inf")) for p, t in table.items() if p.startswith("int8:")),
+                   default=None)
+    else:
+        t = table.get(path, {})
+        mine = t.get(DECODE_ROWS) or (t[1] * DECODE_ROWS if 1 in t else None)  # cut: at least this slow
+    if best and mine and mine >= SLOW_WARNING * best:
+        _say(f"warning: {setting} as configured, but it was measured {mine / best:.0f}x slower than the best path on "
+             f"this machine ({measured.reason})")
+
+
+# ---- step 2: engine or llama.cpp ------------------------------------------------------------------------------------
+def _decode_rate(model, rows: int, new_tokens: int) -> float:
+    """Tokens/s of `rows` concurrent requests of `new_tokens` each (a listing the model will not end early), after one
+    pass that fills the prompt caches: what is timed is decoding at that width, as in a job's rounds."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..models.base import GenRequest
+
+    def req(i, n):
+        return GenRequest(messages=[{"role": "user", "content": f"List the integers from {i} to {i + 500}, one "
+                                     "per line, nothing else."}], max_new_tokens=n, temperature=0.0)
+
+    with ThreadPoolExecutor(rows) as pool:
+        list(pool.map(lambda i: model.generate(req(i, 1)), range(rows)))
+        t0 = time.perf_counter()
+        gens = list(pool.map(lambda i: model.generate(req(i, new_tokens)), range(rows)))
+    return sum(g.completion_tokens for g in gens) / (time.perf_counter() - t0)
+
+
+def llamacpp_conf(cfg: TransformersModelConf) -> LlamaCppModelConf:
+    """The same pack served by llama.cpp with as many slots as the engine's rows."""
+    return LlamaCppModelConf(name=cfg.name, pack=cfg.pack, slots=int(cfg.max_batch), threads=cfg.threads)
+
+
+def runtime_eligible(cfg: TransformersModelConf) -> bool:
+    if str(cfg.runtime).lower() != "auto" or not cfg.pack or str(cfg.device).lower() not in ("auto", "cpu"):
+        return False
+    import torch
+
+    if torch.cuda.is_available() and str(cfg.device).lower() == "auto":
+        return False
+    try:
+        import xllamacpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_BUILT: dict[str, dict] = {}  # a config's JSON -> the path its model took in this process (Choice.record)
+
+
+def _conf_key(cfg) -> str:
+    return json.dumps(asdict(cfg), sort_keys=True, default=str)
+
+
+def recorded(cfg) -> dict | None:
+    """The path (Choice.record) a model built from this config took in this process, None if none was built."""
+    return _BUILT.get(_conf_key(cfg))
+
+
+def build_local(cfg: TransformersModelConf):
+    model = _build_local(cfg)
+    _BUILT[_conf_key(cfg)] = model.choice.record()
+    return model
+
+
+def _build_local(cfg: TransformersModelConf):
+    """The model a transformers config serves through: fixlab's engine (TransformersModel) or, for a pack whose
+    `runtime` is auto or llamacpp, llama.cpp where it was measured faster (LlamaCppModel). Prints the path line."""
+    from .hf import BadModelConfig, TransformersModel
+
+    runtime = str(cfg.runtime or "auto").strip().lower()
+    if runtime not in ("auto", "engine", "llamacpp"):
+        raise BadModelConfig(f"unknown runtime {cfg.runtime!r}: use auto, engine or llamacpp")
+    if runtime == "llamacpp":
+        if not cfg.pack:
+            raise BadModelConfig("runtime=llamacpp serves a registry pack's GGUF: set pack, or use runtime=engine")
+        return _llamacpp(cfg, None, "runtime=llamacpp as configured")
+    if not runtime_eligible(cfg):
+        model = TransformersModel(cfg)
+        _say(f"path: {model.choice.label()}: {model.choice.reason}")
+        return model
+    shapes = shapes_for(cfg)
+    key, ident = _key(shapes, "runtime", {"engine": _engine_ident(cfg)})
+    cached = _read(key)
+    if cached is not None and cached.get("runtime") == "llamacpp":
+        return _llamacpp(cfg, cached, _runtime_reason(cached))
+    model = TransformersModel(cfg)
+    if cached is None:
+        _say("measuring fixlab's engine against llama.cpp on the same pack (once; cached)")
+        rates = {"engine": round(_decode_rate(model, int(cfg.max_batch), 24), 1)}
+        try:
+            from .llamacpp import LlamaCppModel
+
+            other = LlamaCppModel(llamacpp_conf(cfg))
+            try:
+                rates["llamacpp"] = round(_decode_rate(other, int(cfg.max_batch), 24), 1)
+            finally:
+                other.close()
+        except Exception as e:  # llama.cpp cannot run here: the engine serves, and the reason is recorded
+            rates["llamacpp_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        cached = {"runtime": "llamacpp" if rates.get("llamacpp", 0) > rates["engine"] else "engine",
+                  "decode_tok_s": rates, "engine_path": model.choice.label(), "rows": int(cfg.max_batch)}
+        _write(key, ident, cached)
+        if cached["runtime"] == "llamacpp":
+            model.close()
+            return _llamacpp(cfg, cached, _runtime_reason(cached))
+    model.choice.runtime = "engine"
+    model.choice.decode_tok_s = cached["decode_tok_s"]
+    model.choice.reason = f"{_runtime_reason(cached)}; {model.choice.reason}"
+    _say(f"path: {model.choice.label()}: {model.choice.reason}")
+    return model
+
+
+def _engine_ident(cfg: TransformersModelConf) -> dict:
+    """What the engine's measured rate depends on, among its settings."""
+    return {k: getattr(cfg, k) for k in ("weights", "dtype", "int8_kernel", "int8_skip", "max_batch", "kv_dtype",
+                                         "draft_tokens", "threads")}
+
+
+def _runtime_reason(cached: dict) -> str:
+    r = cached["decode_tok_s"]
+    ll = f"llama.cpp {r['llamacpp']:.0f}" if "llamacpp" in r else f"llama.cpp could not run ({r.get('llamacpp_error')})"
+    return f"{cached.get('rows', DECODE_ROWS)} real requests, tokens/s: engine {r['engine']:.0f}, {ll}"
+
+
+def _llamacpp(cfg: TransformersModelConf, cached: dict | None, reason: str):
+    from .llamacpp import LlamaCppModel
+
+    model = LlamaCppModel(llamacpp_conf(cfg))
+    model.choice = Choice(weights="gguf", dtype="gguf", int8=None, runtime="llamacpp", reason=reason,
+                          decode_tok_s=(cached or {}).get("decode_tok_s", {}))
+    _say(f"path: {model.choice.label()}: {reason}")
+    return model

@@ -1,0 +1,177 @@
+"""The path a local model takes, chosen by measuring the machine (agents/serving/paths.py), and fixlab's int8 matmul
+(agents/serving/kernels.c section 3). What users rely on: the fastest measured path is taken, torch's int8 is never
+taken where it is a reference loop, an explicit setting is obeyed (with one warning line where it was measured much
+slower), every int8 kernel gives exactly torch._int_mm's values on every build this CPU runs, the path is a recorded
+parameter of the run, and a job that works for minutes without finishing a task still says so."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from agents.models.config import TransformersModelConf  # noqa: E402
+from agents.serving import native, paths  # noqa: E402
+from agents.serving.int8 import Int8Linear, Int8Plan  # noqa: E402
+from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
+
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="the compiled kernels need gcc")
+
+# an AVX2-only CPU as measured (the issue's EPYC Zen 3, ms a step): torch._int_mm a reference loop, cut at one row
+AVX2_ONLY = {"int8:fixlab": {1: 40.0, 8: 90.0, 32: 360.0, 128: 1400.0, 512: 4600.0},
+             "int8:torch": {1: 1800.0},
+             "float32": {1: 120.0, 8: 250.0, 32: 1100.0, 128: 4000.0, 512: 12000.0}}
+# an AMX machine (this session's Xeon): fixlab's kernel wins at few rows, torch's (AMX) at many
+AMX = {"int8:fixlab": {1: 32.0, 4: 34.0, 8: 38.0, 16: 54.0, 32: 93.0, 64: 167.0, 512: 1034.0},
+       "int8:torch": {1: 64.0, 4: 64.0, 8: 65.0, 16: 70.0, 32: 84.0, 64: 117.0, 512: 648.0},
+       "float32": {1: 121.0, 32: 368.0, 512: 3685.0},
+       "bfloat16": {1: 98.0, 32: 132.0, 512: 682.0}}
+
+
+def test_the_chooser_takes_the_fastest_path_and_never_torchs_int8_where_it_is_a_reference_loop():
+    c = paths.choose(AVX2_ONLY)
+    assert c.weights == "int8" and c.int8["small"] == c.int8["large"] == "fixlab"
+    assert "int8 89" in c.reason and "float32 29" in c.reason  # tokens/s at 32 rows, fastest first
+    c = paths.choose(AMX)
+    assert c.weights == "int8" and (c.int8["small"], c.int8["large"], c.int8["split"]) == ("fixlab", "torch", 16)
+    plan = Int8Plan(**{**c.int8, "isa": None})
+    assert [plan.kernel(m) for m in (1, 16, 17, 32, 512)] == ["fixlab", "fixlab", "torch", "torch", "torch"]
+    # where float32 is the fastest (an ARM machine whose int8 is the portable loops), int8 is not taken
+    arm = {"int8:fixlab": {1: 300.0, 32: 2000.0}, "float32": {1: 100.0, 32: 400.0}, "bfloat16": {1: 60.0, 32: 200.0}}
+    c = paths.choose(arm)
+    assert (c.weights, c.dtype, c.int8) == ("dtype", "bfloat16", None)
+    # only torch's int8 and float32, torch's int8 a reference loop: float32
+    c = paths.choose({"int8:torch": {1: 1800.0}, "float32": {1: 120.0, 32: 1100.0}})
+    assert (c.weights, c.dtype) == ("dtype", "float32")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(make_random_model(tiny_qwen2(), tmp_path_factory.mktemp("tiny-paths")))
+
+
+def _conf(path, **kw) -> TransformersModelConf:
+    return TransformersModelConf(name="tiny", path=path, dtype="float32", max_batch=2, gather_ms=5, **kw)
+
+
+@needs_gcc
+def test_auto_measures_once_then_reads_the_cache_and_an_explicit_setting_is_obeyed_with_a_warning(
+        tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FIXLAB_CACHE", str(tmp_path / "cache"))
+    cpu = torch.device("cpu")
+    cfg = _conf(tiny, weights="auto")
+    capsys.readouterr()
+    c = paths.resolve(cfg, cpu, 1)
+    err = capsys.readouterr().err
+    assert "measuring this machine's matmul paths" in err and "int8:fixlab" in err
+    assert c.weights in ("int8", "dtype") and "matmuls alone at 32 rows" in c.reason
+    assert list((tmp_path / "cache" / "paths").glob("*.json"))
+    again = paths.resolve(cfg, cpu, 1)
+    assert capsys.readouterr().err == "" and again.record() == c.record()  # from the cache, same decision
+    # an explicit int8 kernel is obeyed; measured >= 5x slower than the best here, it says so in one line
+    key = paths._key(paths.shapes_for(cfg), "matmuls", {"threads": 1})[0]
+    slow = {"int8:fixlab": {1: 1.0, 32: 10.0}, "int8:torch": {1: 100.0}, "float32": {1: 2.0, 32: 20.0}}
+    paths._write(key, {}, {"matmul_ms": slow})
+    c = paths.resolve(_conf(tiny, weights="int8", int8_kernel="torch"), cpu, 1)
+    assert c.int8["small"] == c.int8["large"] == "torch"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "warning: int8_kernel=torch" in err[0] and "slower" in err[0], err
+    # weights=dtype is not measured at all
+    c = paths.resolve(_conf(tiny, weights="dtype"), cpu, 1)
+    assert (c.weights, c.dtype) == ("dtype", "float32") and capsys.readouterr().err == ""
+
+
+def test_a_wrong_int8_kernel_or_runtime_is_one_line(tiny):
+    from agents.models import build_model
+    from agents.serving.hf import BadModelConfig
+
+    with pytest.raises(BadModelConfig, match="unknown int8_kernel 'fast'"):
+        paths.resolve(_conf(tiny, weights="int8", int8_kernel="fast"), torch.device("cpu"), 1)
+    with pytest.raises(BadModelConfig, match="unknown runtime 'vllm'"):
+        build_model(_conf(tiny, runtime="vllm"))
+    with pytest.raises(BadModelConfig, match="runtime=llamacpp serves a registry pack"):
+        build_model(_conf(tiny, runtime="llamacpp"))
+
+
+def _runnable_isas() -> list[str]:
+    return native.runnable_isas()
+
+
+# the 1.5B pack's shapes (q, k/v, o, gate/up, down; a slice of the output layer), and remainders in rows, columns
+# and K (a panel is 48 columns on AVX-512 VNNI, 24 on AVX2; K is padded to 4)
+SHAPES = [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (1000, 1536), (1537, 97), (5, 3)]
+ROWS = list(range(1, 18)) + [31, 32, 33, 63, 64]
+
+
+@needs_gcc
+@pytest.mark.parametrize("isa", _runnable_isas())
+def test_fixlab_int8_matmul_gives_exactly_the_int_mm_values_on_every_build(isa):
+    g = torch.Generator().manual_seed(0)
+    for n, k in SHAPES:
+        w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        packed = native.PackedInt8(w, isa)
+        ws, bias = torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g)
+        big = n * k > 2_000_000
+        for m in (ROWS if not big or isa != "portable" else [1, 5, 33]):
+            x = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+            xs = torch.rand(m, 1, generator=g) + 0.5
+            # exact integer sums (float64 holds them exactly), scaled by the eager ops' order
+            acc = (x.double() @ w.double().t()).to(torch.int32)
+            want = acc.float().mul_(xs).mul_(ws).add_(bias)
+            got = packed.matmul(x, xs, ws, bias)
+            assert torch.equal(got, want), (isa, n, k, m)
+        assert torch.equal(packed.matmul(x, xs, ws, None), acc.float().mul_(xs).mul_(ws))
+
+
+@needs_gcc
+def test_int8_linear_gives_the_same_values_with_either_kernel_at_any_rows():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 200)
+    x = torch.randn(40, 96) * torch.linspace(0.1, 10, 40)[:, None]
+    ref = Int8Linear(lin, native=True)(x)
+    for plan in (Int8Plan("fixlab", "fixlab"), Int8Plan("fixlab", "torch", 8), Int8Plan("torch", "fixlab", 3)):
+        q = Int8Linear(lin, native=True, plan=plan)
+        assert torch.equal(q(x), ref), plan
+        assert torch.equal(torch.cat([q(x[i:i + 5]) for i in range(0, 40, 5)]), ref), plan  # small inputs too
+        assert (q.qweight is None) == ("torch" not in plan.kernels)  # only the layouts a plan uses are kept
+        assert (q.packed is None) == ("fixlab" not in plan.kernels)
+
+
+def test_a_job_that_finishes_no_task_for_a_while_prints_a_heartbeat(capsys):
+    import time
+
+    from flows.job import Progress
+
+    state = {"rows": 3, "waiting": 1, "tokens": 0}
+
+    def activity():
+        state["tokens"] += 20
+        return dict(state)
+
+    p = Progress(10, activity=activity, every=0.2)
+    try:
+        time.sleep(0.9)
+    finally:
+        p.close()
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "still working" in ln]
+    assert len(lines) >= 2, lines
+    assert "[   0/10] still working" in lines[0] and "3 rows in flight, 1 waiting" in lines[0]
+    assert "tokens/s over the last 0 s" in lines[0] and "0 tasks done" in lines[0]
+
+
+def test_the_path_is_a_recorded_parameter_and_part_of_the_cache_identity(tiny):
+    from agents.models import build_model
+    from flows.cache import model_identity
+
+    cfg = _conf(tiny, weights="dtype")
+    model = build_model(cfg)
+    try:
+        rec = model.choice.record()
+        assert rec == {"runtime": "engine", "weights": "dtype", "dtype": "float32"}
+        assert paths.recorded(cfg) == rec and model_identity(cfg)["serving"] == rec
+    finally:
+        model.close()
