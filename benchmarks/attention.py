@@ -19,7 +19,6 @@ import argparse
 import ctypes
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from agents.serving import native  # noqa: E402
-from weights import _cpu_name  # noqa: E402
+from agents.serving.machine import describe  # noqa: E402
 
 LAYERS, HEADS, KV_HEADS, HEAD_SIZE = 28, 12, 2, 128  # Qwen2.5-Coder-1.5B
 
@@ -112,8 +111,7 @@ def main() -> None:
              "kv_gb_per_s": round(kv_bytes / best[rev] / 1e9, 1), "max_abs_diff_vs_exact": diff[rev],
              "this_tree_faster": round(best[rev] / best["."], 2)} for rev in revs]
     result = {"benchmark": "attention", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": {"cpu": platform.processor() or _cpu_name(), "threads": torch.get_num_threads(),
-                          "torch": torch.__version__, "load_avg_start": os.getloadavg()},
+              "machine": describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()),
               "shape": {"rows": B, "context": L, "queries": Q, "visible_columns": visible, "layers": LAYERS,
                         "heads": HEADS, "kv_heads": KV_HEADS, "head_size": D, "kv_mb_read": round(kv_bytes / 1e6)},
               "reps": args.reps, "rows": rows, "note": "this_tree_faster: that row's time over this tree's"}

@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,8 @@ import torch  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.serving.hf import TransformersModel  # noqa: E402
-from weights import _cpu_name, decode_ids, prompts  # noqa: E402
+from agents.serving.machine import describe  # noqa: E402
+from weights import decode_ids, prompts  # noqa: E402
 
 PARTS = ("int8 matmuls", "lm_head", "attention", "rest of the forward", "engine outside the forward")
 # inside "int8 matmuls": torch._int_mm itself; the rest is rounding each input row and scaling the product back
@@ -155,8 +155,7 @@ def main() -> None:
                "ms_per_token": {k: round(v / max(1, clock.prefill_tokens) * 1000, 2) for k, v in pre.items()},
                "share": {k: round(v / p["step"], 3) for k, v in pre.items()} if p["step"] else {}}
     out = {"benchmark": "decode-profile", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "machine": {"cpu": platform.processor() or _cpu_name(), "threads": torch.get_num_threads(),
-                       "torch": torch.__version__, "load_avg_start": os.getloadavg()},
+           "machine": describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()),
            "model": {k: v for k, v in dataclasses.asdict(default_model(overrides)).items() if k in (
                "name", "pack", "weights", "dtype", "cpu_attention", "int8_skip", "skinny_matmul", "max_prefill_tokens",
                *overrides)},

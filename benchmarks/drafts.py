@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,8 @@ from agents.serving.hf import TransformersModel  # noqa: E402
 from agents.strategies import REGISTRY  # noqa: E402
 from agents.tasks import DatasetConf, load_tasks  # noqa: E402
 from decode_profile import default_model  # noqa: E402
-from weights import DATA, _cpu_name  # noqa: E402
+from agents.serving.machine import describe  # noqa: E402
+from weights import DATA  # noqa: E402
 
 # engine keyword arguments, and module settings ("module.NAME") that a row changes for its run
 ROWS = {
@@ -136,8 +136,7 @@ def main() -> None:
     out = REPO / "benchmarks" / "results" / f"drafts-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     out.write_text(json.dumps({"benchmark": "drafts", "requests": len(reqs), "prompts": args.prompts,
                                "seeds": args.seeds, "max_new_tokens": args.max_new, "max_batch": base["max_batch"],
-                               "machine": {"cpu": platform.processor() or _cpu_name(), "threads": torch.get_num_threads(),
-                                           "torch": torch.__version__, "load_avg_start": os.getloadavg()},
+                               "machine": describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()),
                                "rows": rows}, indent=1) + "\n")
     print("| row | decode s | tokens | decode tok/s | x first | steps | drafts kept/proposed | compactions | pad share |")
     print("|---|---|---|---|---|---|---|---|---|")

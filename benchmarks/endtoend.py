@@ -116,11 +116,9 @@ def table(rows: list[dict]) -> str:
 def machine() -> dict:
     """What the rows ran on: bf16 instructions decide the engine's dtype (auto), so they belong with the figures."""
     from agents.serving.hf import cpu_has_native_bf16
+    from agents.serving.machine import describe
 
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                 platform.processor())
-    return {"cpus": os.cpu_count(), "cpu": model, "native_bf16": cpu_has_native_bf16(),
-            "platform": platform.platform()}
+    return describe(native_bf16=cpu_has_native_bf16(), platform=platform.platform())
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from agents.serving.engine import _GrowingLayer  # noqa: E402
 from agents.serving.hf import TransformersModel  # noqa: E402
 from agents.serving.int8 import Int8Linear  # noqa: E402
 from decode_profile import default_model  # noqa: E402
-from weights import _cpu_name  # noqa: E402
+from agents.serving.machine import describe  # noqa: E402
 
 PARTS = {"int8": 0.0, "attention": 0.0}
 
@@ -104,9 +103,7 @@ def main() -> None:
     finally:
         m.close()
     out = REPO / "benchmarks" / "results" / f"forward-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    out.write_text(json.dumps({"benchmark": "forward", "machine": {
-        "cpu": platform.processor() or _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "load_avg_start": os.getloadavg()}, "per_row_gate": {"share": cpu_attention.PADDING_SHARE,
+    out.write_text(json.dumps({"benchmark": "forward", "machine": describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()), "per_row_gate": {"share": cpu_attention.PADDING_SHARE,
                                                              "slots": cpu_attention.PADDING_SLOTS},
         "rows": rows}, indent=1) + "\n")
     print("| rows x columns x new | padding | forward ms batched / per-row (attention) | speedup |")

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import sys
 import time
@@ -48,6 +47,7 @@ from agents.models.base import GenRequest  # noqa: E402
 from agents.serving.cores import usable_cores  # noqa: E402
 from agents.serving.engine import BatchEngine, use_skinny_matmul  # noqa: E402
 from agents.serving.hf import resolve_device, resolve_dtype  # noqa: E402
+from agents.serving.machine import describe  # noqa: E402
 
 CONFIGS = ROOT / "benchmarks" / "configs"
 
@@ -351,7 +351,7 @@ def main(argv=None) -> None:
                         "new_tokens": args.new_tokens, "prompt_len": list(args.prompt_len),
                         "threads": torch.get_num_threads(), "torch": torch.__version__,
                         "transformers": transformers.__version__,
-                        "cpu": platform.processor() or platform.machine(), "loadavg_start": os.getloadavg(),
+                        **describe(), "loadavg_start": os.getloadavg(),
                         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                         "time": time.strftime("%Y-%m-%dT%H:%M:%S")}, "runs": []}
     for arch in archs:

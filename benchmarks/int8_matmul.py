@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import torch  # noqa: E402
 
-from weights import _cpu_name  # noqa: E402
+from agents.serving.machine import describe  # noqa: E402
 
 LAYERS = 28
 HIDDEN, KV, MLP = 1536, 256, 8960  # Qwen2.5-Coder-1.5B: q and o 1536 x 1536, k and v 256 x 1536, MLP 8960
@@ -56,8 +55,7 @@ def main() -> None:
         print(f"M={m}: {rows[-1]['ms_per_step']} ms a step, {rows[-1]['weight_gb_per_s']} GB/s of weights, "
               f"{rows[-1]['g_mac_per_s']} G multiply-adds/s", flush=True)
     result = {"benchmark": "int8_matmul", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": {"cpu": platform.processor() or _cpu_name(), "threads": torch.get_num_threads(),
-                          "torch": torch.__version__, "load_avg_start": os.getloadavg()},
+              "machine": describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()),
               "weight_gb": round(total / 1e9, 2), "layers": LAYERS, "reps": args.reps, "rows": rows}
     out = Path(args.out or REPO / "benchmarks" / "results" /
                f"int8-matmul-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import resource
 import shutil
@@ -362,21 +361,14 @@ def job_model_config(outputs: Path) -> dict | None:
 
 
 def machine() -> dict:
-    info = {"python": platform.python_version(), "cpus": os.cpu_count()}
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "")
-        flags = next((ln for ln in lscpu.splitlines() if ln.startswith("Flags")), "")
-        info["avx512_vnni"] = "avx512_vnni" in flags
-    except OSError:
-        pass
+    from agents.serving.machine import describe
+
     with open("/proc/meminfo") as f:
-        info["mem_total_gib"] = round(int(f.readline().split()[1]) * 1024 / GiB, 1)
+        info = describe(mem_total_gib=round(int(f.readline().split()[1]) * 1024 / GiB, 1))
     try:
-        import torch
         import transformers
 
-        info["torch"], info["transformers"] = torch.__version__, transformers.__version__
+        info["transformers"] = transformers.__version__
     except ImportError:
         pass
     return info

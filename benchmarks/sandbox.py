@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from agents.serving.machine import describe  # noqa: E402
 from sandboxes import build_program  # noqa: E402
 from sandboxes.docker import DockerSandbox, docker_problem  # noqa: E402
 from sandboxes.local import LocalSandbox  # noqa: E402
@@ -123,9 +124,8 @@ def main() -> int:
     base = rows.get("a_fresh_interpreter")
     report = {
         "benchmark": "sandbox", "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "cpu": _cpu_name(), "python": platform.python_version(),
-                    "platform": platform.platform(), "loadavg_before": [round(x, 2) for x in load_before],
-                    "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
+        "machine": describe(platform=platform.platform(), loadavg_before=[round(x, 2) for x in load_before],
+                            loadavg_after=[round(x, 2) for x in os.getloadavg()]),
         "timeout_s": args.timeout, "programs": len(jobs),
         **{key: {k: v for k, v in r.items() if k != "verdicts"} for key, r in rows.items()},
         "speedup_over_a": {key: round(r["programs_per_s"] / base["programs_per_s"], 2) for key, r in rows.items()}
@@ -156,14 +156,6 @@ def main() -> int:
         r["canonical_passed"] == 164 and r["buggy_not_passed"] == 164 and r["leftover_processes"] == 0
         and all(v["status"] == "timeout" for v in r["looping"].values()) for r in rows.values())
     return 0 if ok else 1
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor()
 
 
 if __name__ == "__main__":

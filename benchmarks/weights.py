@@ -14,6 +14,10 @@ per row, fixed length, no EOS; the prompts come from the prefix store, so this i
     .venv/bin/python benchmarks/weights.py --rows int8+head-eager,int8+head --batches 1 32 --context 700  # compiled loops
     .venv/bin/python benchmarks/weights.py --rows int8+head-eager-kv32,int8+head-kv32,int8+head --batches 1 32 --context 700
     .venv/bin/python benchmarks/weights.py --rows int8@a577d8e,int8+head,int8@a577d8e,int8+head --batches 32 --context 700
+    .venv/bin/python benchmarks/weights.py --rows default,llamacpp,int8+head@1cc9ea3 --batches 1 32 --context 700
+    # as an AVX2-only CPU would run (fixlab's kernels built for AVX2; MKL and oneDNN held to AVX2):
+    FIXLAB_CPU_ISA=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \
+        .venv/bin/python benchmarks/weights.py --rows default,llamacpp --batches 1 32 --context 700
 
 A row named NAME@REV is row NAME of this script as it was at git revision REV (run from a temporary worktree of
 this repository in a child process): the engine as it stood then, measured beside today's in one run.
@@ -25,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -44,6 +47,7 @@ from agents.config import AgentConfig, ReflectionConf  # noqa: E402
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import LlamaCppModelConf, TransformersModelConf  # noqa: E402
 from agents.serving.hf import TransformersModel  # noqa: E402
+from agents.serving.machine import describe  # noqa: E402
 from agents.strategies import REGISTRY  # noqa: E402
 from agents.tasks import DatasetConf, load_tasks  # noqa: E402
 
@@ -74,17 +78,49 @@ ROWS = {"dtype": {"weights": "dtype"}, "int8": {"weights": "int8"},
         # decode attention: fixlab's grouped fp32 path (agents/serving/cpu_attention.py, the default) against SDPA
         "int8-fp32-sdpa": {"weights": "int8", "dtype": "float32", "cpu_attention": False},
         "int8-bf16-sdpa": {"weights": "int8", "dtype": "bfloat16", "cpu_attention": False},
+        # the int8 matmuls by one kernel at every width (the default, int8_kernel auto, is measured per width here)
+        "int8+head-torch": {"weights": "int8", "int8_skip": [], "int8_kernel": "torch"},
+        "int8+head-fixlab": {"weights": "int8", "int8_skip": [], "int8_kernel": "fixlab"},
+        # make eval's model exactly as it resolves on this machine (conf/model/qwen1.5b-coder-q4.yaml: runtime,
+        # weights and int8 kernels measured here, agents/serving/paths.py), under this script's batch and no drafts
+        "default": "default",
         "llamacpp": None}  # the same GGUF served by llama.cpp (xllamacpp, Q4_K_M as is), slots = largest batch
 
 
-def llamacpp_row(batches: list[int], msgs: list[list[dict]]) -> dict:
+def default_conf(batches: list[int]):
+    from omegaconf import OmegaConf
+
+    from flows.schema import typed
+
+    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / "qwen1.5b-coder-q4.yaml"), resolve=True)
+    cfg.pop("defaults", None)
+    return typed(TransformersModelConf, {**cfg, **HARNESS, "max_batch": max(batches)}, "model")
+
+
+HARNESS = {"gather_ms": 200, "prefix_cache_mib": 4096, "draft_tokens": 0}  # every engine row: one batch, no drafts
+
+
+def llamacpp_row(batches: list[int], msgs: list[list[dict]], context: int = 200, m=None) -> dict:
     """The peer: fixlab's llamacpp backend (embedded server, OpenAI API), same chat prompts (the GGUF carries the
-    same tokenizer and template) and the same measurements."""
+    same tokenizer and template) and the same measurements; with `context` other than 200, each row's prompt is
+    the engine rows' token prompt of about that length, as text."""
     from agents.serving.llamacpp import LlamaCppModel
 
-    m = LlamaCppModel(LlamaCppModelConf(name="qwen1.5b-llamacpp", pack="qwen1.5b-coder-q4", slots=max(batches),
-                                        context_per_slot=1024))
+    per_slot = max(1024, context + 256)
+    m = m or LlamaCppModel(LlamaCppModelConf(name="qwen1.5b-llamacpp", pack="qwen1.5b-coder-q4", slots=max(batches),
+                                             context_per_slot=per_slot))
     out = {"weights": "llamacpp", "dtype": "q4_k_m", "weight_gib": None}
+    if context != 200:
+        from transformers import AutoTokenizer
+
+        from agents.serving.packs import ensure_pack
+
+        tok = AutoTokenizer.from_pretrained(str(ensure_pack("qwen1.5b-coder-q4")))
+        ids = [tok(tok.apply_chat_template(mm, add_generation_prompt=True, tokenize=False),
+                   add_special_tokens=False)["input_ids"] for mm in msgs]
+        texts = [tok.decode(decode_ids(list(ids[i % len(ids)]), i, context), skip_special_tokens=True)
+                 for i in range(max(batches))]
+        msgs = [[{"role": "user", "content": t}] for t in texts]
     try:
         m.api.extra_body["ignore_eos"] = True  # fixed-length answers, as the engine rows
         first = GenRequest(messages=msgs[0], max_new_tokens=1)
@@ -123,10 +159,18 @@ def decode_ids(ids: list[int], i: int, context: int) -> list[int]:
 
 def row(name: str, batches: list[int], msgs: list[list[dict]], ref: list[list[int]] | None,
         context: int = 200) -> tuple[dict, list]:
-    m = TransformersModel(TransformersModelConf(name=f"qwen1.5b-{name}", pack="qwen1.5b-coder-q4", **ROWS[name],
-                                                max_batch=max(batches), gather_ms=200, prefix_cache_mib=4096,
-                                                draft_tokens=0))
-    out = {"weights": name, "dtype": str(m.dtype).replace("torch.", ""), "weight_gib": round(weight_bytes(m.model) / 2**30, 2)}
+    if name == "default":
+        from agents.serving.paths import build_local
+
+        m = build_local(default_conf(batches))
+        if m.choice.runtime == "llamacpp":
+            out = llamacpp_row(batches, msgs, context, m)
+            return {**out, "weights": "default", "path": m.choice.label(), "serving": m.choice.record()}, None
+    else:
+        m = TransformersModel(TransformersModelConf(name=f"qwen1.5b-{name}", pack="qwen1.5b-coder-q4", **ROWS[name],
+                                                    max_batch=max(batches), **HARNESS))
+    out = {"weights": name, "dtype": str(m.dtype).replace("torch.", ""), "weight_gib": round(weight_bytes(m.model) / 2**30, 2),
+           "path": m.choice.label(), "serving": m.choice.record()}
     try:
         eng = m.engine
         ids = m.prompt_ids(GenRequest(messages=msgs[0]))
@@ -225,10 +269,10 @@ def main() -> None:
             if "@" in w:
                 r = then.row(*w.split("@", 1), args.batches, args.context)
             elif w == "llamacpp":
-                r = llamacpp_row(args.batches, msgs)
+                r = llamacpp_row(args.batches, msgs, args.context)
             else:
                 r, greedy = row(w, args.batches, msgs, ref, args.context)
-                ref = ref if ref is not None else greedy
+                ref = ref if ref is not None or greedy is None else greedy
             rows.append(r)
             print(json.dumps(r), flush=True)
     finally:
@@ -237,8 +281,7 @@ def main() -> None:
     for r in rows[1:]:
         r["speedup_vs_first"] = {k: round(r[k] / base[k], 2) for k in r if k.endswith("_tok_s") and base.get(k)}
     result = {"benchmark": "weights", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": {"cpu": platform.processor() or _cpu_name(), "threads": torch.get_num_threads(),
-                          "torch": torch.__version__, "load_avg_start": os.getloadavg()}, "decode_context": args.context, "rows": rows}
+              "machine": describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()), "decode_context": args.context, "rows": rows}
     out = Path(args.out or REPO / "benchmarks" / "results" / f"weights-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     out.write_text(json.dumps(result, indent=1) + "\n")
     cols = ["weights", "dtype", "weight_gib", "prefill_tok_s"] + [f"batch{b}_tok_s" for b in args.batches]
@@ -246,13 +289,6 @@ def main() -> None:
     for r in rows:
         print(" | ".join(str(r.get(c, "")) for c in cols))
     print(f"wrote {out}")
-
-
-def _cpu_name() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "?"
 
 
 if __name__ == "__main__":

@@ -53,6 +53,11 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
     check_runner(settings.runner)
     tracker = RunTracker(settings.tracking)
     run_id, resume = open_run(tracker, settings)
+    if model is not None and getattr(model, "choice", None) is not None:  # why this path: the measured figures
+        try:
+            tracker.client.set_tag(run_id, "fixlab.path", f"{model.choice.label()}: {model.choice.reason}"[:5000])
+        except Exception:
+            pass
     store = core.TaskStore(tracker.store_dir, run_id)
     jobs, done = core.pending(tasks, settings.samples, store, bool(resume))
     print(f"fixlab: {len(tasks)} tasks x {settings.samples} sample(s), {len(jobs)} to run, model={settings.model.name} "

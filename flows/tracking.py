@@ -190,15 +190,12 @@ def git_state() -> dict[str, str]:
 def machine_name() -> str:
     """The kind of machine a run ran on, e.g. "AMD EPYC, 2 cores" (+ the GPU where one is visible): wall times
     compare only between runs on the same kind (flows/frontier.py)."""
-    import platform
     import shutil
 
-    cpu = platform.processor() or platform.machine() or "unknown CPU"
-    try:
-        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    name = f"{cpu}, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores"
+    from agents.serving.machine import cpu as cpu_info, isa_family
+
+    c = cpu_info()
+    name = f"{c['model']}, {c['cores']} cores, {isa_family(c)}"
     if shutil.which("nvidia-smi"):
         try:
             gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,

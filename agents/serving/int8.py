@@ -108,17 +108,20 @@ INT8_KERNELS = ("torch", "fixlab")
 
 class Int8Linear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, weight: torch.Tensor | None = None, native: bool = False,
-                 plan: Int8Plan | None = None):
+                 plan: Int8Plan | None = None, quantized: tuple[torch.Tensor, torch.Tensor] | None = None):
         """`weight`: linear.weight's values when the caller read them elsewhere (MappedFiles), else linear.weight.
         `native`: round the input and scale the products with the compiled loops of native.py (bit-equal).
-        `plan`: which kernel at how many rows (default torch._int_mm always); fixlab's needs the compiled loops."""
+        `plan`: which kernel at how many rows (default torch._int_mm always); fixlab's needs the compiled loops.
+        `quantized`: (scale, q) already rounded (then `linear` gives only the shape and bias; it may be on "meta")."""
         super().__init__()
         self.native = native and kernels.available()
         self.plan = plan or Int8Plan()
         if "fixlab" in self.plan.kernels and not kernels.available():
             raise RuntimeError("int8 kernel fixlab needs fixlab's compiled kernels, which could not be built here")
-        w = (linear.weight if weight is None else weight).detach().float()
-        scale, q = quantize_rows(w)
+        if quantized is not None:
+            scale, q = quantized
+        else:
+            scale, q = quantize_rows((linear.weight if weight is None else weight).detach().float())
         # Stored N x K and passed as its transpose (a K x N view): oneDNN was 1.1-3.5x faster with this layout
         # than with a contiguous K x N matrix for 1-64 rows (measured here). Not kept where the plan never uses it.
         self.packed = kernels.PackedInt8(q, self.plan.isa) if "fixlab" in self.plan.kernels else None

@@ -412,16 +412,19 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
 #define PANEL 48
 #define KG 4
 #define MR 8
+#define XCOPIES 1
 #elif defined(__AVX2__)
 #define GEMM_ISA "avx2"
 #define PANEL 24
-#define KG 2
-#define MR 4
+#define KG 4
+#define MR 3
+#define XCOPIES 2 /* each row of x twice: its values, then their magnitudes */
 #else
 #define GEMM_ISA "portable"
 #define PANEL 16
 #define KG 4
 #define MR 4
+#define XCOPIES 1
 #endif
 
 const char *fixlab_gemm_isa(void) { return GEMM_ISA; }
@@ -523,34 +526,42 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *xu, int64_
 typedef uint8_t xelem;
 static inline xelem to_x(int8_t v) { return (uint8_t)(v + 128); }
 #elif defined(__AVX2__)
-/* x16: rows of kp int16; wp: one panel. 12 named sums, as above. */
+/* xs8: rows of 2 kp bytes, x then |x|; wp: one panel. vpmaddubsw multiplies unsigned by signed bytes and adds pairs
+   into int16, saturating: |x| (unsigned) times w with x's sign (vpsignb) keeps every pair within 2 * 127 * 127 =
+   32,258, so nothing saturates; vpmaddwd by ones then adds the pairs into int32. 4 instructions a 32 products (the
+   int16 widening this replaced took 4.5). 9 named sums of 16 registers. */
 #define Z3(r) __m256i a##r##0 = _mm256_setzero_si256(), a##r##1 = a##r##0, a##r##2 = a##r##0
+#define MUL(r, c) _mm256_madd_epi16(_mm256_maddubs_epi16(xa, _mm256_sign_epi8(w##c, xb)), ones)
 #define DP(r) if (mr > r) { \
-        int32_t two; memcpy(&two, x16 + r * kp + 2 * g, 4); const __m256i b = _mm256_set1_epi32(two); \
-        a##r##0 = _mm256_add_epi32(a##r##0, _mm256_madd_epi16(b, w0)); \
-        a##r##1 = _mm256_add_epi32(a##r##1, _mm256_madd_epi16(b, w1)); \
-        a##r##2 = _mm256_add_epi32(a##r##2, _mm256_madd_epi16(b, w2)); }
+        int32_t four, mag; memcpy(&four, xs8 + r * 2 * kp + 4 * g, 4); memcpy(&mag, xs8 + r * 2 * kp + kp + 4 * g, 4); \
+        const __m256i xb = _mm256_set1_epi32(four), xa = _mm256_set1_epi32(mag); \
+        a##r##0 = _mm256_add_epi32(a##r##0, MUL(r, 0)); \
+        a##r##1 = _mm256_add_epi32(a##r##1, MUL(r, 1)); \
+        a##r##2 = _mm256_add_epi32(a##r##2, MUL(r, 2)); }
 #define ST(r) if (mr > r) { \
         _mm256_storeu_si256((__m256i *)(acc + r * PANEL), a##r##0); \
         _mm256_storeu_si256((__m256i *)(acc + r * PANEL + 8), a##r##1); \
         _mm256_storeu_si256((__m256i *)(acc + r * PANEL + 16), a##r##2); }
-static inline __attribute__((always_inline)) void tile(const int16_t *x16, int64_t kp, const int mr, const int8_t *wp,
+static inline __attribute__((always_inline)) void tile(const int8_t *xs8, int64_t kp, const int mr, const int8_t *wp,
                                                        const int32_t *colsum, int64_t n0, int64_t n, int32_t *acc) {
     (void)colsum; (void)n0; (void)n;
-    Z3(0); Z3(1); Z3(2); Z3(3);
-    for (int64_t g = 0; g < kp / 2; g++) {
-        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wp + g * 48))),
-                      w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wp + g * 48 + 16))),
-                      w2 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wp + g * 48 + 32)));
-        DP(0) DP(1) DP(2) DP(3)
+    const __m256i ones = _mm256_set1_epi16(1);
+    Z3(0); Z3(1); Z3(2);
+    for (int64_t g = 0; g < kp / 4; g++) {
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wp + g * 96)),
+                      w1 = _mm256_loadu_si256((const __m256i *)(wp + g * 96 + 32)),
+                      w2 = _mm256_loadu_si256((const __m256i *)(wp + g * 96 + 64));
+        DP(0) DP(1) DP(2)
     }
-    ST(0) ST(1) ST(2) ST(3)
+    ST(0) ST(1) ST(2)
 }
 #undef Z3
+#undef MUL
 #undef DP
 #undef ST
-typedef int16_t xelem;
+typedef int8_t xelem;
 static inline xelem to_x(int8_t v) { return v; }
+static inline xelem to_x2(int8_t v) { return (int8_t)(v < 0 ? -v : v); }
 #else
 static inline void tile(const int8_t *x, int64_t kp, const int mr, const int8_t *wp, const int32_t *colsum,
                         int64_t n0, int64_t n, int32_t *acc) {
@@ -572,14 +583,18 @@ static inline xelem to_x(int8_t v) { return v; }
 void fixlab_int8_matmul(const int8_t *x, int64_t m, int64_t k, int64_t ldx, const int8_t *packed,
                         const int32_t *colsum, int64_t n, const float *xs, const float *ws, const float *bias, float *y,
                         int64_t ldy, int threads) {
-    const int64_t kp = pad4(k), panels = (n + PANEL - 1) / PANEL;
-    xelem *xc = malloc((size_t)(m * kp) * sizeof(xelem)); /* x in the form the tile multiplies, K padded */
+    const int64_t kp = pad4(k), panels = (n + PANEL - 1) / PANEL, xrow = XCOPIES * kp;
+    xelem *xc = malloc((size_t)(m * xrow) * sizeof(xelem)); /* x in the form the tile multiplies, K padded */
 #pragma omp parallel num_threads(threads) if (m * kp >= 65536)
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < m; r++) {
-            for (int64_t i = 0; i < k; i++) xc[r * kp + i] = to_x(x[r * ldx + i]);
-            for (int64_t i = k; i < kp; i++) xc[r * kp + i] = to_x(0);
+            for (int64_t i = 0; i < k; i++) xc[r * xrow + i] = to_x(x[r * ldx + i]);
+            for (int64_t i = k; i < kp; i++) xc[r * xrow + i] = to_x(0);
+#if XCOPIES > 1
+            for (int64_t i = 0; i < k; i++) xc[r * xrow + kp + i] = to_x2(x[r * ldx + i]);
+            for (int64_t i = k; i < kp; i++) xc[r * xrow + kp + i] = 0;
+#endif
         }
     }
     /* threads split the panels; for many rows and few panels (prefill of a narrow matrix) they split rows too */
@@ -597,7 +612,7 @@ void fixlab_int8_matmul(const int8_t *x, int64_t m, int64_t k, int64_t ldx, cons
                 for (int64_t rb = b0; rb < b1; rb++) {
                     const int64_t m0 = rb * MR;
                     const int mr = m - m0 < MR ? (int)(m - m0) : MR;
-                    const xelem *xr = xc + m0 * kp;
+                    const xelem *xr = xc + m0 * xrow;
                     switch (mr) { /* one specialisation per row count, so the tile's loops unroll into registers */
                         case 1: tile(xr, kp, 1, wp, colsum, n0, n, acc); break;
                         case 2: tile(xr, kp, 2, wp, colsum, n0, n, acc); break;

@@ -55,13 +55,17 @@ def isa_family(info: dict | None = None) -> str:
     return "baseline"
 
 
-def describe() -> dict:
-    """The machine block of a results file: the CPU (model, arch, flags, cores, family), torch's version and, where
-    CUDA is up in this process already, the GPU. Forced instruction sets (FIXLAB_CPU_ISA) are recorded too."""
+def describe(**extra) -> dict:
+    """The machine block of a results file: the CPU's model name (`cpu`), `arch`, `cpu_flags` (the FLAGS present),
+    `cpu_family` (isa_family), usable `cores`, Python's and torch's versions, instruction sets forced by environment
+    (FIXLAB_CPU_ISA, ONEDNN_MAX_CPU_ISA...: a figure measured so is not the CPU's own) and, where CUDA is up in this
+    process already, the GPU; then `extra` (threads, load average...)."""
     from importlib import metadata
     import sys
 
-    out = {"cpu": {**cpu(), "family": isa_family()}, "python": platform.python_version()}
+    c = cpu()
+    out = {"cpu": c["model"], "arch": c["arch"], "cpu_flags": c["flags"], "cpu_family": isa_family(c),
+           "cores": c["cores"], "python": platform.python_version()}
     try:
         out["torch"] = metadata.version("torch")
     except metadata.PackageNotFoundError:
@@ -73,7 +77,7 @@ def describe() -> dict:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(0)
-    return out
+    return {**out, **extra}
 
 
 def summary(c: dict | None = None) -> str:

@@ -36,8 +36,9 @@ from pathlib import Path
 from ..models.config import LlamaCppModelConf, TransformersModelConf
 from . import machine
 
-CACHE_VERSION = 1
-ROWS = (1, 4, 8, 16, 32, 64, 128, 512)  # decode steps span 1-128 rows (tokens, drafts included); prefill 512+
+CACHE_VERSION = 2  # 2: weights streamed from memory, as a whole model's
+ROWS = (1, 8, 16, 32, 64, 128, 512)  # decode steps span 1-128 rows (tokens, drafts included); prefill 512+
+OTHER_ROWS = (1, 32, 128, 512)  # the paths other than int8 are ranked at 32 rows; one kernel serves every width
 DECODE_ROWS = 32  # the width the paths are ranked at: the default job decodes 32 rows most of the time
 PREFILL_ROWS = 512
 CUT = 5.0  # a path this many times slower than the best at one row is not timed at more rows
@@ -111,60 +112,96 @@ def matmul_paths(cpu: dict | None = None) -> list[str]:
     return out
 
 
-def _linear(path: str, n: int, k: int, threads_plan=None):
-    """A module that multiplies (M, k) float32 inputs by a synthetic (n, k) weight the way `path` does in the engine."""
+def _linears(path: str, shapes: list[tuple[int, int]], copies: int) -> list[list]:
+    """`copies` sets of modules, one per (out, in) shape, each multiplying (M, in) float32 inputs by its own synthetic
+    weight the way `path` does in the engine (the int8 ones with the engine's Int8Linear)."""
     import torch
 
     from .engine import _skinny_linear
     from .int8 import Int8Linear, Int8Plan
 
-    w = torch.empty(n, k).uniform_(-0.05, 0.05)
-    lin = torch.nn.Linear(k, n, bias=False, device="meta")
-    lin.weight = torch.nn.Parameter(w, requires_grad=False)
-    if path.startswith("int8:"):
-        kernel = path.split(":", 1)[1]
-        return Int8Linear(lin, native=True, plan=Int8Plan(small=kernel, large=kernel))
-    if path == "bfloat16":
-        lin = lin.to(torch.bfloat16)
-        return lambda x: lin(x.to(torch.bfloat16))
-    return lambda x: _skinny_linear(lin, x)
+    out = []
+    first: list = []  # the first set's values; the other sets are copies of them (a matmul's speed does not depend
+    # on the values, and drawing a gigabyte of random numbers took longer than the timing)
+    for c in range(copies):
+        mods = []
+        for i, (n, k) in enumerate(shapes):
+            lin = torch.nn.Linear(k, n, bias=False, device="meta")
+            if path.startswith("int8:"):  # int8 values drawn directly: rounding a float32 copy first took seconds
+                kernel = path.split(":", 1)[1]
+                if c == 0:
+                    first.append(torch.randint(-127, 128, (n, k), dtype=torch.int8))
+                mods.append(Int8Linear(lin, native=True, plan=Int8Plan(small=kernel, large=kernel),
+                                       quantized=(torch.full((n,), 1e-3), first[i].clone())))
+                continue
+            if c == 0:
+                first.append(torch.empty(n, k).uniform_(-0.05, 0.05))
+            lin.weight = torch.nn.Parameter(first[i].clone(), requires_grad=False)
+            if path == "bfloat16":
+                mods.append((lambda m: lambda x: m(x.to(torch.bfloat16)))(lin.to(torch.bfloat16)))
+            else:
+                mods.append((lambda m: lambda x: _skinny_linear(m, x))(lin))
+            del lin
+        out.append(mods)
+    return out
 
 
-def _time(fn, x, reps: int) -> float:
-    fn(x)  # warm: first-call packing, page faults
+def _weight_bytes(path: str, shapes: list[tuple[int, int]]) -> int:
+    per = 1 if path.startswith("int8:") else 2 if path == "bfloat16" else 4
+    return sum(n * k for n, k in shapes) * per
+
+
+def _stream_bytes() -> int:
+    """How many bytes of weights a timing pass reads, so that they come from memory as a whole model's do, not from
+    the last-level cache: twice its size (from /sys), at least 256 MiB, at most 1 GiB."""
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+        llc = int(text[:-1]) * {"K": 2**10, "M": 2**20}.get(text[-1], 1) if text[-1] in "KM" else int(text)
+    except (OSError, ValueError, IndexError):
+        llc = 32 * 2**20
+    return min(max(2 * llc, 256 * 2**20), 2**30)
+
+
+def _pass(mod_sets: list[list], xs: dict, reps: int) -> float:
+    """ms for one pass over one set (every set once per round, the best round's mean)."""
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        fn(x)
-        best = min(best, time.perf_counter() - t0)
+        for mods in mod_sets:
+            for mod, x in zip(mods, xs):
+                mod(x)
+        best = min(best, (time.perf_counter() - t0) / len(mod_sets))
     return best * 1000
 
 
 def calibrate_matmuls(shapes: dict, paths: list[str] | None = None, rows: tuple[int, ...] = ROWS,
-                      head_slice: int = 8, log=None) -> dict:
+                      head_slices: int = 8, log=None) -> dict:
     """{path: {rows: ms}}: the matmuls of one step of the whole model at that many rows (tokens): the layer's seven
     matrices times the layers, plus the output layer for decode widths (at PREFILL_ROWS and above only the last
-    position of each prompt reaches it, so it is left out there). The output layer is timed on 1/head_slice of its
-    rows and scaled (its cost is linear in them)."""
+    position of each prompt reaches it, so it is left out there). Weights come from memory as in the model: the layer
+    is timed over as many distinct copies as make _stream_bytes(), the output layer in head_slices distinct slices."""
     import torch
 
     paths = paths or matmul_paths()
     vocab, hidden = shapes["head"]
+    head_shapes = [(vocab // head_slices + (i < vocab % head_slices), hidden) for i in range(head_slices)]
     out: dict[str, dict[int, float]] = {}
     best1 = None
     for path in paths:
         t0 = time.perf_counter()
-        mods = [(_linear(path, n, k), k) for n, k in shapes["layer"]]
-        head = _linear(path, max(1, vocab // head_slice), hidden)
+        copies = max(1, min(32, -(-_stream_bytes() // _weight_bytes(path, shapes["layer"]))))
+        layers = _linears(path, shapes["layer"], copies)
+        head = _linears(path, head_shapes, 1)
         out[path] = {}
-        for m in rows:
-            ms = 0.0
-            reps = 3 if m <= 64 else 2
-            for mod, k in mods:
-                ms += _time(mod, torch.randn(m, k), reps)
-            ms *= shapes["layers"]
+        for m in (rows if path.startswith("int8:") else [r for r in rows if r in OTHER_ROWS] or rows):
+            xs = [torch.randn(m, k) for _, k in shapes["layer"]]
+            few = layers if m < 128 else layers[:2]  # many rows: bound by arithmetic, not by memory
+            _pass(few, xs, 1)  # warm: first-call packing, page faults
+            ms = _pass(few, xs, 2 if m < 128 else 1) * shapes["layers"]
             if m < PREFILL_ROWS:
-                ms += _time(head, torch.randn(m, hidden), reps) * vocab / max(1, vocab // head_slice)
+                hx = [torch.randn(m, hidden)] * head_slices
+                _pass(head, hx, 1)
+                ms += _pass(head, hx, 2 if m < 128 else 1)
             out[path][m] = round(ms, 2)
             if m == rows[0]:
                 if best1 is not None and ms > CUT * best1:
@@ -172,8 +209,8 @@ def calibrate_matmuls(shapes: dict, paths: list[str] | None = None, rows: tuple[
                 best1 = ms if best1 is None else min(best1, ms)
         if log:
             log(f"  {path}: " + ", ".join(f"{ms:.1f} ms at {m}" for m, ms in out[path].items())
-                + f" ({time.perf_counter() - t0:.1f} s)")
-        del mods, head
+                + f" ({copies} copies of a layer; {time.perf_counter() - t0:.1f} s)")
+        del layers, head
     return out
 
 
@@ -468,7 +505,21 @@ def _engine_ident(cfg: TransformersModelConf) -> dict:
 def _runtime_reason(cached: dict) -> str:
     r = cached["decode_tok_s"]
     ll = f"llama.cpp {r['llamacpp']:.0f}" if "llamacpp" in r else f"llama.cpp could not run ({r.get('llamacpp_error')})"
-    return f"{cached.get('rows', DECODE_ROWS)} real requests, tokens/s: engine {r['engine']:.0f}, {ll}"
+    out = f"{cached.get('rows', DECODE_ROWS)} real requests, tokens/s: engine {r['engine']:.0f}, {ll}"
+    return out + expected_job(max(r["engine"], r.get("llamacpp", 0)))
+
+
+def expected_job(rate: float) -> str:
+    """`; make eval's job decodes in about N min at this rate`, from the newest recorded run of that job
+    (benchmarks/results/fullsize-single_shot-default-*.json: its completion tokens); "" where none is at hand."""
+    files = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results").glob(
+        "fullsize-single_shot-default-*.json"), key=lambda p: p.stat().st_mtime)
+    try:
+        tokens = json.loads(files[-1].read_text())["runs"][0]["cost"]["completion_tokens"]
+    except (IndexError, OSError, ValueError, KeyError, TypeError):
+        return ""
+    return (f"; at that rate make eval's job ({tokens:,.0f} completion tokens when last recorded) decodes in about "
+            f"{tokens / max(rate, 1e-9) / 60:.0f} min, plus prefill and tests")
 
 
 def _llamacpp(cfg: TransformersModelConf, cached: dict | None, reason: str):

@@ -1,0 +1,96 @@
+"""The path chooser's calibration (agents/serving/paths.py) on this machine, and as CPUs this machine can stand in
+for would see it, side by side in one run: the matmuls of one decode step of the real 1.5B pack's shapes (synthetic
+weights) for every path (fixlab's int8 kernel, torch._int_mm, float32, bf16) at 1-512 rows, and what `auto` picks.
+
+Modes, each in a child process (instruction sets are fixed when a library loads):
+- `native`: this CPU as it is.
+- `avx2`: as an AVX2-only CPU (AMD Zen 2/3, Intel before Ice Lake): fixlab's kernels built for x86-64-v3, MKL and
+  oneDNN held to AVX2 (MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY). torch._int_mm and bf16 are
+  left out, as there they are a reference loop and emulated (measured on such an EPYC: ../shared/notes/stack.md).
+  What cannot be forced: the cores' own speed and ports (an AVX2-only CPU is an older core), and llama.cpp's own
+  dispatch, so this mode predicts, it does not replace, a run on such a CPU.
+- `vnni`: AVX-512 VNNI without AMX (ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI), where this CPU has AMX: as a Zen 4 EPYC or a
+  Xeon before Sapphire Rapids would run torch._int_mm.
+
+    .venv/bin/python benchmarks/paths.py                  # every mode this CPU can stand in for
+    .venv/bin/python benchmarks/paths.py --modes native avx2
+
+Writes benchmarks/results/paths-<UTC time>.json and prints one table per mode.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+AVX2_ENV = {"FIXLAB_CPU_ISA": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "ATEN_CPU_CAPABILITY": "avx2"}
+MODES = {"native": {}, "avx2": AVX2_ENV, "vnni": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}}
+PACK = "qwen1.5b-coder-q4"
+
+
+def child(threads: int) -> dict:
+    import torch
+    from transformers import AutoConfig
+
+    from agents.serving import paths
+    from agents.serving.machine import describe
+    from agents.serving.packs import ensure_pack
+
+    torch.set_num_threads(threads)
+    shapes = paths.model_shapes(AutoConfig.from_pretrained(str(ensure_pack(PACK))))
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        table = paths.calibrate_matmuls(shapes, log=lambda s: print(s, file=sys.stderr, flush=True))
+    seconds = time.perf_counter() - t0
+    c = paths.choose(table)
+    return {"machine": describe(threads=threads), "shapes": shapes, "seconds": round(seconds, 1),
+            "matmul_ms": table, "choice": {"weights": c.weights, "dtype": c.dtype, "int8": c.int8,
+                                           "label": c.label(), "reason": c.reason}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.threads)))
+        return
+    from agents.serving.machine import cpu
+
+    flags = set(cpu()["flags"])
+    modes = args.modes or ["native"] + (["avx2"] if {"avx2", "fma"} <= flags and "avx512f" in flags else []) + \
+        (["vnni"] if "amx_int8" in flags else [])
+    out = {"benchmark": "paths", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "command": "benchmarks/paths.py " + " ".join(sys.argv[1:]), "pack": PACK, "modes": {}}
+    path = Path(args.out or REPO / "benchmarks" / "results" / f"paths-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
+    for mode in modes:
+        env = {**os.environ, **MODES[mode], "OMP_NUM_THREADS": str(args.threads)}
+        done = subprocess.run([sys.executable, __file__, "--child", "--threads", str(args.threads)], env=env,
+                              capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"error: mode {mode} failed: {(done.stderr.strip().splitlines() or ['?'])[-1][:300]}")
+        out["modes"][mode] = {"env": MODES[mode], **json.loads(done.stdout.strip().splitlines()[-1])}
+        path.write_text(json.dumps(out, indent=1) + "\n")  # saved after every mode
+        r = out["modes"][mode]
+        rows = sorted({m for t in r["matmul_ms"].values() for m in t}, key=int)
+        print(f"\n{mode}: {r['machine']['cpu']} ({r['machine']['cpu_family']}); chosen: {r['choice']['label']}")
+        print("| path | " + " | ".join(f"{m} rows" for m in rows) + " |")
+        print("|---|" + "---|" * len(rows))
+        for p, t in r["matmul_ms"].items():
+            print(f"| {p} | " + " | ".join(f"{t[m]:.1f}" if m in t else "-" for m in rows) + " |")
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
