@@ -94,6 +94,9 @@ def _load_rows(cfg: DatasetConf) -> tuple[list[dict], str]:
 
 
 def _read_file(path: Path) -> list[dict]:
+    if path.is_dir():
+        raise DatasetError(f"dataset.path={str(path)!r} is a directory: give a .jsonl or .parquet file with the hub's "
+                           "schema (e.g. ../shared/data/humanevalfix_python.jsonl)")
     if path.suffix == ".parquet":
         try:
             import pandas as pd

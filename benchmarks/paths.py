@@ -7,8 +7,10 @@ Modes, each in a child process (instruction sets are fixed when a library loads)
 - `avx2`: as an AVX2-only CPU (AMD Zen 2/3, Intel before Ice Lake): fixlab's kernels built for x86-64-v3, MKL and
   oneDNN held to AVX2 (MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY). torch._int_mm and bf16 are
   left out, as there they are a reference loop and emulated (measured on such an EPYC: ../shared/notes/stack.md).
-  What cannot be forced: the cores' own speed and ports (an AVX2-only CPU is an older core), and llama.cpp's own
-  dispatch, so this mode predicts, it does not replace, a run on such a CPU.
+  What cannot be forced: the cores' own speed, ports and memory (an AVX2-only CPU is an older core), so this mode
+  predicts, it does not replace, a run on such a CPU. llama.cpp needs no forcing: the xllamacpp wheel is built for
+  AVX2 (its library holds no AVX-512 instruction: `objdump -d` finds no zmm register), so it runs the same kernels on
+  every x86 CPU here.
 - `vnni`: AVX-512 VNNI without AMX (ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI), where this CPU has AMX: as a Zen 4 EPYC or a
   Xeon before Sapphire Rapids would run torch._int_mm.
 

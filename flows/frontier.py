@@ -226,8 +226,14 @@ def records_from_file(path: Path, order: int = 0) -> list[Record]:
 
 def param_values(params: dict) -> dict[str, str]:
     """Params as strings, a whole number written one way: the typed config logs `10.0` where older runs logged `10`,
-    and the same setting must not read as a knob that differs."""
-    return {k: re.sub(r"^(-?\d+)\.0+$", r"\1", str(v)) for k, v in params.items()}
+    and the same setting must not read as a knob that differs. A local model's run from before the path was recorded
+    (agents/serving/paths.py) took fixlab's engine, with int8 weights where `weights` was auto or int8 (all of them
+    ran on CPUs): filled in, so that such a run is never pooled with a run that took another path."""
+    out = {k: re.sub(r"^(-?\d+)\.0+$", r"\1", str(v)) for k, v in params.items()}
+    if out.get("model.backend") == "transformers" and "serving.runtime" not in out:
+        out["serving.runtime"] = "engine"
+        out.setdefault("serving.weights", "int8" if out.get("model.weights") in ("auto", "int8") else "dtype")
+    return out
 
 
 def budgets(rec: Record, cost_by_round: list[dict] | None) -> list[Record]:

@@ -195,7 +195,7 @@ PAIRS: list[Pair] = [
 ]
 
 # Speed benchmarks: kind -> files, one line each (kinds: weights, generation, endtoend, sandbox, sweep_cache, drafts,
-# forward, decode_profile, attention, int8_matmul, memory).
+# forward, decode_profile, attention, int8_matmul, memory, paths).
 SPEED: list[tuple[str, str]] = [
     ("weights", "weights-20261125T093920Z.json"),
     ("weights", "weights-20261125T094443Z.json"),
@@ -207,6 +207,7 @@ SPEED: list[tuple[str, str]] = [
     ("weights", "weights-20261127T191023Z.json"),
     ("weights", "weights-20261127T213249Z.json"),
     ("weights", "weights-20261128T000129Z.json"),
+    ("weights", "weights-20261128T050431Z.json"),
     ("endtoend", "endtoend-reflection-20261125T113857Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T014247Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T013001Z.json"),
@@ -277,7 +278,9 @@ SPEED_HEADLINE = {"job": "memory-20261128T000210Z-fullsize-attn-fma.json",  # ma
                   "gpu": "generation-cuda-bf16-20261127T020827Z.json",  # benchmarks/gpu_check.sh
                   "endtoend": "endtoend-single_shot-20261128T004448Z.json",  # 30 tasks, engine and llama.cpp
                   "endtoend_others": ("endtoend-reflection-20261128T005728Z.json",  # the same pair, reflection
-                                      "endtoend-react-20261128T003442Z.json")}  # and react
+                                      "endtoend-react-20261128T003442Z.json"),  # and react
+                  # make eval's model as it resolves (the measured path) beside llama.cpp, 32 rows x 700 tokens
+                  "default_vs_llamacpp": "weights-20261128T050431Z.json"}
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
 HARNESS: list[str] = ["fullsize-canonical-buggy-docker-epyc-20261126.json"]
@@ -865,11 +868,65 @@ def section_tuning(sweeps: dict[str, LoadedSweep]) -> list[str]:
 
 
 def _machine(data: dict) -> str:
+    """The CPU a file's figures come from, with its kernel family and any instruction set forced on it."""
     m = data.get("machine") or data.get("meta") or {}
     if isinstance(m, str):
         return m
     cpu = m.get("cpu", "CPU not recorded")
-    return cpu + (f", {m['cpus']} cores" if "cpus" in m else f", {m['threads']} threads" if "threads" in m else "")
+    out = cpu + (f", {m['cpus']} cores" if "cpus" in m else f", {m['threads']} threads" if "threads" in m else "")
+    if m.get("cpu_family"):
+        out += f", {m['cpu_family']}"
+    if m.get("forced"):
+        out += " (forced: " + " ".join(f"{k}={v}" for k, v in m["forced"].items()) + ")"
+    return out
+
+
+def family(data: dict) -> str:
+    """The kernel family of the CPU a file's figures come from (agents/serving/machine.py isa_family); files from
+    before flags were recorded ran on the AVX-512 VNNI machines that MACHINES names."""
+    m = data.get("machine") or data.get("meta") or {}
+    if isinstance(m, dict) and m.get("cpu_family"):
+        return m["cpu_family"] + (" as avx2 (forced)" if (m.get("forced") or {}).get("FIXLAB_CPU_ISA") == "avx2"
+                                  else "")
+    return "avx512-vnni (before flags were recorded)"
+
+
+def speed_families(results: Path) -> list[str]:
+    """Which speed files come from which CPU family: figures compare within a family."""
+    by: dict[str, list[str]] = {}
+    for kind, name in SPEED:
+        if name.endswith(".json"):
+            with reading(name):
+                d = _read(results, name)
+            if kind == "paths":
+                for mode in d["modes"].values():
+                    by.setdefault(family(mode), []).append(name)
+            else:
+                by.setdefault(family(d), []).append(name)
+    rows = [[fam, str(len(set(names))), ", ".join(link(n) for n in sorted(set(names))[-3:])]
+            for fam, names in sorted(by.items())]
+    return ["### Speed by CPU family", "",
+            "Kernels differ by instruction set (agents/serving/paths.py chooses among them by measuring the machine), "
+            "so speed figures compare within a CPU family. Each table below names the machine of each row.", "",
+            *table(["CPU family", "results files", "newest"], rows)]
+
+
+def speed_paths(results: Path) -> list[str]:
+    """benchmarks/paths.py: the chooser's calibration on each machine, and as the CPUs it can stand in for."""
+    out = ["### The path chooser's calibration (`benchmarks/paths.py`)", "",
+           "The matmuls of one decode step of the 1.5B pack's shapes (weights streamed from memory, as a whole "
+           "model's), ms, for every path the CPU can run, at 1-512 rows (tokens); and what `weights: auto` and "
+           "`int8_kernel: auto` take. A mode other than native holds the CPU to fewer instruction sets (the "
+           "environment named): it predicts a CPU of that family, with this machine's cores.", ""]
+    for name, d in speed_files(results, "paths"):
+        with reading(name):
+            for mode, r in d["modes"].items():
+                widths = sorted({int(m) for t in r["matmul_ms"].values() for m in t})
+                rows = [[p] + [f"{t[str(m)] if str(m) in t else t.get(m, '-')}" for m in widths]
+                        for p, t in r["matmul_ms"].items()]
+                out += [f"{link(name)}, mode `{mode}`: {_machine(r)}; chosen: **{r['choice']['label']}**", "",
+                        *table(["path"] + [f"{m} rows" for m in widths], rows), ""]
+    return out
 
 
 def speed_files(results: Path, kind: str):
@@ -883,8 +940,8 @@ def section_speed(sweeps: dict[str, LoadedSweep], results: Path) -> list[str]:
     out = ["## 7. Speed", "", "Timings from benchmark scripts on this project's shared 2-core machines (other jobs "
            "running beside them; the CPU of each is named). Short benchmarks and whole jobs can disagree: a whole "
            "job keeps many rows decoding, a short one spends its time in the tail.", ""]
-    for part in (speed_llamacpp(sweeps), speed_endtoend(results), speed_sweeps(sweeps, results), speed_history(sweeps),
-                 speed_weights(results), speed_decode_profile(results), speed_attention(results),
+    for part in (speed_families(results), speed_paths(results), speed_llamacpp(sweeps), speed_endtoend(results),
+                 speed_sweeps(sweeps, results), speed_history(sweeps), speed_weights(results), speed_decode_profile(results), speed_attention(results),
                  speed_int8_matmul(results), speed_drafts(results), speed_forward(results),
                  speed_memory(results), speed_generation(results),
                  speed_generation_gpu(results), speed_sandbox(results)):
@@ -981,7 +1038,9 @@ def speed_weights(results: Path) -> list[str]:
         with reading(name):
             for r in d["rows"]:
                 batches = sorted((int(k[5:-6]), v) for k, v in r.items() if k.startswith("batch") and k.endswith("_tok_s"))
-                rows.append([name, _machine(d), str(d.get("decode_context", "")), r["weights"], r["dtype"],
+                rows.append([name, _machine(d), str(d.get("decode_context", "")),
+                             r["weights"] + (f" ({r['path']})" if r.get("path") and r["weights"] == "default" else ""),
+                             r["dtype"],
                              "-" if r.get("weight_gib") is None else f"{r['weight_gib']:.2f}", f"{r['prefill_tok_s']:.1f}",
                              " / ".join(f"{v:.1f}" for _, v in batches), " / ".join(str(b) for b, _ in batches)])
     return ["### Prefill and decode tokens/s, 1.5B pack (`benchmarks/weights.py`)", "",
@@ -1325,7 +1384,8 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
         job = d["parts"]["job"]
         answers = job.get("answers") or {}
         m = d["machine"]
-        where = f"{m['cpus']}-core {m['cpu']}" + (" (AVX-512 VNNI)" if m.get("avx512_vnni") else "")
+        where = f"{m.get('cpus') or m.get('cores')}-core {m['cpu']}" + (
+            f" ({m['cpu_family']})" if m.get("cpu_family") else " (AVX-512 VNNI)" if m.get("avx512_vnni") else "")
         out.append(f"On a {where}, `make eval`'s job (every task, 3 rounds) took {minutes(job['seconds'])} "
                    f"with a peak resident memory of {job['time_v_max_rss_gib']:.2f} GiB "
                    f"({sum(a['passed'] for a in answers.values())}/{len(answers)} passed; {SPEED_HEADLINE['job']})"
@@ -1394,8 +1454,49 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
             out.append(f"On an {d['meta']['gpu']} (bf16, random weights of the 1.5B architecture), the engine runs "
                        f"{eng['e2e_tps']:.0f} tokens/s at {top} rows against {cb['e2e_tps']:.0f} for transformers' "
                        f"own continuous batching ({SPEED_HEADLINE['gpu']}).")
+    out += paths_sentences(results)
     out.append("More: docs/RESULTS.md, section 7.")
     return wrap("**Speed.** " + " ".join(out))
+
+
+def paths_sentences(results: Path) -> list[str]:
+    """What the path chooser takes on each CPU family measured (SPEED_HEADLINE's paths file), and the default row
+    against llama.cpp on the same GGUF in each weights file SPEED_HEADLINE names for it."""
+    out = []
+    if "paths" in SPEED_HEADLINE:
+        name = SPEED_HEADLINE["paths"]
+        with reading(name):
+            d = _read(results, name)
+        modes = d["modes"]
+
+        def at32(mode: str, prefix: str) -> float | None:
+            ms = [t.get("32") or t.get(32) for p, t in modes[mode]["matmul_ms"].items() if p.startswith(prefix)]
+            ms = [x for x in ms if x]
+            return min(ms) if ms else None
+
+        words = [f"on {modes['native']['machine']['cpu']} ({modes['native']['machine']['cpu_family']}) `auto` takes "
+                 f"{modes['native']['choice']['label']}"]
+        if "avx2" in modes:
+            a2, f32 = at32("avx2", "int8:"), at32("avx2", "float32")
+            vnni = at32("vnni" if "vnni" in modes else "native", "int8:")
+            words.append(f"held to AVX2 it takes {modes['avx2']['choice']['label']}, whose matmuls at 32 rows run "
+                         f"{f32 / a2:.2f}x float32's and {vnni / a2:.2f}x the AVX-512 VNNI path's")
+        out.append("The path is measured on each machine: " + "; ".join(words) + f" ({name}).")
+    for key in ("default_vs_llamacpp", "default_vs_llamacpp_avx2"):
+        if key not in SPEED_HEADLINE:
+            continue
+        name = SPEED_HEADLINE[key]
+        with reading(name):
+            d = _read(results, name)
+        by = {r["weights"]: r for r in d["rows"]}
+        if {"default", "llamacpp"} <= set(by) and by["llamacpp"].get("batch32_tok_s"):
+            a, b = by["default"]["batch32_tok_s"], by["llamacpp"]["batch32_tok_s"]
+            forced = (d["machine"].get("forced") or {}).get("FIXLAB_CPU_ISA")
+            out.append(f"make eval's model as it resolves{' held to AVX2' if forced else ''} "
+                       f"({by['default'].get('path', 'default')}) decodes {a:.1f} tokens/s at 32 rows and "
+                       f"{d['decode_context']} tokens of context against {b:.1f} for llama.cpp on the same GGUF "
+                       f"({a / b:.2f}x; {name}).")
+    return out
 
 
 def other_strategies(results: Path) -> list[dict]:

@@ -34,6 +34,19 @@ def test_unknown_key_is_one_line(evaluate):
 
 def test_missing_dataset_file_is_one_line(evaluate, tmp_path):
     _one_line_error(evaluate("model=canonical", f"dataset.path={tmp_path}/nope.jsonl"), "nope.jsonl", "dataset.path")
+    _one_line_error(evaluate("model=canonical", f"dataset.path={tmp_path}"), "dataset.path", "is a directory", ".jsonl")
+
+
+def test_a_zero_batch_is_one_line(tmp_path):
+    import pytest
+
+    from agents.models.config import TransformersModelConf
+    from agents.serving.hf import BadModelConfig, TransformersModel
+
+    for key in ("max_batch", "max_prefill_tokens"):
+        with pytest.raises(BadModelConfig) as e:
+            TransformersModel(TransformersModelConf(name="x", path=str(tmp_path), **{key: 0}))
+        assert str(e.value) == f"model.{key} must be an integer >= 1, got 0"
 
 
 @needs_data

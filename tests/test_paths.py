@@ -54,6 +54,21 @@ def tiny(tmp_path_factory):
     return str(make_random_model(tiny_qwen2(), tmp_path_factory.mktemp("tiny-paths")))
 
 
+def test_the_paths_timed_follow_the_cpus_capabilities(monkeypatch):
+    monkeypatch.setattr(native, "available", lambda: True)
+    plain = {"model": "x", "arch": "x86_64", "flags": ["avx2", "fma"], "cores": 2}
+    assert paths.matmul_paths(plain) == ["int8:fixlab", "int8:torch", "float32"]  # no bf16 in hardware: not timed
+    bf16 = {**plain, "flags": ["avx2", "fma", "avx512f", "avx512_bf16"]}
+    assert paths.matmul_paths(bf16)[-1] == "bfloat16"
+    arm = {"model": "Neoverse", "arch": "aarch64", "flags": ["asimd", "bf16"], "cores": 2}
+    assert "bfloat16" in paths.matmul_paths(arm)
+    monkeypatch.setattr(native, "FORCED_ISA", "avx2")  # as an AVX2-only CPU: torch's int8 and bf16 are left out
+    assert paths.matmul_paths(bf16) == ["int8:fixlab", "float32"]
+    monkeypatch.setattr(native, "available", lambda: False)  # no compiler: fixlab's kernel is not a path
+    monkeypatch.setattr(native, "FORCED_ISA", None)
+    assert paths.matmul_paths(plain) == ["int8:torch", "float32"]
+
+
 def _conf(path, **kw) -> TransformersModelConf:
     return TransformersModelConf(name="tiny", path=path, dtype="float32", max_batch=2, gather_ms=5, **kw)
 

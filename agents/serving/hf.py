@@ -153,6 +153,10 @@ class TransformersModel:
 
         self.cfg = cfg
         self.name = cfg.name
+        for key in ("max_batch", "max_prefill_tokens", "draft_step_tokens"):  # one line before anything loads
+            v = getattr(cfg, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise BadModelConfig(f"model.{key} must be an integer >= 1, got {v!r}")
         self.device = resolve_device(cfg.device)
         self._cores = None
         if self.device.type == "cpu":

@@ -14,7 +14,9 @@
    - the product is scaled as ((float)acc * xs[m]) * ws[n] + bias[n], in that order, with no fused multiply-add
      (-ffp-contract=off), as `.float().mul_(xs).mul_(scale).add_(bias)`.
 */
-#include <immintrin.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h> /* elsewhere (ARM) only the portable loops are built */
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -125,6 +127,23 @@ static inline void widen(const half *s, int64_t d, float *dst) { /* exact: every
     for (; i < d; i++) dst[i] = (float)s[i];
 }
 
+/* The values' driver of either vector path: the item's rows in blocks of VR, the dimensions in steps of DSTEP, one
+   values_block specialisation per (rows, vectors) pair, so that its loops unroll into registers. */
+#define VALUES_DRIVER(NAME, DSTEP, NC_OF)                                                                          \
+    static void NAME(const float *scores, int64_t L, const uint8_t *any, const half *vb, int64_t vsl, int64_t GQ, \
+                     int64_t D, float *acc) {                                                                      \
+        for (int64_t r0 = 0; r0 < GQ; r0 += VR)                                                                    \
+            for (int64_t d0 = 0; d0 < D; d0 += DSTEP) {                                                            \
+                const int nr = GQ - r0 < VR ? (int)(GQ - r0) : VR, nc = NC_OF(D - d0);                             \
+                const float *s = scores + r0 * L;                                                                  \
+                float *out = acc + r0 * D;                                                                         \
+                switch (nr) {                                                                                      \
+                    case 1: VB_NC(1); case 2: VB_NC(2); case 3: VB_NC(3);                                          \
+                    case 4: VB_NC(4); case 5: VB_NC(5); default: VB_NC(6);                                         \
+                }                                                                                                  \
+            }                                                                                                      \
+    }
+
 #if defined(__AVX512F__)
 /* The AVX-512 path, for D a multiple of 16 up to 256 (Qwen2.5: 64 and 128): the same sums with fused multiply-adds
    and the work laid out for registers. Scores: one K row widened once, then the dot with each of the item's query
@@ -163,20 +182,9 @@ static inline __attribute__((always_inline)) void values_block(const float *scor
 #define VB(NR, NC) values_block(s, L, any, vb, vsl, d0, NR, NC, out, D)
 #define VB_NC(NR) switch (nc) { case 1: VB(NR, 1); break; case 2: VB(NR, 2); break; \
                                 case 3: VB(NR, 3); break; default: VB(NR, 4); } break
-
-static void values_avx512(const float *scores, int64_t L, const uint8_t *any, const half *vb, int64_t vsl,
-                          int64_t GQ, int64_t D, float *acc) {
-    for (int64_t r0 = 0; r0 < GQ; r0 += VR)
-        for (int64_t d0 = 0; d0 < D; d0 += 64) {
-            const int nr = GQ - r0 < VR ? (int)(GQ - r0) : VR, nc = D - d0 < 64 ? (int)((D - d0) / 16) : 4;
-            const float *s = scores + r0 * L;
-            float *out = acc + r0 * D;
-            switch (nr) {
-                case 1: VB_NC(1); case 2: VB_NC(2); case 3: VB_NC(3);
-                case 4: VB_NC(4); case 5: VB_NC(5); default: VB_NC(6);
-            }
-        }
-}
+#define NC16(left) ((left) < 64 ? (int)((left) / 16) : 4) /* vectors of 16 in what is left, up to 4 */
+VALUES_DRIVER(values_avx512, 64, NC16)
+#undef NC16
 #undef VB_NC
 #undef VB
 
@@ -242,20 +250,9 @@ static inline __attribute__((always_inline)) void values_block(const float *scor
 
 #define VB(NR, NC) values_block(s, L, any, vb, vsl, d0, NR, NC, out, D)
 #define VB_NC(NR) if (nc == 1) VB(NR, 1); else VB(NR, 2); break
-
-static void values_avx2(const float *scores, int64_t L, const uint8_t *any, const half *vb, int64_t vsl,
-                        int64_t GQ, int64_t D, float *acc) {
-    for (int64_t r0 = 0; r0 < GQ; r0 += VR)
-        for (int64_t d0 = 0; d0 < D; d0 += 16) {
-            const int nr = GQ - r0 < VR ? (int)(GQ - r0) : VR, nc = D - d0 < 16 ? 1 : 2;
-            const float *s = scores + r0 * L;
-            float *out = acc + r0 * D;
-            switch (nr) {
-                case 1: VB_NC(1); case 2: VB_NC(2); case 3: VB_NC(3);
-                case 4: VB_NC(4); case 5: VB_NC(5); default: VB_NC(6);
-            }
-        }
-}
+#define NC8(left) ((left) < 16 ? 1 : 2) /* vectors of 8 in what is left, up to 2 */
+VALUES_DRIVER(values_avx2, 16, NC8)
+#undef NC8
 #undef VB_NC
 #undef VB
 
