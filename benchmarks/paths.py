@@ -1,6 +1,8 @@
 """The path chooser's calibration (agents/serving/paths.py) on this machine, and as CPUs this machine can stand in
 for would see it, side by side in one run: the matmuls of one decode step of the real 1.5B pack's shapes (synthetic
-weights) for every path (fixlab's int8 kernel, torch._int_mm, float32, bf16) at 1-512 rows, and what `auto` picks.
+weights) for every path (fixlab's int8 kernel, torch._int_mm, float32, bf16) at 1-512 rows, and what `auto` picks;
+with FBGEMM's dynamic int8 linear beside them for the record (never chosen: it rounds a whole batch with one scale,
+so a row's answer would depend on its batch).
 
 Modes, each in a child process (instruction sets are fixed when a library loads):
 - `native`: this CPU as it is.
@@ -33,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 AVX2_ENV = {"FIXLAB_CPU_ISA": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-            "ATEN_CPU_CAPABILITY": "avx2"}
+            "ATEN_CPU_CAPABILITY": "avx2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
 MODES = {"native": {}, "avx2": AVX2_ENV, "vnni": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}}
 PACK = "qwen1.5b-coder-q4"
 
@@ -50,7 +52,9 @@ def child(threads: int) -> dict:
     shapes = paths.model_shapes(AutoConfig.from_pretrained(str(ensure_pack(PACK))))
     t0 = time.perf_counter()
     with torch.inference_mode():
-        table = paths.calibrate_matmuls(shapes, log=lambda s: print(s, file=sys.stderr, flush=True))
+        fbgemm = [p for p in paths.REFERENCE_PATHS if {"x86", "fbgemm"} & set(torch.backends.quantized.supported_engines)]
+        table = paths.calibrate_matmuls(shapes, paths.matmul_paths() + fbgemm,
+                                        log=lambda s: print(s, file=sys.stderr, flush=True))
     seconds = time.perf_counter() - t0
     c = paths.choose(table)
     return {"machine": describe(threads=threads), "shapes": shapes, "seconds": round(seconds, 1),

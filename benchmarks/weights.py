@@ -160,7 +160,7 @@ def decode_ids(ids: list[int], i: int, context: int) -> list[int]:
 def row(name: str, batches: list[int], msgs: list[list[dict]], ref: list[list[int]] | None,
         context: int = 200) -> tuple[dict, list]:
     if name == "default":
-        from agents.serving.paths import build_local
+        from agents.serving.runtime import build_local
 
         m = build_local(default_conf(batches))
         if m.choice.runtime == "llamacpp":

@@ -53,9 +53,9 @@ def model_identity(model: ModelConf) -> dict:
     or fp32 on a CPU depends on its instructions, so one config can mean two numerics on two machines)."""
     ident = without_neutral("model", dataclasses.asdict(model))
     if isinstance(model, TransformersModelConf):
-        from agents.serving.hf import resolve_device, resolve_dtype, resolve_weights
+        from agents.serving.devices import resolve_device, resolve_dtype, resolve_weights
 
-        from agents.serving.paths import recorded
+        from agents.serving.runtime import recorded
 
         chosen = recorded(model)
         if chosen is not None:  # the path this process's model took (weights, dtype, runtime: measured when auto)

@@ -200,8 +200,12 @@ class Progress:
                 continue
             line = f"[{done:>4}/{total}] still working, no task ended for {quiet:.0f} s"
             if now:
-                rate = (now["tokens"] - (seen or now)["tokens"]) / self.every
-                line += f": {now['rows']} rows in flight, {now['waiting']} waiting, {rate:.1f} tokens/s over the last {self.every:.0f} s"
+                was = seen or now
+                rate = (now["tokens"] - was["tokens"]) / self.every
+                line += (f": {now['rows']} rows in flight, {now['waiting']} waiting, {rate:.1f} tokens/s decoded over "
+                         f"the last {self.every:.0f} s")
+                if "prefilled" in now:
+                    line += f" ({(now['prefilled'] - was.get('prefilled', now['prefilled'])) / self.every:.0f} prefilled)"
             print(line + f", {done} tasks done", file=sys.stderr, flush=True)
             seen = now
 

@@ -60,7 +60,7 @@ class ExecResult:
 
 
 class Sandbox(Protocol):
-    """One documented interface, several backends (local, e2b)."""
+    """One documented interface, several backends (local, docker, e2b)."""
 
     name: str
 

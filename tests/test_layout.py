@@ -67,3 +67,32 @@ def test_the_core_imports_no_orchestration():
     code = "import sys, flows.core; print(sorted(m for m in ('prefect', 'hydra', 'mlflow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+FOLDER_READMES = ("agents", "agents/models", "agents/serving", "benchmarks", "conf", "flows", "sandboxes", "tests")
+
+
+def _named_files(text: str) -> set[str]:
+    """Source and config file names a README writes in backticks (`engine.py`, `conf/model/x.yaml`, `kernels.c`)."""
+    import re
+
+    names = set()
+    for token in re.findall(r"`([^`\s]+)`", text):
+        token = token.split("::")[0].rstrip(".,:;)")
+        if re.fullmatch(r"[\w./-]+\.(py|sh|c|yaml|txt|j2)", token) and "<" not in token and "*" not in token:
+            names.add(token)
+    return names
+
+
+def test_the_folder_readmes_name_only_files_that_exist():
+    """Each folder's README says what lives there: every file it names in backticks is there (beside the README, or
+    as a path from the repository root), so a README cannot drift from a renamed or removed file unseen."""
+    missing = []
+    for folder in FOLDER_READMES:
+        readme = REPO / folder / "README.md"
+        for name in sorted(_named_files(readme.read_text())):
+            here = [REPO / folder / name, REPO / name] + [p for p in (REPO / folder).rglob(name.split("/")[-1])
+                                                          if str(p).endswith(name)]
+            if not any(p.exists() for p in here):
+                missing.append(f"{folder}/README.md names {name}")
+    assert not missing, missing

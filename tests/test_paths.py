@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from agents.models.config import TransformersModelConf  # noqa: E402
-from agents.serving import native, paths  # noqa: E402
+from agents.serving import native, paths, runtime  # noqa: E402
 from agents.serving.int8 import Int8Linear, Int8Plan  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
@@ -88,9 +88,9 @@ def test_auto_measures_once_then_reads_the_cache_and_an_explicit_setting_is_obey
     again = paths.resolve(cfg, cpu, 1)
     assert capsys.readouterr().err == "" and again.record() == c.record()  # from the cache, same decision
     # an explicit int8 kernel is obeyed; measured >= 5x slower than the best here, it says so in one line
-    key = paths._key(paths.shapes_for(cfg), "matmuls", {"threads": 1})[0]
+    key = paths.cache_key(paths.shapes_for(cfg), "matmuls", {"threads": 1})[0]
     slow = {"int8:fixlab": {1: 1.0, 32: 10.0}, "int8:torch": {1: 100.0}, "float32": {1: 2.0, 32: 20.0}}
-    paths._write(key, {}, {"matmul_ms": slow})
+    paths.write_cached(key, {}, {"matmul_ms": slow})
     c = paths.resolve(_conf(tiny, weights="int8", int8_kernel="torch"), cpu, 1)
     assert c.int8["small"] == c.int8["large"] == "torch"
     err = capsys.readouterr().err.strip().splitlines()
@@ -161,10 +161,11 @@ def test_a_job_that_finishes_no_task_for_a_while_prints_a_heartbeat(capsys):
 
     from flows.job import Progress
 
-    state = {"rows": 3, "waiting": 1, "tokens": 0}
+    state = {"rows": 3, "waiting": 1, "tokens": 0, "prefilled": 0}
 
     def activity():
         state["tokens"] += 20
+        state["prefilled"] += 100
         return dict(state)
 
     p = Progress(10, activity=activity, every=0.2)
@@ -175,7 +176,7 @@ def test_a_job_that_finishes_no_task_for_a_while_prints_a_heartbeat(capsys):
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "still working" in ln]
     assert len(lines) >= 2, lines
     assert "[   0/10] still working" in lines[0] and "3 rows in flight, 1 waiting" in lines[0]
-    assert "tokens/s over the last 0 s" in lines[0] and "0 tasks done" in lines[0]
+    assert "tokens/s decoded over the last 0 s" in lines[0] and "prefilled)" in lines[0] and "0 tasks done" in lines[0]
 
 
 def test_the_path_is_a_recorded_parameter_and_part_of_the_cache_identity(tiny):
@@ -187,6 +188,6 @@ def test_the_path_is_a_recorded_parameter_and_part_of_the_cache_identity(tiny):
     try:
         rec = model.choice.record()
         assert rec == {"runtime": "engine", "weights": "dtype", "dtype": "float32"}
-        assert paths.recorded(cfg) == rec and model_identity(cfg)["serving"] == rec
+        assert runtime.recorded(cfg) == rec and model_identity(cfg)["serving"] == rec
     finally:
         model.close()

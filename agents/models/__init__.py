@@ -17,7 +17,7 @@ def build_model(conf: ModelConf, dataset=None) -> Model:
 
         return OracleModel(load_tasks(dataset or DatasetConf()), conf)
     if isinstance(conf, TransformersModelConf):
-        from ..serving.paths import build_local
+        from ..serving.runtime import build_local
 
         return build_local(conf)  # fixlab's engine, or llama.cpp where `runtime: auto` measured it faster
     if isinstance(conf, LlamaCppModelConf):

@@ -196,10 +196,12 @@ class BatchEngine:
         return self.submit(req, prompt_ids).result()
 
     def activity(self) -> dict:
-        """What the engine is doing now, for a job's heartbeat: rows being decoded, requests waiting, and tokens
-        generated so far (decode steps' tokens plus accepted drafts). Read from any thread; approximate."""
+        """What the engine is doing now, for a job's heartbeat: rows being decoded, requests waiting, tokens generated
+        so far (decode steps' tokens plus accepted drafts) and prompt tokens prefilled (not served from the prefix
+        store). Read from any thread; approximate."""
         return {"rows": len(self._rows), "waiting": len(self._queue),
-                "tokens": self.stats["row_steps"] + self.stats["draft_accepted"]}
+                "tokens": self.stats["row_steps"] + self.stats["draft_accepted"],
+                "prefilled": self.stats["prompt_tokens"] - self.stats["reused_tokens"]}
 
     def close(self) -> None:
         with self._cv:

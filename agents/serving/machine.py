@@ -71,7 +71,7 @@ def describe(**extra) -> dict:
     except metadata.PackageNotFoundError:
         pass
     forced = {k: os.environ[k] for k in ("FIXLAB_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
-                                         "MKL_ENABLE_INSTRUCTIONS") if os.environ.get(k)}
+                                         "MKL_ENABLE_INSTRUCTIONS", "FBGEMM_ENABLE_INSTRUCTIONS") if os.environ.get(k)}
     if forced:
         out["forced"] = forced
     torch = sys.modules.get("torch")

@@ -12,8 +12,8 @@ shapes under FIXLAB_CACHE/paths/):
    (one decoder layer's seven matrices, times the layers, plus the output layer) with synthetic weights, at 1 to
    512 rows. A path already 5x slower than the best at one row is not timed further (on an AVX2-only CPU
    torch._int_mm is a reference loop: its 32-row figure alone would take seconds).
-2. Runtime (`build_local`, only for packs, where llama.cpp can serve the same GGUF): the engine on the chosen
-   weights and llama.cpp each decode the same 32 requests; the faster serves the job.
+2. Runtime (runtime.py `build_local`, only for packs, where llama.cpp can serve the same GGUF): the engine on the
+   chosen weights and llama.cpp each decode the same 32 requests; the faster serves the job.
 The decision is a recorded parameter of the run (`serving`: runtime, weights, dtype, and the int8 kernels, which do
 not change answers): runs that took different paths are different configurations (flows/cache.py, flows/frontier.py).
 
@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..models.config import LlamaCppModelConf, TransformersModelConf
+from ..models.config import TransformersModelConf
 from . import machine
 
 CACHE_VERSION = 3  # 2: weights streamed from memory, as a whole model's; 3: the cut's probe is warm
@@ -93,6 +93,11 @@ def model_shapes(config) -> dict:
 
 
 # ---- step 1: matmuls ---------------------------------------------------------------------------------------------
+# Timed for the record by benchmarks/paths.py, never chosen: FBGEMM's dynamic int8 linear rounds each input tensor
+# with one scale and zero point (and 7-bit activations on x86), so a row's answer would depend on what shares its batch.
+REFERENCE_PATHS = ("int8:fbgemm",)
+
+
 def matmul_paths(cpu: dict | None = None) -> list[str]:
     """The matmul paths this CPU can run, in the order they are timed: fixlab's int8 kernel first (it runs
     everywhere the compiled kernels build), torch's int8, float32, then bf16 where the CPU multiplies it."""
@@ -123,6 +128,20 @@ def _linears(path: str, shapes: list[tuple[int, int]], copies: int) -> list[list
     out = []
     first: list = []  # the first set's values; the other sets are copies of them (a matmul's speed does not depend
     # on the values, and drawing a gigabyte of random numbers took longer than the timing)
+    if path == "int8:fbgemm":
+        from torch.ao.quantization import quantize_dynamic
+
+        torch.backends.quantized.engine = "x86" if "x86" in torch.backends.quantized.supported_engines else "qnnpack"
+        for c in range(copies):
+            mods = []
+            for i, (n, k) in enumerate(shapes):
+                if c == 0:
+                    first.append(torch.empty(n, k).uniform_(-0.05, 0.05))
+                lin = torch.nn.Linear(k, n, bias=False)
+                lin.weight = torch.nn.Parameter(first[i], requires_grad=False)
+                mods.append(quantize_dynamic(torch.nn.Sequential(lin), {torch.nn.Linear}, dtype=torch.qint8)[0])
+            out.append(mods)
+        return out
     for c in range(copies):
         mods = []
         for i, (n, k) in enumerate(shapes):
@@ -225,6 +244,7 @@ def choose(table: dict, decode_rows: int = DECODE_ROWS, prefill_rows: int = PREF
     timings. A path with no figure at the ranking width (cut as hopeless) is never chosen."""
     from .native import FORCED_ISA
 
+    table = {p: t for p, t in table.items() if p not in REFERENCE_PATHS}
     int8 = {p.split(":", 1)[1]: t for p, t in table.items() if p.startswith("int8:")}
     plan = None
     if int8:
@@ -264,7 +284,7 @@ def choose(table: dict, decode_rows: int = DECODE_ROWS, prefill_rows: int = PREF
 
 
 # ---- the cache ------------------------------------------------------------------------------------------------------
-def _key(shapes: dict, what: str, extra: dict | None = None) -> tuple[str, dict]:
+def cache_key(shapes: dict, what: str, extra: dict | None = None) -> tuple[str, dict]:
     from importlib import metadata
 
     from . import native
@@ -275,21 +295,21 @@ def _key(shapes: dict, what: str, extra: dict | None = None) -> tuple[str, dict]
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20], ident
 
 
-def _cache_file(key: str) -> Path:
+def cache_file(key: str) -> Path:
     from .packs import cache_root
 
     return cache_root() / "paths" / f"{key}.json"
 
 
-def _read(key: str) -> dict | None:
+def read_cached(key: str) -> dict | None:
     try:
-        return json.loads(_cache_file(key).read_text())
+        return json.loads(cache_file(key).read_text())
     except (OSError, ValueError):
         return None
 
 
-def _write(key: str, ident: dict, data: dict) -> None:
-    p = _cache_file(key)
+def write_cached(key: str, ident: dict, data: dict) -> None:
+    p = cache_file(key)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"key": ident, "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -297,7 +317,7 @@ def _write(key: str, ident: dict, data: dict) -> None:
     os.replace(tmp, p)
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
     print(f"fixlab: {msg}", file=sys.stderr, flush=True)
 
 
@@ -305,14 +325,14 @@ def _say(msg: str) -> None:
 def shapes_for(cfg: TransformersModelConf) -> dict:
     from transformers import AutoConfig
 
-    from .hf import _source
+    from .devices import weights_source
 
-    src, kw = _source(cfg)
+    src, kw = weights_source(cfg)
     return model_shapes(AutoConfig.from_pretrained(src, trust_remote_code=bool(cfg.trust_remote_code), **kw))
 
 
 def cached_matmul_choice(cfg: TransformersModelConf, threads: int) -> Choice | None:
-    cached = _read(_key(shapes_for(cfg), "matmuls", {"threads": threads})[0])
+    cached = read_cached(cache_key(shapes_for(cfg), "matmuls", {"threads": threads})[0])
     if cached is None:
         return None
     return choose({p: {int(m): ms for m, ms in t.items()} for p, t in cached["matmul_ms"].items()})
@@ -326,25 +346,25 @@ def matmul_choice(cfg: TransformersModelConf, threads: int) -> Choice:
     if cached is not None:
         return cached
     shapes = shapes_for(cfg)
-    key, ident = _key(shapes, "matmuls", {"threads": threads})
-    _say(f"measuring this machine's matmul paths for {cfg.name} (once; cached under {_cache_file(key).parent}) on "
+    key, ident = cache_key(shapes, "matmuls", {"threads": threads})
+    say(f"measuring this machine's matmul paths for {cfg.name} (once; cached under {cache_file(key).parent}) on "
          f"{machine.summary()}")
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     try:
         with torch.inference_mode():
-            table = calibrate_matmuls(shapes, log=_say)
+            table = calibrate_matmuls(shapes, log=say)
     finally:
         torch.set_num_threads(before)
-    _write(key, ident, {"matmul_ms": table, "seconds": round(time.perf_counter() - t0, 1)})
+    write_cached(key, ident, {"matmul_ms": table, "seconds": round(time.perf_counter() - t0, 1)})
     return choose(table)
 
 
 def resolve(cfg: TransformersModelConf, device, threads: int) -> Choice:
     """The weights, dtype and int8 plan this config runs with on `device`: what it sets, and what `auto` measures.
     Off the CPU nothing is measured: weights in the dtype (bf16 on CUDA)."""
-    from .hf import BadModelConfig, resolve_dtype, resolve_weights
+    from .devices import BadModelConfig, resolve_dtype, resolve_weights
     from .int8 import INT8_KERNELS, Int8Plan
 
     kernel = str(cfg.int8_kernel or "auto").strip().lower()
@@ -394,145 +414,5 @@ def _warn_if_slow(measured: Choice, path: str, setting: str) -> None:
         t = table.get(path, {})
         mine = t.get(DECODE_ROWS) or (t[1] * DECODE_ROWS if 1 in t else None)  # cut: at least this slow
     if best and mine and mine >= SLOW_WARNING * best:
-        _say(f"warning: {setting} as configured, but it was measured {mine / best:.0f}x slower than the best path on "
+        say(f"warning: {setting} as configured, but it was measured {mine / best:.0f}x slower than the best path on "
              f"this machine ({measured.reason})")
-
-
-# ---- step 2: engine or llama.cpp ------------------------------------------------------------------------------------
-def _decode_rate(model, rows: int, new_tokens: int) -> float:
-    """Tokens/s of `rows` concurrent requests of `new_tokens` each (a listing the model will not end early), after one
-    pass that fills the prompt caches: what is timed is decoding at that width, as in a job's rounds."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ..models.base import GenRequest
-
-    def req(i, n):
-        return GenRequest(messages=[{"role": "user", "content": f"List the integers from {i} to {i + 500}, one "
-                                     "per line, nothing else."}], max_new_tokens=n, temperature=0.0)
-
-    with ThreadPoolExecutor(rows) as pool:
-        list(pool.map(lambda i: model.generate(req(i, 1)), range(rows)))
-        t0 = time.perf_counter()
-        gens = list(pool.map(lambda i: model.generate(req(i, new_tokens)), range(rows)))
-    return sum(g.completion_tokens for g in gens) / (time.perf_counter() - t0)
-
-
-def llamacpp_conf(cfg: TransformersModelConf) -> LlamaCppModelConf:
-    """The same pack served by llama.cpp with as many slots as the engine's rows."""
-    return LlamaCppModelConf(name=cfg.name, pack=cfg.pack, slots=int(cfg.max_batch), threads=cfg.threads)
-
-
-def runtime_eligible(cfg: TransformersModelConf) -> bool:
-    if str(cfg.runtime).lower() != "auto" or not cfg.pack or str(cfg.device).lower() not in ("auto", "cpu"):
-        return False
-    import torch
-
-    if torch.cuda.is_available() and str(cfg.device).lower() == "auto":
-        return False
-    try:
-        import xllamacpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-_BUILT: dict[str, dict] = {}  # a config's JSON -> the path its model took in this process (Choice.record)
-
-
-def _conf_key(cfg) -> str:
-    return json.dumps(asdict(cfg), sort_keys=True, default=str)
-
-
-def recorded(cfg) -> dict | None:
-    """The path (Choice.record) a model built from this config took in this process, None if none was built."""
-    return _BUILT.get(_conf_key(cfg))
-
-
-def build_local(cfg: TransformersModelConf):
-    model = _build_local(cfg)
-    _BUILT[_conf_key(cfg)] = model.choice.record()
-    return model
-
-
-def _build_local(cfg: TransformersModelConf):
-    """The model a transformers config serves through: fixlab's engine (TransformersModel) or, for a pack whose
-    `runtime` is auto or llamacpp, llama.cpp where it was measured faster (LlamaCppModel). Prints the path line."""
-    from .hf import BadModelConfig, TransformersModel
-
-    runtime = str(cfg.runtime or "auto").strip().lower()
-    if runtime not in ("auto", "engine", "llamacpp"):
-        raise BadModelConfig(f"unknown runtime {cfg.runtime!r}: use auto, engine or llamacpp")
-    if runtime == "llamacpp":
-        if not cfg.pack:
-            raise BadModelConfig("runtime=llamacpp serves a registry pack's GGUF: set pack, or use runtime=engine")
-        return _llamacpp(cfg, None, "runtime=llamacpp as configured")
-    if not runtime_eligible(cfg):
-        model = TransformersModel(cfg)
-        _say(f"path: {model.choice.label()}: {model.choice.reason}")
-        return model
-    shapes = shapes_for(cfg)
-    key, ident = _key(shapes, "runtime", {"engine": _engine_ident(cfg)})
-    cached = _read(key)
-    if cached is not None and cached.get("runtime") == "llamacpp":
-        return _llamacpp(cfg, cached, _runtime_reason(cached))
-    model = TransformersModel(cfg)
-    if cached is None:
-        _say("measuring fixlab's engine against llama.cpp on the same pack (once; cached)")
-        rates = {"engine": round(_decode_rate(model, int(cfg.max_batch), 24), 1)}
-        try:
-            from .llamacpp import LlamaCppModel
-
-            other = LlamaCppModel(llamacpp_conf(cfg))
-            try:
-                rates["llamacpp"] = round(_decode_rate(other, int(cfg.max_batch), 24), 1)
-            finally:
-                other.close()
-        except Exception as e:  # llama.cpp cannot run here: the engine serves, and the reason is recorded
-            rates["llamacpp_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-        cached = {"runtime": "llamacpp" if rates.get("llamacpp", 0) > rates["engine"] else "engine",
-                  "decode_tok_s": rates, "engine_path": model.choice.label(), "rows": int(cfg.max_batch)}
-        _write(key, ident, cached)
-        if cached["runtime"] == "llamacpp":
-            model.close()
-            return _llamacpp(cfg, cached, _runtime_reason(cached))
-    model.choice.runtime = "engine"
-    model.choice.decode_tok_s = cached["decode_tok_s"]
-    model.choice.reason = f"{_runtime_reason(cached)}; {model.choice.reason}"
-    _say(f"path: {model.choice.label()}: {model.choice.reason}")
-    return model
-
-
-def _engine_ident(cfg: TransformersModelConf) -> dict:
-    """What the engine's measured rate depends on, among its settings."""
-    return {k: getattr(cfg, k) for k in ("weights", "dtype", "int8_kernel", "int8_skip", "max_batch", "kv_dtype",
-                                         "draft_tokens", "threads")}
-
-
-def _runtime_reason(cached: dict) -> str:
-    r = cached["decode_tok_s"]
-    ll = f"llama.cpp {r['llamacpp']:.0f}" if "llamacpp" in r else f"llama.cpp could not run ({r.get('llamacpp_error')})"
-    out = f"{cached.get('rows', DECODE_ROWS)} real requests, tokens/s: engine {r['engine']:.0f}, {ll}"
-    return out + expected_job(max(r["engine"], r.get("llamacpp", 0)))
-
-
-def expected_job(rate: float) -> str:
-    """`; make eval's job decodes in about N min at this rate`, from the newest recorded run of that job
-    (benchmarks/results/fullsize-single_shot-default-*.json: its completion tokens); "" where none is at hand."""
-    files = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results").glob(
-        "fullsize-single_shot-default-*.json"), key=lambda p: p.stat().st_mtime)
-    try:
-        tokens = json.loads(files[-1].read_text())["runs"][0]["cost"]["completion_tokens"]
-    except (IndexError, OSError, ValueError, KeyError, TypeError):
-        return ""
-    return (f"; at that rate make eval's job ({tokens:,.0f} completion tokens when last recorded) decodes in about "
-            f"{tokens / max(rate, 1e-9) / 60:.0f} min, plus prefill and tests")
-
-
-def _llamacpp(cfg: TransformersModelConf, cached: dict | None, reason: str):
-    from .llamacpp import LlamaCppModel
-
-    model = LlamaCppModel(llamacpp_conf(cfg))
-    model.choice = Choice(weights="gguf", dtype="gguf", int8=None, runtime="llamacpp", reason=reason,
-                          decode_tok_s=(cached or {}).get("decode_tok_s", {}))
-    _say(f"path: {model.choice.label()}: {reason}")
-    return model
