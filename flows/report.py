@@ -52,7 +52,9 @@ class Sweep:
 
 # The CPUs behind the machine names above (the fullsize files do not record theirs).
 MACHINES = {"EPYC": "2-core AMD EPYC (AVX-512 VNNI and bf16)", "Xeon": "2-core Xeon (AVX-512 VNNI, no bf16)",
-            "EPYC-AVX2": "2-core AMD EPYC (AVX2 only)"}
+            "EPYC-AVX2": "2-core AMD EPYC (AVX2 only)", "Xeon-AMX": "2-core Xeon (AVX-512 VNNI, bf16, AMX)",
+            "Xeon-AMX as AVX2": "the 2-core Xeon with AMX held to AVX2 (fixlab's kernels built for x86-64-v3; MKL, "
+                                "oneDNN held to AVX2)"}
 
 
 SWEEPS: dict[str, Sweep] = {
@@ -86,6 +88,9 @@ SWEEPS: dict[str, Sweep] = {
                          ("strategies", "speed_history", "llamacpp"),
                          change="the compiled decode attention's AVX-512 path: fused multiply-adds, each block of "
                                 "query rows' sums in registers; run through benchmarks/memory.py"),
+    "default_paths": Sweep("fullsize-single_shot-default-paths-xeon-amx-20261128.json",
+                           "single_shot (`make eval`'s job), the path measured on the machine", "Xeon-AMX",
+                           ("strategies",)),
     "default_xeon": Sweep("fullsize-single_shot-budgets-20261125.json", "single_shot", "Xeon", ("strategies",),
                           strategy="single_shot"),
     "reflection": Sweep("fullsize-reflection-epyc-fp32-20261126.json",
@@ -172,6 +177,8 @@ PAIRS: list[Pair] = [
          "apart)", ("default_kv16", 3), ("default", 3), "noise"),
     Pair("same job, decode attention with fused multiply-adds vs without (the only change that moves numbers)",
          ("default_fma", 3), ("default_kv16", 3), "noise"),
+    Pair("same job, the path measured on a Xeon with AMX (fixlab's VNNI kernel up to 16 rows, torch._int_mm above: the "
+         "same int8 values) vs the EPYC's torch._int_mm", ("default_paths", 3), ("default_fma", 3), "noise"),
     Pair("`hidden` vs `tests`, 3 rounds (both bf16)", ("hidden", 3), ("default_bf16", 3), "protocols"),
     Pair("`docs` vs `tests`, 3 rounds (both fp32)", ("docs", 3), ("default", 3), "protocols"),
     Pair("`hidden`: 3 candidates with the self-check, 1 round, vs 1 candidate, 4 rounds", ("hidden_check", 0),
@@ -264,16 +271,15 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261127T193927Z-fullsize-64rows.json"),
     ("memory", "memory-20261127T213250Z-fullsize-llamacpp-32slots.json"),
     ("memory", "memory-20261128T000210Z-fullsize-attn-fma.json"),
+    ("memory", "memory-20261128T051027Z-fullsize-paths-native.json"),
     ("drafts", "drafts-20261127T095125Z.json"),
     ("forward", "forward-20261127T101425Z.json"),
 ]
 
 # The README's speed paragraph: the newest figure of each kind (each file also has its row in SPEED).
-SPEED_HEADLINE = {"job": "memory-20261128T000210Z-fullsize-attn-fma.json",  # make eval's job, all tasks
-                  "job_before": ("memory-20261127T182831Z-fullsize-native-kv16.json",  # the same job, before:
-                                 "the register-blocked decode attention, on the same machine"),
-                  "job_sweep": "fullsize-single_shot-default-fma-attention-epyc-20261128.json",  # the job's run
-                  "decode": "weights-20261128T000129Z.json",  # benchmarks/weights.py at 32 rows, beside a577d8e's
+SPEED_HEADLINE = {"job": "memory-20261128T051027Z-fullsize-paths-native.json",  # make eval's job, all tasks
+                  "job_sweep": "fullsize-single_shot-default-paths-xeon-amx-20261128.json",  # the job's run
+                  "decode": "weights-20261128T050431Z.json",  # benchmarks/weights.py at 32 rows, beside 1cc9ea3's
                   "drafts": "drafts-20261127T095125Z.json",  # benchmarks/drafts.py: drafts at full batch or not
                   "gpu": "generation-cuda-bf16-20261127T020827Z.json",  # benchmarks/gpu_check.sh
                   "endtoend": "endtoend-single_shot-20261128T004448Z.json",  # 30 tasks, engine and llama.cpp

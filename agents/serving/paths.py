@@ -36,7 +36,7 @@ from pathlib import Path
 from ..models.config import TransformersModelConf
 from . import machine
 
-CACHE_VERSION = 3  # 2: weights streamed from memory, as a whole model's; 3: the cut's probe is warm
+CACHE_VERSION = 4  # 2: weights streamed from memory, as a whole model's; 3: the cut's probe is warm; 4: runtime by job time
 ROWS = (1, 8, 16, 32, 64, 128, 512)  # decode steps span 1-128 rows (tokens, drafts included); prefill 512+
 OTHER_ROWS = (1, 32, 128, 512)  # the paths other than int8 are ranked at 32 rows; one kernel serves every width
 DECODE_ROWS = 32  # the width the paths are ranked at: the default job decodes 32 rows most of the time
