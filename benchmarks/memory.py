@@ -273,7 +273,14 @@ def child_job(args: list[str]) -> dict:
     e = seen.get("engine")
     eng = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in e.stats.items()} if e is not None else {}
     return {"rc": rc, "seconds": round(time.perf_counter() - t0, 1), "peak": gib(sampler.peak),
-            "maxima": gib(sampler.maxima), "engine_stats": eng, "series_mib": sampler.series}
+            "maxima": gib(sampler.maxima), "engine_stats": eng, "series_mib": sampler.series,
+            "model_ready_s": model_ready(sampler.series)}
+
+
+def model_ready(series: list[dict]) -> float | None:
+    """Seconds until the job held its model (the first sample with an engine): the model's load and, on a machine's
+    first use, the path check (agents/serving/paths.py) with it."""
+    return next((x["t"] for x in series if "rows" in x), None)
 
 
 def child(argv: list[str]) -> None:

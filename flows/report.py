@@ -91,6 +91,9 @@ SWEEPS: dict[str, Sweep] = {
     "default_paths": Sweep("fullsize-single_shot-default-paths-xeon-amx-20261128.json",
                            "single_shot (`make eval`'s job), the path measured on the machine", "Xeon-AMX",
                            ("strategies",)),
+    "default_paths_avx2": Sweep("fullsize-single_shot-default-paths-xeon-amx-as-avx2-20261128.json",
+                                "single_shot (`make eval`'s job), the same Xeon held to AVX2 (fixlab's AVX2 kernels)",
+                                "Xeon-AMX as AVX2", ("strategies",)),
     "default_xeon": Sweep("fullsize-single_shot-budgets-20261125.json", "single_shot", "Xeon", ("strategies",),
                           strategy="single_shot"),
     "reflection": Sweep("fullsize-reflection-epyc-fp32-20261126.json",
@@ -179,6 +182,8 @@ PAIRS: list[Pair] = [
          ("default_fma", 3), ("default_kv16", 3), "noise"),
     Pair("same job, the path measured on a Xeon with AMX (fixlab's VNNI kernel up to 16 rows, torch._int_mm above: the "
          "same int8 values) vs the EPYC's torch._int_mm", ("default_paths", 3), ("default_fma", 3), "noise"),
+    Pair("same job, the same Xeon held to AVX2 (fixlab's AVX2 int8 kernel and decode attention) vs its own path",
+         ("default_paths_avx2", 3), ("default_paths", 3), "noise"),
     Pair("`hidden` vs `tests`, 3 rounds (both bf16)", ("hidden", 3), ("default_bf16", 3), "protocols"),
     Pair("`docs` vs `tests`, 3 rounds (both fp32)", ("docs", 3), ("default", 3), "protocols"),
     Pair("`hidden`: 3 candidates with the self-check, 1 round, vs 1 candidate, 4 rounds", ("hidden_check", 0),
@@ -215,6 +220,7 @@ SPEED: list[tuple[str, str]] = [
     ("weights", "weights-20261127T213249Z.json"),
     ("weights", "weights-20261128T000129Z.json"),
     ("weights", "weights-20261128T050431Z.json"),
+    ("weights", "weights-20261128T054409Z.json"),
     ("endtoend", "endtoend-reflection-20261125T113857Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T014247Z.json"),
     ("endtoend", "endtoend-single_shot-20261126T013001Z.json"),
@@ -272,6 +278,8 @@ SPEED: list[tuple[str, str]] = [
     ("memory", "memory-20261127T213250Z-fullsize-llamacpp-32slots.json"),
     ("memory", "memory-20261128T000210Z-fullsize-attn-fma.json"),
     ("memory", "memory-20261128T051027Z-fullsize-paths-native.json"),
+    ("memory", "memory-20261128T054410Z-fullsize-paths-forced-avx2.json"),
+    ("paths", "paths-20261128T061654Z.json"),
     ("drafts", "drafts-20261127T095125Z.json"),
     ("forward", "forward-20261127T101425Z.json"),
 ]
@@ -286,7 +294,9 @@ SPEED_HEADLINE = {"job": "memory-20261128T051027Z-fullsize-paths-native.json",  
                   "endtoend_others": ("endtoend-reflection-20261128T005728Z.json",  # the same pair, reflection
                                       "endtoend-react-20261128T003442Z.json"),  # and react
                   # make eval's model as it resolves (the measured path) beside llama.cpp, 32 rows x 700 tokens
-                  "default_vs_llamacpp": "weights-20261128T050431Z.json"}
+                  "paths": "paths-20261128T061654Z.json",  # benchmarks/paths.py: the chooser's calibration
+                  "default_vs_llamacpp": "weights-20261128T050431Z.json",
+                  "default_vs_llamacpp_avx2": "weights-20261128T054409Z.json"}  # the same, held to AVX2
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
 HARNESS: list[str] = ["fullsize-canonical-buggy-docker-epyc-20261126.json"]
@@ -1392,8 +1402,14 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
         m = d["machine"]
         where = f"{m.get('cpus') or m.get('cores')}-core {m['cpu']}" + (
             f" ({m['cpu_family']})" if m.get("cpu_family") else " (AVX-512 VNNI)" if m.get("avx512_vnni") else "")
+        peak = f"{job['time_v_max_rss_gib']:.2f} GiB"
+        ready = job.get("model_ready_s")
+        after = [x["rss"] for x in job.get("series_mib") or [] if ready and x["t"] >= ready]
+        if after and max(after) / 1024 < job["time_v_max_rss_gib"] - 0.5:  # the peak came before the model was held
+            peak += (f" while the model loaded and the machine's first use measured its path (the first "
+                     f"{ready:.0f} s), {max(after) / 1024:.2f} GiB after that")
         out.append(f"On a {where}, `make eval`'s job (every task, 3 rounds) took {minutes(job['seconds'])} "
-                   f"with a peak resident memory of {job['time_v_max_rss_gib']:.2f} GiB "
+                   f"with a peak resident memory of {peak} "
                    f"({sum(a['passed'] for a in answers.values())}/{len(answers)} passed; {SPEED_HEADLINE['job']})"
                    + (job_before(results) or "") + ".")
     with reading(SPEED_HEADLINE["decode"]):
@@ -1475,8 +1491,9 @@ def paths_sentences(results: Path) -> list[str]:
             d = _read(results, name)
         modes = d["modes"]
 
-        def at32(mode: str, prefix: str) -> float | None:
-            ms = [t.get("32") or t.get(32) for p, t in modes[mode]["matmul_ms"].items() if p.startswith(prefix)]
+        def at32(mode: str, prefix: str) -> float | None:  # the fastest servable path at 32 rows (not FBGEMM's)
+            ms = [t.get("32") or t.get(32) for p, t in modes[mode]["matmul_ms"].items()
+                  if p.startswith(prefix) and p != "int8:fbgemm"]
             ms = [x for x in ms if x]
             return min(ms) if ms else None
 
@@ -1487,6 +1504,12 @@ def paths_sentences(results: Path) -> list[str]:
             vnni = at32("vnni" if "vnni" in modes else "native", "int8:")
             words.append(f"held to AVX2 it takes {modes['avx2']['choice']['label']}, whose matmuls at 32 rows run "
                          f"{f32 / a2:.2f}x float32's and {vnni / a2:.2f}x the AVX-512 VNNI path's")
+            fb = (modes["avx2"]["matmul_ms"].get("int8:fbgemm") or {})
+            fb = fb.get("32") or fb.get(32)
+            if fb:
+                words.append(f"FBGEMM's dynamic int8 linear held to AVX2 runs them {a2 / fb:.2f}x fixlab's AVX2 kernel, "
+                             "but rounds a whole batch's activations with one scale to 7 bits (a row's answer would "
+                             "depend on its batch), so it is timed, not taken")
         out.append("The path is measured on each machine: " + "; ".join(words) + f" ({name}).")
     for key in ("default_vs_llamacpp", "default_vs_llamacpp_avx2"):
         if key not in SPEED_HEADLINE:

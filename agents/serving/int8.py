@@ -125,6 +125,9 @@ class Int8Linear(torch.nn.Module):
         # Stored N x K and passed as its transpose (a K x N view): oneDNN was 1.1-3.5x faster with this layout
         # than with a contiguous K x N matrix for 1-64 rows (measured here). Not kept where the plan never uses it.
         self.packed = kernels.PackedInt8(q, self.plan.isa) if "fixlab" in self.plan.kernels else None
+        if self.packed is not None:  # buffers too, so that what a model holds counts them (benchmarks/weights.py)
+            self.register_buffer("packed_weight", self.packed.data, persistent=False)
+            self.register_buffer("packed_colsum", self.packed.colsum, persistent=False)
         self.register_buffer("qweight", q.contiguous() if "torch" in self.plan.kernels else None)
         self.register_buffer("scale", scale)
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().float(),

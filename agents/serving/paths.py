@@ -1,6 +1,7 @@
 """Which path a local model takes on this machine, chosen by measuring the machine, not by assuming.
 
-Three choices, each `auto` by default in TransformersModelConf and each obeyed when set:
+Three choices, each measured where `auto` (int8_kernel's and weights' default in make eval's model; `runtime: auto`
+there too, the record's default being the engine) and each obeyed when set:
 - `int8_kernel`: which kernel multiplies int8 weights at how many rows: torch._int_mm or fixlab's own
   (native.PackedInt8). Both give the same values, so this one never changes an answer.
 - `weights` (with `dtype`): int8 weights, or the model's dtype (float32; bf16 where the CPU multiplies it).
@@ -13,7 +14,8 @@ shapes under FIXLAB_CACHE/paths/):
    512 rows. A path already 5x slower than the best at one row is not timed further (on an AVX2-only CPU
    torch._int_mm is a reference loop: its 32-row figure alone would take seconds).
 2. Runtime (runtime.py `build_local`, only for packs, where llama.cpp can serve the same GGUF): the engine on the
-   chosen weights and llama.cpp each decode the same 32 requests; the faster serves the job.
+   chosen weights and llama.cpp each decode the same 32 requests and prefill one long prompt; the one that would
+   decode and prefill make eval's job (its recorded token counts) sooner serves the job.
 The decision is a recorded parameter of the run (`serving`: runtime, weights, dtype, and the int8 kernels, which do
 not change answers): runs that took different paths are different configurations (flows/cache.py, flows/frontier.py).
 
@@ -55,7 +57,7 @@ class Choice:
     runtime: str = "engine"  # engine | llamacpp
     reason: str = ""
     matmul_ms: dict = field(default_factory=dict)  # path -> {rows: ms of a decode step's matmuls}
-    decode_tok_s: dict = field(default_factory=dict)  # runtime -> tokens/s of 32 real requests (step 2)
+    decode_tok_s: dict = field(default_factory=dict)  # runtime -> decode tokens/s of 32 real requests (step 2)
 
     def plan(self):
         from .int8 import Int8Plan
