@@ -36,11 +36,11 @@ def test_what_changes_answers_changes_the_cache_key(tmp_path):
 
 
 def test_dtype_auto_is_keyed_by_what_it_resolves_to(tmp_path, monkeypatch):
-    import agents.serving.hf as hf
+    import agents.serving.devices as devices
 
     keys = {}
     for native in (True, False):
-        monkeypatch.setattr(hf, "cpu_has_native_bf16", lambda native=native: native)
+        monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda native=native: native)
         keys[native] = key(tmp_path, model={"dtype": "auto", "device": "cpu"})
     assert keys[True] == key(tmp_path, model={"dtype": "bfloat16", "device": "cpu"})
     assert keys[False] == key(tmp_path, model={"dtype": "float32", "device": "cpu"})
