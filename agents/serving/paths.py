@@ -377,8 +377,11 @@ def resolve(cfg: TransformersModelConf, device, threads: int) -> Choice:
         return Choice(weights="dtype", dtype=str(resolve_dtype(cfg.dtype, device, "dtype")).replace("torch.", ""),
                       int8=None, reason=f"{device.type}: weights in the model's dtype")
     if weights == "dtype" and cfg.weights != "auto":  # explicitly the dtype: nothing to measure
-        return Choice(weights="dtype", dtype=str(resolve_dtype(cfg.dtype, device, "dtype")).replace("torch.", ""),
-                      int8=None, reason="weights=dtype as configured")
+        dtype = str(resolve_dtype(cfg.dtype, device, "dtype")).replace("torch.", "")
+        cached = cached_matmul_choice(cfg, threads) if cfg.pack else None  # a measured table, where one is at hand
+        if cached is not None:
+            _warn_if_slow(cached, dtype, f"weights=dtype ({dtype})")
+        return Choice(weights="dtype", dtype=dtype, int8=None, reason="weights=dtype as configured")
     if weights == "int8" and (kernel != "auto" or not cfg.int8_native):  # nothing left to measure
         kernel = kernel if cfg.int8_native else "torch"  # fixlab's kernel rounds with the compiled loops
         if kernel == "fixlab":
@@ -408,13 +411,10 @@ def resolve(cfg: TransformersModelConf, device, threads: int) -> Choice:
 def _warn_if_slow(measured: Choice, path: str, setting: str) -> None:
     """One line when an explicit setting was measured SLOW_WARNING times slower than the best path here."""
     table = measured.matmul_ms
-    best = min((t[DECODE_ROWS] for t in table.values() if DECODE_ROWS in t), default=None)
-    if path == "int8":
-        mine = min((t.get(DECODE_ROWS, float("inf")) for p, t in table.items() if p.startswith("int8:")),
-                   default=None)
-    else:
-        t = table.get(path, {})
-        mine = t.get(DECODE_ROWS) or (t[1] * DECODE_ROWS if 1 in t else None)  # cut: at least this slow
+    mine_paths = [p for p in table if p.startswith("int8:")] if path == "int8" else [path]
+    rows = DECODE_ROWS if any(DECODE_ROWS in table.get(p, {}) for p in mine_paths) else 1  # a cut path: at one row
+    best = min((t[rows] for t in table.values() if rows in t), default=None)
+    mine = min((table[p][rows] for p in mine_paths if rows in table.get(p, {})), default=None)
     if best and mine and mine >= SLOW_WARNING * best:
         say(f"warning: {setting} as configured, but it was measured {mine / best:.0f}x slower than the best path on "
              f"this machine ({measured.reason})")
