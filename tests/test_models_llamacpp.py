@@ -92,3 +92,18 @@ def test_evaluate_through_llamacpp(evaluate):
     assert s["total"] == 2 and s["errors"] == 0 and s["model"] == "smollm2-135m-llamacpp"
     assert s["completion_tokens"] > 0 and 0 < s["prefill_tokens"] <= s["prompt_tokens"]
     assert s["model_calls"] >= 2 and len(s["pass@1_ci95"]) == 2
+
+
+@pytest.mark.slow
+@needs_data
+def test_evaluate_through_a_server_of_ones_own(model, evaluate):
+    """model=openai-server: any OpenAI-compatible server (vLLM, SGLang on a GPU); here llama.cpp's, started by the
+    fixture, reached by base_url and model name only, as a user with such a server would."""
+    run = evaluate("model=openai-server", f"model.base_url={model.base_url}", f"model.model={CFG.name}",
+                   "model.max_concurrency=2", "runner.workers=2", "iters=0", "dataset.limit=2", "max_new_tokens=64",
+                   timeout=600)
+    assert run.rc == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["total"] == 2 and s["errors"] == 0 and s["model"] == "openai-server" and s["completion_tokens"] > 0
+    missing = evaluate("model=openai-server", "dataset.limit=1")  # no model name: one line that says what to set
+    assert missing.rc != 0 and "Traceback" not in missing.stderr and "model" in missing.stderr.splitlines()[-1]
