@@ -284,19 +284,14 @@ SPEED: list[tuple[str, str]] = [
     ("forward", "forward-20261127T101425Z.json"),
 ]
 
-# The README's speed paragraph: the newest figure of each kind (each file also has its row in SPEED).
+# The README's speed paragraph: the newest job, decode and path figures (each file also has its row in SPEED; the
+# rest of speed, drafts, 30-task jobs, the GPU, is docs/RESULTS.md section 7).
 SPEED_HEADLINE = {"job": "memory-20261128T051027Z-fullsize-paths-native.json",  # make eval's job, all tasks
-                  "job_sweep": "fullsize-single_shot-default-paths-xeon-amx-20261128.json",  # the job's run
                   "decode": "weights-20261128T050431Z.json",  # benchmarks/weights.py at 32 rows, beside 1cc9ea3's
-                  "drafts": "drafts-20261127T095125Z.json",  # benchmarks/drafts.py: drafts at full batch or not
-                  "gpu": "generation-cuda-bf16-20261127T020827Z.json",  # benchmarks/gpu_check.sh
-                  "endtoend": "endtoend-single_shot-20261128T004448Z.json",  # 30 tasks, engine and llama.cpp
-                  "endtoend_others": ("endtoend-reflection-20261128T005728Z.json",  # the same pair, reflection
-                                      "endtoend-react-20261128T003442Z.json"),  # and react
-                  # make eval's model as it resolves (the measured path) beside llama.cpp, 32 rows x 700 tokens
                   "paths": "paths-20261128T061654Z.json",  # benchmarks/paths.py: the chooser's calibration
+                  # make eval's model as it resolves (the measured path) beside llama.cpp, 32 rows x 700 tokens
                   "default_vs_llamacpp": "weights-20261128T050431Z.json",
-                  "default_vs_llamacpp_avx2": "weights-20261128T054409Z.json"}  # the same, held to AVX2
+                  "default_vs_llamacpp_avx2": "weights-20261128T054409Z.json"}  # the same, held to AVX2  # the same, held to AVX2
 
 # Harness checks through a sandbox backend: the oracle doubles (model=canonical / model=buggy) on every task.
 HARNESS: list[str] = ["fullsize-canonical-buggy-docker-epyc-20261126.json"]
@@ -1393,7 +1388,7 @@ def _wrap_prose(lines: list[str]) -> list[str]:
 
 
 def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
-    """The README's speed paragraph, from the SPEED_HEADLINE files and the llama.cpp sweep pair."""
+    """The README's speed paragraph, from the SPEED_HEADLINE files."""
     out = []
     with reading(SPEED_HEADLINE["job"]):
         d = _read(results, SPEED_HEADLINE["job"])
@@ -1411,7 +1406,7 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
         out.append(f"On a {where}, `make eval`'s job (every task, 3 rounds) took {minutes(job['seconds'])} "
                    f"with a peak resident memory of {peak} "
                    f"({sum(a['passed'] for a in answers.values())}/{len(answers)} passed; {SPEED_HEADLINE['job']})"
-                   + (job_before(results) or "") + ".")
+                   + ".")
     with reading(SPEED_HEADLINE["decode"]):
         d = _read(results, SPEED_HEADLINE["decode"])
         now = [r for r in d["rows"] if not r.get("revision") and r.get("batch32_tok_s")]
@@ -1427,55 +1422,6 @@ def speed_block(sweeps: dict[str, LoadedSweep], results: Path) -> str:
                       f"engine of {then[0]['weights'].split('@')[1]} beside it, "
                       f"{mean(same, 'batch32_tok_s') / mean(then, 'batch32_tok_s'):.2f}x decode" if then else "")
                    + f" ({SPEED_HEADLINE['decode']}).")
-    if "drafts" in SPEED_HEADLINE:
-        with reading(SPEED_HEADLINE["drafts"]):
-            d = _read(results, SPEED_HEADLINE["drafts"])
-            by = {r["row"]: r for r in d["rows"]}
-            if {"defaults", "drafts below 8 rows"} <= set(by):
-                new, old = by["defaults"], by["drafts below 8 rows"]
-                out.append(f"On {d['requests']} requests of real repairs ({d['max_batch']} rows a step), prompt-lookup "
-                           f"drafts at full batch (the default) "
-                           f"decode {new['decode_tok_s']:.1f} tokens/s against {old['decode_tok_s']:.1f} with drafts "
-                           f"only below 8 rows ({new['draft_accepted']} of {new['draft_tokens']} drafted tokens kept; "
-                           f"{SPEED_HEADLINE['drafts']}).")
-    ratios = []  # llama.cpp's wall time over the engine's
-    at_hand = llamacpp_ratios(sweeps)
-    if at_hand:
-        a, b, ratio = at_hand[-1]
-        ratios.append(f"{ratio:.2f}x on make eval's job, one after the other on the same machine ({a.spec.file})"
-                      if b.spec.file == SPEED_HEADLINE["job_sweep"] else
-                      f"{ratio:.2f}x on the default sweep with an older engine ({b.spec.file}; not rerun since)")
-    with reading(SPEED_HEADLINE["endtoend"]):
-        d = _read(results, SPEED_HEADLINE["endtoend"])
-        wall = {r["row"]: r["wall_s"] for r in d["rows"] if r.get("wall_s")}
-        if {"engine", "engine-eager-kv32"} <= set(wall):
-            out.append(f"On the {d['rows'][0]['tasks']}-task {d['strategy']} job side by side, the compiled "
-                       f"kernels (int8 loops, decode attention) and the float16 KV cache took {wall['engine']:.0f} s "
-                       f"against "
-                       f"{wall['engine-eager-kv32']:.0f} s ({wall['engine-eager-kv32'] / wall['engine']:.2f}x)"
-                       + "".join(f"; {o['strategy']}'s {o['tasks']}-task job {o['after']:.0f} s against "
-                                 f"{o['before']:.0f} s ({o['before'] / o['after']:.2f}x; {o['tokens'][0]} completion "
-                                 f"tokens against {o['tokens'][1]}, {o['tok_s'][0]:.1f} against {o['tok_s'][1]:.1f} a "
-                                 f"second of wall; {o['file']})" for o in other_strategies(results))
-                       + ".")
-        if {"engine", "engine-drafts-below-8-rows"} <= set(wall):
-            out.append(f"On the {d['rows'][0]['tasks']}-task {d['strategy']} job side by side, drafts at full batch "
-                       f"took {wall['engine']:.0f} s against {wall['engine-drafts-below-8-rows']:.0f} s "
-                       f"({wall['engine-drafts-below-8-rows'] / wall['engine']:.2f}x).")
-        if {"engine", "llamacpp"} <= set(wall):
-            ratios.append(f"{wall['llamacpp'] / wall['engine']:.2f}x on a {d['rows'][0]['tasks']}-task {d['strategy']} "
-                          f"job, side by side ({SPEED_HEADLINE['endtoend']})")
-    if ratios:
-        out.append(f"Wall time of llama.cpp on the same GGUF against the engine: {' and '.join(ratios)}.")
-    with reading(SPEED_HEADLINE["gpu"]):
-        d = _read(results, SPEED_HEADLINE["gpu"])
-        top = max(r["batch"] for r in d["runs"])
-        at = {r["mode"].rsplit(" ", 1)[0]: r for r in d["runs"] if r["batch"] == top and "error" not in r}
-        eng, cb = at.get("engine batch"), at.get("transformers generate_batch")
-        if eng and cb:
-            out.append(f"On an {d['meta']['gpu']} (bf16, random weights of the 1.5B architecture), the engine runs "
-                       f"{eng['e2e_tps']:.0f} tokens/s at {top} rows against {cb['e2e_tps']:.0f} for transformers' "
-                       f"own continuous batching ({SPEED_HEADLINE['gpu']}).")
     out += paths_sentences(results)
     out.append("More: docs/RESULTS.md, section 7.")
     return wrap("**Speed.** " + " ".join(out))
@@ -1526,33 +1472,6 @@ def paths_sentences(results: Path) -> list[str]:
                        f"{d['decode_context']} tokens of context against {b:.1f} for llama.cpp on the same GGUF "
                        f"({a / b:.2f}x; {name}).")
     return out
-
-
-def other_strategies(results: Path) -> list[dict]:
-    """The same before/after pair on the other strategies' 30-task jobs (SPEED_HEADLINE's endtoend_others)."""
-    out = []
-    for name in SPEED_HEADLINE.get("endtoend_others", ()):
-        with reading(name):
-            d = _read(results, name)
-            by = {r["row"]: r for r in d["rows"] if r.get("wall_s")}
-            if {"engine", "engine-eager-kv32"} <= set(by):
-                out.append({"strategy": d["strategy"], "after": by["engine"]["wall_s"],
-                            "before": by["engine-eager-kv32"]["wall_s"], "file": name, "tasks": by["engine"]["tasks"],
-                            "tok_s": (by["engine"]["completion_tok_per_s"], by["engine-eager-kv32"]["completion_tok_per_s"]),
-                            "tokens": (by["engine"]["completion_tokens"], by["engine-eager-kv32"]["completion_tokens"])})
-    return out
-
-
-def job_before(results: Path) -> str | None:
-    """', against ... before <change>' for the README's job figure, from SPEED_HEADLINE's job_before entry."""
-    if "job_before" not in SPEED_HEADLINE:
-        return None
-    name, change = SPEED_HEADLINE["job_before"]
-    with reading(name):
-        job = _read(results, name)["parts"]["job"]
-        answers = job.get("answers") or {}
-        return (f", against {minutes(job['seconds'])} ({sum(a['passed'] for a in answers.values())}/{len(answers)} "
-                f"passed) before {change} ({name})")
 
 
 def _with_block(text: str, start_mark: str, end_mark: str, block: str, what: str) -> str:
