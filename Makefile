@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 		&& echo "setup: installed chromium (UI test)" ; } || echo "setup: chromium not installed (the UI test skips)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[all,test]'
 	@touch $(STAMP)
 
 # Main job: full HumanEvalFix on the embedded default (conf/config.yaml). Quick look: make eval ARGS="dataset.limit=10"

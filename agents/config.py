@@ -16,7 +16,6 @@ from sandboxes.config import SandboxConf
 
 from .feedback import STYLES as FEEDBACK_STYLES
 
-STRATEGIES = ("single_shot", "reflection", "react", "portfolio")  # agents/strategies/<name>.py each
 PROTOCOLS = ("tests", "docs", "hidden")
 SCHEDULES = ("auto", "constant", "resample", "rising", "falling")
 TOOL_FORMATS = ("auto", "native", "text")
@@ -29,8 +28,8 @@ class StrategyConf:
     name: str  # single_shot | reflection | react | portfolio: set by each record below
     # Temperature per round, seeded per task, sample and round: constant | resample (round 0 at `temperature`, later
     # rounds at resample_temperature) | rising (temperature + step * round, up to temperature_max) | falling
-    # (temperatures[round]) | auto (resample for single_shot and portfolio, else constant). Rising: greedy revisions
-    # repeated the same code (qwen0.5b: 12 of 19 rounds).
+    # (temperatures[round]) | auto (resample for single_shot and portfolio, else constant). Rising by default: greedy
+    # revisions of a small model tend to hand back the same code round after round.
     temperature_schedule: str = "rising"
     resample_temperature: float = 0.8  # greedy would only repeat round 0
     temperature_step: float = 0.2
@@ -46,10 +45,9 @@ class StrategyConf:
     compute_actual: bool = True  # re-run the failing call to show the value it actually returned
     # Execution-trace feedback (LDB): the failing call run once more, each line of the candidate with the values it
     # set, first and last steps within this many characters (agents/trace.py; shaped feedback only). 0 = off.
-    # reflection, Python/0-23, 700: 17 of 24 either way (round 1: 15 vs 17), +14% prompt tokens; off by default.
+    # Off by default (it costs prompt tokens and a sandbox run per failure); kept as the one lever a full-size
+    # measurement of feedback quality still has to judge.
     trace_chars: int = 0
-    edge_case_hint: bool = False  # say when the failing input is an edge case (empty, zero, negative, one element)
-    show_diff: bool = False  # show the diff of the candidate against the buggy code
     stop_after_code: bool = True  # end each answer at its closing ``` (what follows is thrown away; saves decode)
     # Drafts that should differ from the round's own answer: reflection's candidates 2..k, redraws (single_shot,
     # reflection), the turn after a repeat (react).
@@ -60,7 +58,6 @@ class StrategyConf:
 class DraftsConf(StrategyConf):
     """Strategies whose round is one prompt answered by one or more drafts (single_shot, reflection)."""
 
-    few_shot: int = 0  # worked bug-fix examples before the task (agents/prompts/few_shot/)
     # Answers drafted per round, decoded as one batch; the first whose visible tests pass is kept, else the first
     # that ran. Each run counts in sandbox_runs and every call in the tokens. single_shot: answer p of a task
     # (p = round * candidates + i) has round p's seed and temperature, so a grid over candidates x iters is cut from
@@ -79,9 +76,8 @@ class DraftsConf(StrategyConf):
     # passes more than `self_tests_pass` of those it could run. 0 = off.
     self_tests: int = 0
     # The kept answer must pass more than this share of its own assertions (0: at least one; 0.5: more than half).
-    # Only the stop label depends on it (satisfied or unsure), never an answer. Chosen on Python/0-23 of the 5-candidate
-    # hidden run 6246c9f3: satisfied 10 (1 wrong) at 0.5 against 17 passed, a gap of -29 points; 18 (2 wrong) at 0,
-    # +4 points: the model's assertions are often wrong, so a right answer passing 1 of 6 is common.
+    # Only the stop label depends on it (satisfied or unsure), never an answer. 0 because a small model's own
+    # assertions are often wrong themselves: a right answer that passes only a few of them is common.
     self_tests_pass: float = 0.0
 
 
@@ -90,8 +86,8 @@ class RevisesConf(StrategyConf):
     """Strategies that build each round on the earlier ones (reflection, react)."""
 
     # The bug handed back unchanged, or a repeat: a new conversation asks for the function from scratch (header,
-    # visible tests, how the old code failed; no buggy body). qwen1.5b reflection, 24 tasks: 13 -> 18 passed;
-    # react at 4 turns, Python/0-23: 10 -> 13 of 24.
+    # visible tests, how the old code failed; no buggy body). On by default: a small model shown the buggy body keeps
+    # copying it.
     rewrite_when_stuck: bool = True
 
 
@@ -109,9 +105,8 @@ class ReflectionConf(DraftsConf, RevisesConf):
     """Draft, then each round revises the previous code from its test feedback."""
 
     name: str = "reflection"
-    redraws: int = 2  # Python/0-23: 18 -> 20 of 24
+    redraws: int = 2  # a revision known to fail before it runs is drawn again instead of spending the round
     history_rounds: int = 1  # earlier (answer, feedback) pairs kept in the prompt (at least the last one)
-    diagnose: bool = False  # revisions ask for the faulty line before the code (measured: no gain, +22% tokens)
 
 
 @dataclass
@@ -120,21 +115,21 @@ class ReactConf(RevisesConf):
     the other strategies; max_turns caps model turns (thoughts, bad calls and repeats cost turns, not rounds)."""
 
     name: str = "react"
-    # Model turns per task: one per round at iters=3, so a repeat costs a round (Python/0-23: 12 turns finished
-    # 12/22 at 2x the decode of 4).
+    # Model turns per task: one per round at iters=3, so thoughts, bad calls and repeats cannot run the decode
+    # cost far past the other strategies' at the same budget.
     max_turns: int = 4
     tool_format: str = "auto"  # auto: the chat template's own tool calls when it has them (Qwen2.5) | native | text
     # A run_tests of code already known to fail is dropped from the conversation and the next turn is drawn at
-    # candidate_temperature. Kept in, a small model copies its own answer turn after turn (Python/0-23: 3 of the
-    # first 12 tasks repeated one answer 11 times at temperature 0.2, each copy making the next more likely).
+    # candidate_temperature. Kept in, a small model copies its own answer turn after turn, each copy making the next
+    # more likely.
     repeat_redraw: bool = True
 
 
 @dataclass
 class PortfolioConf(ReflectionConf):
     """Fresh drafts and revisions in turn: a draft (round 0 greedy, later drafts at resample_temperature, each its
-    own seed), then `revisions` rounds revising it from its feedback, then a fresh draft again. Reflection's gain was
-    its first revision (full size, 1 round: 75 vs single_shot's 61 of 164) and single_shot's its fresh samples."""
+    own seed), then `revisions` rounds revising it from its feedback, then a fresh draft again: reflection gains most
+    from its first revision and single_shot from fresh samples, so the mix takes both."""
 
     name: str = "portfolio"
     temperature_schedule: str = "resample"  # the drafts' temperatures; revisions use revise_temperature
@@ -142,8 +137,10 @@ class PortfolioConf(ReflectionConf):
     revise_temperature: float = 0.2  # reflection's round-1 temperature (its rising schedule)
 
 
-STRATEGY_CONFS: dict[str, type[StrategyConf]] = {"single_shot": SingleShotConf, "reflection": ReflectionConf,
-                                                 "react": ReactConf, "portfolio": PortfolioConf}
+# The strategies by name, each named once (its record's `name` default); agents/strategies/<name>.py runs each.
+STRATEGY_CONFS: dict[str, type[StrategyConf]] = {c.name: c for c in (SingleShotConf, ReflectionConf, ReactConf,
+                                                                     PortfolioConf)}
+STRATEGIES = tuple(STRATEGY_CONFS)
 
 
 @dataclass

@@ -35,15 +35,6 @@ def render(name: str, **kw) -> str:
     return _env.get_template(name).render(**kw).strip() + "\n"
 
 
-def few_shot_messages(n: int) -> list[dict]:
-    """The first n worked examples as (user, assistant) turns."""
-    out = []
-    for p in sorted((PROMPTS / "few_shot").glob("*.txt"))[:n]:
-        user, _, answer = p.read_text().partition("=== ANSWER ===")
-        out += [{"role": "user", "content": user.strip() + "\n"}, {"role": "assistant", "content": answer.strip() + "\n"}]
-    return out
-
-
 @dataclass(frozen=True)
 class View:
     """What the agent is shown and what its feedback runs on, for one protocol."""
@@ -229,7 +220,6 @@ class Context:
             attempt.feedback += shape_feedback(
                 visible, attempt.code, self.view.feedback_test, self.sandbox, timeout_s=cfg.timeout_s,
                 max_chars=knobs.feedback_chars, compute_actual=knobs.compute_actual, entry_point=self.task.entry_point,
-                edge_case_hint=knobs.edge_case_hint, buggy_code=self.view.code if knobs.show_diff else None,
                 trace_chars=knobs.trace_chars)
 
     def judge(self, attempt: Attempt, text: str, state: "State", run: bool = True) -> str:

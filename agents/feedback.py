@@ -8,7 +8,6 @@ candidate that raised it, and timeouts named as such are what it can act on. Eve
 from __future__ import annotations
 
 import ast
-import difflib
 import re
 import textwrap
 
@@ -142,43 +141,6 @@ def _last_error_line(stderr: str) -> str:
     return (m.group(1) if m else last)[:300]
 
 
-def edge_case(call: str) -> str | None:
-    """A short name for an edge-case input among the call's arguments (empty, zero, negative, one element)."""
-    try:
-        node = pyast.parse(call, mode="eval").body
-    except SyntaxError:
-        return None
-    if not isinstance(node, ast.Call):
-        return None
-    for arg in node.args:
-        try:
-            v = pyast.literal_eval(arg)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
-        if isinstance(v, (str, list, tuple, dict, set)) and len(v) == 0:
-            return f"an empty {type(v).__name__}"
-        if isinstance(v, bool) or v is None:
-            continue
-        if isinstance(v, (int, float)) and v == 0:
-            return "zero"
-        if isinstance(v, (int, float)) and v < 0:
-            return "a negative number"
-        if isinstance(v, (list, tuple, str)) and len(v) == 1:
-            return f"a {type(v).__name__} of length one"
-    return None
-
-
-def diff_text(before: str, after: str, max_lines: int = 14) -> str | None:
-    """The candidate's changes to the original buggy code, as a short unified diff."""
-    lines = list(difflib.unified_diff(before.strip().splitlines(), after.strip().splitlines(), lineterm="", n=0))[2:]
-    lines = [l for l in lines if not l.startswith("@@")]
-    if not lines:
-        return None
-    if len(lines) > max_lines:
-        lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more changed lines)"]
-    return "\n".join(lines)
-
-
 def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[: max(0, n - 12)] + " ...<cut>"
 
@@ -192,16 +154,15 @@ def raw_feedback(result: ExecResult, timeout_s: float, max_chars: int) -> str:
 
 
 def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandbox | None, *, timeout_s: float,
-                   max_chars: int, compute_actual: bool, edge_case_hint: bool, entry_point: str | None = None,
-                   buggy_code: str | None = None, trace_chars: int = 0) -> str:
+                   max_chars: int, compute_actual: bool, entry_point: str | None = None, trace_chars: int = 0) -> str:
     """Short feedback text for a failed run of `candidate` against `test` (the program build_program makes). The knobs
-    are the strategy record's (agents/config.py: feedback_chars, compute_actual, edge_case_hint, trace_chars) and the
+    are the strategy record's (agents/config.py: feedback_chars, compute_actual, trace_chars) and the
     sandbox's timeout_s, passed in, not defaulted here. trace_chars > 0 adds the failing call's execution trace
     (agents/trace.py) within that many characters of its own, after the rest."""
     if result.status == "timeout":
         text = (f"The tests did not finish within {timeout_s:g} seconds (timeout): the code loops forever or is far "
                 f"too slow on some input.")
-        return _with_diff(text, candidate, buggy_code, max_chars)
+        return _cut(text, max_chars)
     if result.status == "error":
         return "The sandbox could not run the code: " + (result.stderr.strip().splitlines() or ["unknown error"])[-1]
     program = build_program(candidate, test)
@@ -233,10 +194,6 @@ def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandb
                 expected = values[1]  # a variable or expression: show its value
             if actual is not None:
                 parts.append(_returned(shape["kind"], _cut(show(call), 300), actual, expected))
-            if edge_case_hint:
-                edge = edge_case(call)
-                if edge:
-                    parts.append(f"Note: this input is an edge case ({edge}).")
         elif message:
             parts.append(f"AssertionError: {message}")
     else:
@@ -252,7 +209,7 @@ def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandb
                 parts.append(f"It happened at this line of your code{fn}:\n" + textwrap.indent(_cut(where, 300), "    "))
         elif not test_frame and result.failing_line:
             parts.append(f"At this line:\n    {_cut(result.failing_line, 300)}")
-    text = _with_diff("\n".join(parts), candidate, buggy_code, max_chars)
+    text = _cut("\n".join(parts), max_chars)
     if trace_chars > 0 and traced and sandbox is not None and test_frame:
         trace = trace_call(sandbox, candidate, test, test_frame.line - test_lo + 1, traced, timeout_s)
         if trace is not None:
@@ -267,13 +224,6 @@ def _returned(kind: str, call: str, actual: str, expected: str | None) -> str:
     if kind in ("true", "false"):
         return f"`{call}` returned {actual}; the test expects a {kind} value."
     return f"`{call}` returned {actual}."
-
-
-def _with_diff(text: str, candidate: str, buggy_code: str | None, max_chars: int) -> str:
-    if buggy_code is not None:
-        d = diff_text(buggy_code, candidate)
-        text += ("\nYour changes to the original code so far:\n" + d) if d else "\nYou have not changed the original code."
-    return _cut(text, max_chars)
 
 
 def _is_literal(expr: str) -> bool:

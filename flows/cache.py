@@ -59,7 +59,7 @@ def model_identity(model: ModelConf) -> dict:
 
         chosen = recorded(model)
         if chosen is not None:  # the path this process's model took (weights, dtype, runtime: measured when auto)
-            ident["serving"] = {k: v for k, v in chosen.items() if k != "int8_kernel"}
+            ident["serving"] = without_neutral("serving", chosen)
             return ident
         device = resolve_device(model.device)
         if model.dtype == "auto":

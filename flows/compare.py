@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from .core import task_order
+from .markdown import table as md_table
 from .stats import paired, wilson
 from .sweep import job_labels
 from .schema import TrackingConf
@@ -105,14 +106,14 @@ def table(result: dict) -> str:
     runs = result["runs"]
     rounds = max(r["iters"] for r in runs) + 1
     head = ["run", *(f"r{k}" for k in range(rounds)), "passed", "95% CI", "tokens in/out", "wall s", "decisions"]
-    lines = [f"{result['tasks']} common tasks", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for r in runs:
         curve = [f"{p:.3f}" for p in r["pass@1_by_iter"]] + [""] * (rounds - len(r["pass@1_by_iter"]))
         dec = ", ".join(f"{k} {v}" for k, v in sorted(r["decisions"].items()))
         wall = f"{r['wall_s']:.0f}" if r["wall_s"] is not None else "-"
         ci = f"{r['pass@1_ci95'][0]:.3f}-{r['pass@1_ci95'][1]:.3f}"
-        lines.append("| " + " | ".join([r["label"], *curve, str(r["passed"]), ci,
-                                         f"{r['prompt_tokens']}/{r['completion_tokens']}", wall, dec]) + " |")
+        rows.append([r["label"], *curve, r["passed"], ci, f"{r['prompt_tokens']}/{r['completion_tokens']}", wall, dec])
+    lines = [f"{result['tasks']} common tasks", *md_table(head, rows)]
     if result.get("paired"):
         lines += ["", f"paired on the {result['tasks']} common tasks (95% CI of the difference: Newcombe; p: exact McNemar):"]
         for p in result["paired"]:
@@ -120,11 +121,10 @@ def table(result: dict) -> str:
             lines += [f"- {p['verdict']}", f"  per round: {rounds_txt}"]
     keys = sorted(runs[0]["first_pass_round"])
     fixed_by_some = [k for k in keys if any(r["first_pass_round"][k] is not None for r in runs)]
+    firsts = [[k.split("#")[0], *("-" if r["first_pass_round"][k] is None else r["first_pass_round"][k] for r in runs)]
+              for k in sorted(fixed_by_some, key=lambda k: (task_order(k.split("#")[0]), k))]
     lines += ["", "first passing round per task (- = never), tasks some run fixed:",
-              "| task | " + " | ".join(r["label"] for r in runs) + " |", "|" + "---|" * (len(runs) + 1)]
-    for k in sorted(fixed_by_some, key=lambda k: (task_order(k.split("#")[0]), k)):
-        cells = ["-" if r["first_pass_round"][k] is None else str(r["first_pass_round"][k]) for r in runs]
-        lines.append(f"| {k.split('#')[0]} | " + " | ".join(cells) + " |")
+              *md_table(["task", *(r["label"] for r in runs)], firsts)]
     return "\n".join(lines)
 
 

@@ -12,7 +12,8 @@ on an MLflow run (the sweep's parent when given one, else a new run tagged fixla
 
 A configuration counts only if it beats a cheaper one at equal cost (Kapoor et al., "AI Agents That Matter", 2024):
 - Pareto set: pass@1 against completion tokens per task (always known), and against seconds per task where those
-  compare (same kind of machine, per-task seconds known).
+  compare (same kind of machine and same engine commit, per-task seconds known; records that keep no commit are
+  compared across engine versions, and the output says so).
 - Each frontier point is paired (exact McNemar on the shared tasks, Newcombe interval; flows.stats) with the next
   cheaper frontier point and with the cheapest configuration whose pass@1 lies inside its 95% interval. A step
   "buys" something only when the paired test says so.
@@ -34,7 +35,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .markdown import table
 from .neutral import result_neutral
+from .schema import without_retired
 from .stats import paired, wilson
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,6 +68,7 @@ class Record:
     seconds: float | None  # per task: the tasks' own seconds cut to the budget, summed, / tasks; None: not known
     machine: str
     machine_source: str  # "tag", "recorder" (where fullsize ran), "file text", "unknown"
+    commit: str | None = None  # the engine's git commit ("+dirty": uncommitted changes); None: not recorded
 
 
 @dataclass
@@ -85,6 +89,7 @@ class Config:
     seconds: float | None
     paired: bool  # per-task outcomes kept
     reruns: list[str] = field(default_factory=list)  # other records of this configuration ("run_id (file)")
+    commit: str | None = None  # the engine's git commit; None: not recorded
     on_token_frontier: bool = False
     on_time_frontier: bool = False
     outcomes: dict[str, int | None] | None = field(default=None, repr=False)  # for pairing; not in the JSON
@@ -119,6 +124,15 @@ class Frontier:
     time_machine: str | None
     steps: list[Step]
     notes: list[str]
+    time_commit: str | None = None  # the engine commit the seconds compare at; None: not recorded (they may mix)
+
+    @property
+    def time_where(self) -> str | None:
+        """Where the seconds axis compares: the machine and the engine commit, or that the commits mix."""
+        if self.time_machine is None:
+            return None
+        return f"{self.time_machine}, " + (f"engine {self.time_commit}" if self.time_commit else
+                                           "engine commits not recorded, may mix")
 
     def config(self, label: str) -> Config:
         return next(c for c in self.configs if c.label == label)
@@ -180,6 +194,13 @@ def cost_by_round(rows: list[dict], iters: int) -> list[dict] | None:
     return out
 
 
+def commit_of(sha: str | None, dirty) -> str | None:
+    """A run's engine commit as the frontier compares it: the short sha, "+dirty" for uncommitted changes."""
+    if not sha or sha == "unknown":
+        return None
+    return sha[:12] + ("+dirty" if str(dirty).lower() == "true" else "")
+
+
 def run_machine(run) -> tuple[str, str]:
     """The machine a run ran on: its fixlab.machine tag, else this machine (where its record is being made)."""
     from .tracking import machine_name
@@ -216,7 +237,7 @@ def records_from_file(path: Path, order: int = 0) -> list[Record]:
                 passed=int(r["overall"]["passed"]), total=total, cost=_per_task_cost(r, total),
                 outcomes=r.get("first_pass_round"), seconds=round(secs / total, 3) if secs is not None and total
                 else None, machine=machine,
-                machine_source=src)
+                machine_source=src, commit=commit_of(r.get("git_commit"), r.get("git_dirty")))
             out += budgets(rec, r.get("cost_by_round"))
         except (KeyError, TypeError, ValueError) as e:
             raise FrontierError(f"{path}: run {i} lacks {e} (run_id, params, overall); record it with "
@@ -226,10 +247,12 @@ def records_from_file(path: Path, order: int = 0) -> list[Record]:
 
 def param_values(params: dict) -> dict[str, str]:
     """Params as strings, a whole number written one way: the typed config logs `10.0` where older runs logged `10`,
-    and the same setting must not read as a knob that differs. A local model's run from before the path was recorded
-    (agents/serving/paths.py) took fixlab's engine, with int8 weights where `weights` was auto or int8 (all of them
-    ran on CPUs): filled in, so that such a run is never pooled with a run that took another path."""
-    out = {k: re.sub(r"^(-?\d+)\.0+$", r"\1", str(v)) for k, v in params.items()}
+    and the same setting must not read as a knob that differs. A knob retired since the run, at the default it had,
+    is dropped (flows/schema.py RETIRED): the same configuration as a newer run without it. A local model's run from
+    before the path was recorded (agents/serving/paths.py) took fixlab's engine, with int8 weights where `weights`
+    was auto or int8 (all of them ran on CPUs): filled in, so that such a run is never pooled with a run that took
+    another path."""
+    out = without_retired({k: re.sub(r"^(-?\d+)\.0+$", r"\1", str(v)) for k, v in params.items()})
     if out.get("model.backend") == "transformers" and "serving.runtime" not in out:
         out["serving.runtime"] = "engine"
         out.setdefault("serving.weights", "int8" if out.get("model.weights") in ("auto", "int8") else "dtype")
@@ -251,7 +274,7 @@ def budgets(rec: Record, cost_by_round: list[dict] | None) -> list[Record]:
             cost={k: cost[k] / rec.total for k in COSTS if k in cost},
             outcomes=outcomes, seconds=round(cost["task_seconds"] / rec.total, 3)
             if cost.get("task_seconds") is not None else None,
-            machine=rec.machine, machine_source=rec.machine_source))
+            machine=rec.machine, machine_source=rec.machine_source, commit=rec.commit))
     return out
 
 
@@ -276,7 +299,8 @@ def record_from_run(run: dict, order: int = 0) -> Record:
                   passed=sum(f is not None for f in firsts.values()), total=total,
                   cost={k: m[k] / total for k in COSTS if k in m and total}, outcomes=firsts,
                   seconds=None if secs is None or not total else round(secs / total, 3), machine=machine,
-                  machine_source=src)
+                  machine_source=src, commit=commit_of(run["run"].data.tags.get("git_commit"),
+                                                       run["run"].data.tags.get("git_dirty")))
 
 
 # ---------------------------------------------------------------------------------------------------- configurations
@@ -393,7 +417,8 @@ def configurations(records: list[Record], use: tuple[str, ...] = ()) -> tuple[li
             machine=chosen.machine, passed=chosen.passed, total=chosen.total,
             pass_at_1=round(chosen.passed / chosen.total, 4) if chosen.total else 0.0,
             ci95=(round(lo, 4), round(hi, 4)), cost={k: round(v, 2) for k, v in chosen.cost.items()},
-            seconds=chosen.seconds, paired=bool(chosen.outcomes), reruns=others, outcomes=chosen.outcomes))
+            seconds=chosen.seconds, paired=bool(chosen.outcomes), reruns=others, outcomes=chosen.outcomes,
+            commit=chosen.commit))
     configs.sort(key=lambda c: (c.cost.get("completion_tokens", 0.0), c.pass_at_1, c.label))
     return configs, notes
 
@@ -467,15 +492,19 @@ def frontier(records: list[Record], model: str | None = None, protocol: str | No
     placed = [c for c in configs if c.paired]
     tok = lambda c: c.cost.get("completion_tokens")  # noqa: E731
     token_front = pareto([(c.label, tok(c), c.pass_at_1) for c in placed if tok(c) is not None])
-    # Seconds compare only on one kind of machine: the one most timed configurations ran on.
+    # Seconds compare only on one kind of machine at one engine commit: the pair most timed configurations ran on.
+    # Records that keep no commit (None) are one group, which may mix engine versions: the output says so.
     timed = [c for c in placed if c.seconds is not None]
-    machines = Counter(c.machine for c in timed)
-    time_machine = max(sorted(machines), key=lambda m: machines[m]) if machines else None
-    on_machine = [c for c in timed if c.machine == time_machine]
+    engines = Counter((c.machine, c.commit) for c in timed)
+    time_machine, time_commit = max(sorted(engines, key=lambda e: (e[0], e[1] or "")), key=lambda e: engines[e]) \
+        if engines else (None, None)
+    on_machine = [c for c in timed if (c.machine, c.commit) == (time_machine, time_commit)]
     time_front = pareto([(c.label, c.seconds, c.pass_at_1) for c in on_machine]) if len(on_machine) > 1 else []
-    left = [c.label for c in timed if c.machine != time_machine]
+    left = [c.label for c in timed if (c.machine, c.commit) != (time_machine, time_commit)]
     if left:
-        notes.append(f"seconds of {', '.join(left)} left off the time axis: run on another machine than {time_machine}")
+        where = time_machine + (f" at engine {time_commit}" if time_commit else " (engine commit not recorded)")
+        notes.append(f"seconds of {', '.join(left)} left off the time axis: run on another machine or engine commit "
+                     f"than {where}")
     for c in configs:
         c.on_token_frontier = c.label in token_front
         c.on_time_frontier = c.label in time_front
@@ -484,7 +513,8 @@ def frontier(records: list[Record], model: str | None = None, protocol: str | No
         steps += steps_along(time_front, on_machine, "seconds", lambda c: c.seconds)
     return Frontier(model=model, protocol=protocol, tasks=max(c.total for c in configs), configs=configs,
                     token_frontier=token_front, time_frontier=time_front,
-                    time_machine=time_machine if time_front else None, steps=steps, notes=notes)
+                    time_machine=time_machine if time_front else None, steps=steps, notes=notes,
+                    time_commit=time_commit if time_front else None)
 
 
 # ---------------------------------------------------------------------------------------------------- output
@@ -506,8 +536,11 @@ def _where(c: Config) -> str:
 
 def table_rows(fr: Frontier) -> tuple[list[str], list[list[str]]]:
     machines = {c.machine for c in fr.configs}
+    commits = {c.commit for c in fr.configs}
+    engine = len(commits) > 1  # a column only where the records name more than one commit (or some none)
     head = ["configuration", "pass@1 [95% CI]", "passed", "prompt tok", "completion tok", "model calls",
-            "sandbox runs", "seconds"] + (["machine"] if len(machines) > 1 else []) + ["frontier", "paired verdict"]
+            "sandbox runs", "seconds"] + (["machine"] if len(machines) > 1 else []) + (["engine"] if engine else []) \
+        + ["frontier", "paired verdict"]
     rows = []
     for c in fr.configs:
         verdict = "; ".join(_short(s) for s in fr.steps if s.point == c.label and s.axis == "completion tokens")
@@ -517,16 +550,21 @@ def table_rows(fr: Frontier) -> tuple[list[str], list[list[str]]]:
                      f"{c.cost.get('prompt_tokens', 0):,.0f}", f"{c.cost.get('completion_tokens', 0):,.0f}",
                      f"{c.cost.get('model_calls', 0):.1f}", f"{c.cost.get('sandbox_runs', 0):.1f}",
                      "-" if c.seconds is None else f"{c.seconds:.1f}"]
-                    + ([c.machine] if len(machines) > 1 else []) + [_where(c), verdict])
+                    + ([c.machine] if len(machines) > 1 else []) + ([c.commit or "-"] if engine else [])
+                    + [_where(c), verdict])
     return head, rows
 
 
 def _time_line(fr: Frontier) -> str:
+    if fr.time_frontier and fr.time_commit:
+        return (f"seconds: each task's own seconds cut to the budget, per task, on {fr.time_machine} at engine "
+                f"{fr.time_commit} (compared only there); '-' where the record keeps no per-task seconds")
     if fr.time_frontier:
         return (f"seconds: each task's own seconds cut to the budget, per task, on {fr.time_machine} (compared only "
-                "there); '-' where the record keeps no per-task seconds")
-    return ("seconds: not compared (no two configurations with per-task seconds on one machine; records made before "
-            "benchmarks/fullsize.py kept them have none)")
+                "there, but across engine versions: these records keep no git commit, so a faster engine reads as a "
+                "cheaper configuration); '-' where the record keeps no per-task seconds")
+    return ("seconds: not compared (no two configurations with per-task seconds on one machine and engine commit; "
+            "records made before benchmarks/fullsize.py kept them have none)")
 
 
 def verdict_words(fr: Frontier) -> str:
@@ -569,13 +607,11 @@ def markdown(fr: Frontier) -> str:
     machines = sorted({c.machine for c in fr.configs})
     lines = [f"Cost-accuracy frontier: {fr.model}, protocol `{fr.protocol}`, {fr.tasks} tasks, {len(fr.configs)} "
              f"configurations; costs per task; machine{'s' if len(machines) > 1 else ''}: {'; '.join(machines)}. "
-             + _time_line(fr) + ".", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+             + _time_line(fr) + ".", "", *table(head, rows)]
     lines += ["", "In words: " + verdict_words(fr), ""]
     lines += ["Frontier on completion tokens per task (cheapest first): " + (" < ".join(fr.token_frontier) or "-")]
     if fr.time_frontier:
-        lines.append(f"Frontier on seconds per task ({fr.time_machine}): " + " < ".join(fr.time_frontier))
+        lines.append(f"Frontier on seconds per task ({fr.time_where}): " + " < ".join(fr.time_frontier))
     lines += ["", "Paired verdicts (exact McNemar on the shared tasks, 95% Newcombe interval of the difference):"]
     for s in fr.steps:
         lines.append(f"- [{s.axis}] {s.text}")
@@ -596,8 +632,8 @@ def figure(fr: Frontier):
 
     axes_spec = [("completion tokens per task", lambda c: c.cost.get("completion_tokens"), fr.token_frontier)]
     if fr.time_frontier:
-        axes_spec.append((f"seconds per task ({fr.time_machine})",
-                          lambda c: c.seconds if c.machine == fr.time_machine else None, fr.time_frontier))
+        axes_spec.append((f"seconds per task ({fr.time_where})", lambda c: c.seconds
+                          if (c.machine, c.commit) == (fr.time_machine, fr.time_commit) else None, fr.time_frontier))
     fig, axes = plt.subplots(1, len(axes_spec), figsize=(6.5 * len(axes_spec) + 3.2, 5.2), dpi=110, squeeze=False)
     families = list(dict.fromkeys(c.family for c in fr.configs))
     colours = {f: plt.get_cmap("tab10")(i % 10) for i, f in enumerate(families)}
@@ -661,9 +697,9 @@ def html_page(fr: Frontier) -> str:
     """One self-contained page (inline SVG, no scripts, no outside links) that the MLflow UI shows as an artifact."""
     e = html.escape
     head, rows = table_rows(fr)
-    table = ("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>"
-             + "".join("<tr" + (' class="front"' if r[-2] not in ("no", "not placed (unpaired)") else "") + ">" + "".join(f"<td>{e(x)}</td>" for x in r)
-                       + "</tr>" for r in rows) + "</table>")
+    grid = ("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>"
+            + "".join("<tr" + (' class="front"' if r[-2] not in ("no", "not placed (unpaired)") else "") + ">"
+                      + "".join(f"<td>{e(x)}</td>" for x in r) + "</tr>" for r in rows) + "</table>")
     verdicts = "".join(f"<li>[{e(s.axis)}] {e(s.text)}</li>" for s in fr.steps)
     notes = "".join(f"<li>{e(n)}</li>" for n in fr.notes)
     return f"""<!DOCTYPE html>
@@ -685,7 +721,7 @@ svg {{ max-width: 100%; height: auto; }}
 <p>Frontier on completion tokens per task: {e(" < ".join(fr.token_frontier))}</p>
 {svg_text(fr)}
 <p>Costs per task. {e(_time_line(fr))}.</p>
-{table}
+{grid}
 <h2>Paired verdicts</h2><p>Exact McNemar on the shared tasks, 95% Newcombe interval of the difference.</p>
 <ul>{verdicts}</ul>
 {"<h2>Notes</h2><ul>" + notes + "</ul>" if notes else ""}

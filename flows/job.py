@@ -41,23 +41,11 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
     t0 = time.perf_counter()
     apply_offline(settings.offline)
     tasks = load_tasks(settings.dataset)
-    # Build model and sandbox before any task starts, so a missing key or model is one error up front
-    # (not for dask: the model lives in the worker processes, possibly on other machines).
-    model = None
-    if settings.runner.name != "dask":
-        model, _ = model_and_sandbox(settings)
-        choice = getattr(model, "choice", None)  # a local model's measured path (agents/serving/paths.py)
-        if choice is not None:
-            # a recorded parameter: runs that took different paths (different answers) are not one configuration
-            settings.raw["serving"] = choice.record()
+    model = _model_up_front(settings)
     check_runner(settings.runner)
     tracker = RunTracker(settings.tracking)
     run_id, resume = open_run(tracker, settings)
-    if model is not None and getattr(model, "choice", None) is not None:  # why this path: the measured figures
-        try:
-            tracker.client.set_tag(run_id, "fixlab.path", f"{model.choice.label()}: {model.choice.reason}"[:5000])
-        except Exception:
-            pass
+    _tag_path(tracker, run_id, model)
     store = core.TaskStore(tracker.store_dir, run_id)
     jobs, done = core.pending(tasks, settings.samples, store, bool(resume))
     print(f"fixlab: {len(tasks)} tasks x {settings.samples} sample(s), {len(jobs)} to run, model={settings.model.name} "
@@ -99,6 +87,28 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
                 tracker.client.set_terminated(run_id, status=status)
             except Exception:
                 pass
+
+
+def _model_up_front(settings: JobSettings):
+    """Build model and sandbox before any task starts, so a missing key or model is one error up front; None for
+    dask (the model lives in the worker processes, possibly on other machines)."""
+    if settings.runner.name == "dask":
+        return None
+    model, _ = model_and_sandbox(settings)
+    choice = getattr(model, "choice", None)  # a local model's measured path (agents/serving/paths.py)
+    if choice is not None:
+        # a recorded parameter: runs that took different paths (different answers) are not one configuration
+        settings.raw["serving"] = choice.record()
+    return model
+
+
+def _tag_path(tracker: RunTracker, run_id: str, model) -> None:
+    """Why a local model took its path: the measured figures, as the run's fixlab.path tag."""
+    if model is not None and getattr(model, "choice", None) is not None:
+        try:
+            tracker.client.set_tag(run_id, "fixlab.path", f"{model.choice.label()}: {model.choice.reason}"[:5000])
+        except Exception:
+            pass
 
 
 def _report(traj: Trajectory, progress: "Progress", tracker: RunTracker) -> None:

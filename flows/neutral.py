@@ -1,32 +1,57 @@
-"""The one list of result-neutral settings: where a job runs and how fast, never what it answers.
+"""Result-neutral settings: where a job runs and how fast, never what it answers. Each one says so on its own field
+in the config records (`metadata={"neutral": why}`: agents/models/config.py, sandboxes/config.py, flows/schema.py
+JobConf, whose runner, tracking and nightly fields cover their whole group, and ServingParams for the recorded
+`serving.*` params); this module only derives the flattened keys ("model.threads", "runner.") from them.
 
 Shared by the trajectory cache key (flows/cache.py), resume's config check (flows/tracking.py), sweep labels
-(flows/sweep.py) and the nightly report's config diff (flows/nightly.py), so a speed knob changed between two
-runs neither throws the cache away nor blocks a resume nor reads as a config change. Keys are flattened
-("model.threads"); an entry ending in "." covers a whole group. On the tiny test models these knobs leave every
-answer as it is (tests); on real packs the batch a row shares moves the last bits of its fp32 lm_head and attention
-(and more in bf16), so reruns differ on a few tasks either way (docs/RESULTS.md, memory): compare by paired tests.
+(flows/sweep.py), the nightly report's config diff (flows/nightly.py) and the frontier's grouping (flows/frontier.py),
+so a speed knob changed between two runs neither throws the cache away nor blocks a resume nor reads as a config
+change. On the tiny test models these knobs leave every answer as it is (tests); on real packs the batch a row shares
+moves the last bits of its fp32 lm_head and attention (and more in bf16), so reruns differ on a few tasks either way
+(docs/RESULTS.md, memory): compare by paired tests.
 """
 from __future__ import annotations
 
-RESULT_NEUTRAL = (
-    "resume", "cache", "cache_dir", "sweep_ahead", "sweep_ahead_to", "sweep_stream", "offline", "runner.", "tracking.",
-    # model: batching engine, CPU threads, prefix reuse, drafts, llama.cpp slots, HTTP client
-    "model.max_batch", "model.gather_ms", "model.max_prefill_tokens", "model.batching", "model.threads",
-    "model.skinny_matmul", "model.int8_fuse", "model.int8_kernel", "serving.int8_kernel", "model.sdpa_gqa", "model.prefix_cache_mib", "model.kv_cache_mib",
-    "model.heap_trim", "model.draft_tokens", "model.draft_ngram",
-    "model.draft_step_tokens", "model.slots", "model.cache_prompt", "model.cache_ram_mib", "model.log_verbosity",
-    "model.speculative", "model.ngram_size", "model.max_concurrency", "model.timeout_s", "model.max_retries",
-    "model.backoff_s", "model.backoff_max_s", "model.api_keys_env",
-    "model.delay_s",  # the oracle test double's answer time
-    # sandbox: how programs are started, not what they may do
-    "sandbox.workers", "sandbox.mode", "sandbox.uid_base", "sandbox.cgroup_parent",
-)
+import dataclasses
+import functools
+import typing
+
+
+@functools.cache
+def neutral_keys() -> dict[str, str]:
+    """Every result-neutral flattened key, or group prefix ending in ".", with the reason its field gives."""
+    from .schema import GROUPS, NightlyJobConf, ServingParams
+
+    out: dict[str, str] = {}
+    for group, (_, records) in GROUPS.items():
+        for record in records.values():
+            out.update(_marked(record, f"{group}."))
+    out.update(_marked(NightlyJobConf, ""))
+    out.update(_marked(ServingParams, "serving."))
+    return out
+
+
+def _marked(record: type, prefix: str) -> dict[str, str]:
+    """The neutral fields of one record (a field holding a group or a record: its whole group), and those of the
+    records nested in it."""
+    from .schema import GROUPS
+
+    hints = typing.get_type_hints(record)
+    out = {}
+    for f in dataclasses.fields(record):
+        key = prefix + f.name
+        holds_group = f.name in GROUPS and not prefix or dataclasses.is_dataclass(hints.get(f.name))
+        why = f.metadata.get("neutral")
+        if why is not None:
+            out[key + "." if holds_group else key] = why
+        elif holds_group and f.name not in GROUPS:
+            out.update(_marked(hints[f.name], key + "."))  # a nested record (dataset): its own neutral fields
+    return out
 
 
 def result_neutral(key: str, extra: tuple[str, ...] = ()) -> bool:
-    """Whether a flattened config key is in RESULT_NEUTRAL (or in `extra`, same rules)."""
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESULT_NEUTRAL + extra)
+    """Whether a flattened config key is result-neutral (or in `extra`: keys, or prefixes ending in ".")."""
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in (*neutral_keys(), *extra))
 
 
 def without_neutral(group: str, cfg: dict) -> dict:

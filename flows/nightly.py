@@ -26,8 +26,9 @@ from prefect import flow
 
 from .config import ConfigError, settings_from
 from .core import task_order
+from .markdown import table
 from .neutral import result_neutral
-from .schema import CONF_DIR, NightlyConf, describe, typed
+from .schema import CONF_DIR, NightlyConf, describe, typed, without_retired
 from .tracking import RunTracker
 FLOW_NAME = "fixlab-nightly"
 DEPLOYMENT = "nightly"
@@ -106,7 +107,8 @@ def compare(client, current, baseline, tolerance: float, must_pass: list[str]) -
         delta = round(m.get("pass_at_1", 0.0) - b.get("pass_at_1", 0.0), 6)
         cur_tokens = m.get("prompt_tokens", 0) + m.get("completion_tokens", 0)
         base_tokens = b.get("prompt_tokens", 0) + b.get("completion_tokens", 0)
-        keys = set(current.data.params) | set(baseline.data.params)
+        # a knob retired since the baseline, at the default it had, is no change (flows/schema.py RETIRED)
+        was, now = without_retired(baseline.data.params), without_retired(current.data.params)
         report.update({
             "baseline": {"run_id": baseline.info.run_id, "run_name": baseline.info.run_name,
                          "pass@1": b.get("pass_at_1"), "started": _iso(baseline.info.start_time)},
@@ -118,9 +120,8 @@ def compare(client, current, baseline, tolerance: float, must_pass: list[str]) -
             "tokens": {"current": cur_tokens, "baseline": base_tokens, "delta": cur_tokens - base_tokens},
             "wall_s": {"current": m.get("wall_s"), "baseline": b.get("wall_s"),
                        "delta": round((m.get("wall_s") or 0) - (b.get("wall_s") or 0), 2)},
-            "config_changes": {k: [baseline.data.params.get(k), current.data.params.get(k)] for k in sorted(keys)
-                               if not result_neutral(k, ("nightly.",))
-                               and baseline.data.params.get(k) != current.data.params.get(k)},
+            "config_changes": {k: [was.get(k), now.get(k)] for k in sorted(set(was) | set(now))
+                               if not result_neutral(k) and was.get(k) != now.get(k)},
         })
         if delta < -tolerance - 1e-9:
             reasons.append(f"pass@1 dropped by {-delta:.4f} (tolerance {tolerance})")
@@ -141,18 +142,20 @@ def markdown(r: dict) -> str:
     else:
         b = r["baseline"]
         lines += [f"Baseline: `{b['run_name']}` ({b['run_id']}, {b['started']}): pass@1 = {b['pass@1']}", "",
-                  "| figure | baseline | current | delta |", "|---|---|---|---|",
-                  f"| pass@1 | {b['pass@1']} | {r['pass@1']} | {r['pass@1_delta']:+.4f} (tolerance {r['tolerance']}) |",
-                  f"| tokens | {r['tokens']['baseline']:.0f} | {r['tokens']['current']:.0f} | {r['tokens']['delta']:+.0f} |",
-                  f"| wall s | {r['wall_s']['baseline']} | {r['wall_s']['current']} | {r['wall_s']['delta']:+.2f} |", ""]
+                  *table(["figure", "baseline", "current", "delta"], [
+                      ["pass@1", b["pass@1"], r["pass@1"], f"{r['pass@1_delta']:+.4f} (tolerance {r['tolerance']})"],
+                      ["tokens", f"{r['tokens']['baseline']:.0f}", f"{r['tokens']['current']:.0f}",
+                       f"{r['tokens']['delta']:+.0f}"],
+                      ["wall s", r["wall_s"]["baseline"], r["wall_s"]["current"], f"{r['wall_s']['delta']:+.2f}"]]), ""]
         lines += [f"## Pass -> fail ({len(r['pass_to_fail'])})", ", ".join(r["pass_to_fail"]) or "none", "",
                   f"## Fail -> pass ({len(r['fail_to_pass'])})", ", ".join(r["fail_to_pass"]) or "none", ""]
         if r["only_in_current"] or r["only_in_baseline"]:
             lines += ["## Task sets differ", f"only now: {', '.join(r['only_in_current']) or 'none'}; "
                       f"only in baseline: {', '.join(r['only_in_baseline']) or 'none'}", ""]
         if r["config_changes"]:
-            lines += ["## Config changes since the baseline", "| key | baseline | current |", "|---|---|---|",
-                      *[f"| {k} | {a} | {c} |" for k, (a, c) in r["config_changes"].items()], ""]
+            lines += ["## Config changes since the baseline",
+                      *table(["key", "baseline", "current"], [[k, a, c] for k, (a, c) in r["config_changes"].items()]),
+                      ""]
     if r["harness_errors"]:
         lines += [f"## Harness errors ({len(r['harness_errors'])}): tasks that crashed, counted as failed",
                   *[f"- {t}: {e}" for t, e in r["harness_errors"].items()], ""]

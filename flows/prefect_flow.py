@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 from typing import Callable
 
+from agents.extras import require
 from agents.types import Trajectory
 
 from .config import ConfigError, JobSettings
@@ -77,8 +78,12 @@ def task_runner(runner: RunnerConf):
 
 
 def check_runner(runner: RunnerConf) -> None:
-    """An unreachable Dask scheduler is one line before the run starts, not a flow failure 30 s later."""
-    if not isinstance(runner, DaskRunnerConf) or not runner.address:
+    """A missing [dask] extra or an unreachable Dask scheduler is one line before the run starts, not a flow failure
+    30 s later."""
+    if not isinstance(runner, DaskRunnerConf):
+        return
+    require("dask", "runner=dask", ConfigError)
+    if not runner.address:
         return
     from urllib.parse import urlparse
 

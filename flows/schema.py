@@ -6,6 +6,11 @@ agents/models/config.py, the sandboxes' in sandboxes/config.py, the dataset's in
 tracking's and the job's own here. A yaml file names its record first in its defaults list (`- react_schema`)
 and holds only what differs from it. A wrong key or type, in a yaml file, on the command line or in a dict, is
 one line that names it and the nearest valid key (`describe`).
+
+A setting that changes no answer (where a job runs, how fast, what it logs) carries `metadata={"neutral": why}` on
+its field; on a field that holds a group (runner, tracking, nightly) it covers the whole group. flows/neutral.py
+derives the result-neutral keys from these records, with `ServingParams` (a run's recorded path) and `RETIRED`
+(knobs since removed, as old runs logged them).
 """
 from __future__ import annotations
 
@@ -60,6 +65,29 @@ class DaskRunnerConf(RunnerConf):
 RUNNER_CONFS: dict[str, type[RunnerConf]] = {"threads": ThreadsRunnerConf, "dask": DaskRunnerConf}
 
 
+# A run's `serving.*` params: not set by anyone, recorded by flows/job.py from the path the local model took
+# (agents/serving/paths.py Choice.record()). Runs on different paths are different configurations, except for the
+# int8 kernel, which computes the same integer products either way.
+@dataclass
+class ServingParams:
+    runtime: str  # engine | llamacpp
+    weights: str  # int8 | float32 | bfloat16 | gguf
+    dtype: str  # the activations' dtype (gguf under llama.cpp)
+    int8_kernel: str | None = field(default=None, metadata={"neutral": "bit-equal: which kernel, same products"})
+
+
+# Knobs removed from the records, with the default they had, as run params wrote it. None was ever switched on, so a
+# run logged before the removal that carries one at this value is the same configuration as a run without it
+# (`without_retired`: the frontier, resume's config check, sweep labels and the nightly diff read old runs through it).
+RETIRED = {"model.int8_fuse": "False", "strategy.diagnose": "False", "strategy.edge_case_hint": "False",
+           "strategy.few_shot": "0", "strategy.show_diff": "False"}
+
+
+def without_retired(params: dict) -> dict:
+    """Run params without the retired knobs that sit at their old default (one set otherwise stays: it differs)."""
+    return {k: v for k, v in params.items() if RETIRED.get(k) != str(v)}
+
+
 @dataclass
 class TrackingConf:
     uri: str | None = None  # null: sqlite:///<repo>/mlruns/mlflow.db
@@ -76,8 +104,8 @@ class JobConf:
     strategy: Any = MISSING  # conf/strategy/<option>.yaml
     sandbox: Any = MISSING  # conf/sandbox/<option>.yaml
     dataset: DatasetConf = field(default_factory=DatasetConf)  # conf/dataset/<option>.yaml
-    runner: Any = MISSING  # conf/runner/<option>.yaml
-    tracking: TrackingConf = field(default_factory=TrackingConf)
+    runner: Any = field(default=MISSING, metadata={"neutral": "where tasks run"})  # conf/runner/<option>.yaml
+    tracking: TrackingConf = field(default_factory=TrackingConf, metadata={"neutral": "where the run is logged"})
     iters: int = AgentConfig.iters  # feedback rounds after the first attempt; 0 = single-shot pass@1
     # Answers per task instead of iters: iters = answers / strategy.candidates - 1. The grid
     # `strategy.candidates=1,2,4,8 answers=8 -m` (single_shot) costs one run: flows/stream.py
@@ -87,17 +115,22 @@ class JobConf:
     max_new_tokens: int = AgentConfig.max_new_tokens
     protocol: str = AgentConfig.protocol  # tests | docs | hidden: what the agent sees (agents/README.md)
     samples: int = 1  # independent trajectories per task (pass@k for k <= samples); n > 1 needs temperature > 0
-    offline: Any = "auto"  # auto: go offline at once when the Hugging Face hub cannot be resolved; true | false
-    cache: bool = True  # reuse trajectories across budgets (flows/cache.py): iters=0,1,2,3 -m costs about iters=3
-    cache_dir: str | None = None  # null: $FIXLAB_CACHE/trajectories or ~/.cache/fixlab/trajectories
+    # auto: go offline at once when the Hugging Face hub cannot be resolved; true | false
+    offline: Any = field(default="auto", metadata={"neutral": "where files come from, not which"})
+    # reuse trajectories across budgets (flows/cache.py): iters=0,1,2,3 -m costs about iters=3
+    cache: bool = field(default=True, metadata={"neutral": "a cached round is the round a fresh run makes"})
+    # null: $FIXLAB_CACHE/trajectories or ~/.cache/fixlab/trajectories
+    cache_dir: str | None = field(default=None, metadata={"neutral": "where the cache lives"})
     # In a sweep over iters (-m), each task runs to the largest budget once, in the first job, as one conversation
-    # (prefix reuse sees every round); later jobs only cut it. Same answers either way.
-    sweep_ahead: bool = True
-    sweep_ahead_to: int | None = None  # that largest budget: set by the sweep callback (flows/sweep.py), not by hand
+    # (prefix reuse sees every round); later jobs only cut it.
+    sweep_ahead: bool = field(default=True, metadata={"neutral": "rounds never depend on the budget"})
+    # that largest budget: set by the sweep callback (flows/sweep.py), not by hand
+    sweep_ahead_to: int | None = field(default=None, metadata={"neutral": "rounds never depend on the budget"})
     # [K, N]: a sweep's single_shot answer stream (K answers a round, N in all) its jobs are cut from (flows/stream.py):
     # set by the sweep callback, not by hand
-    sweep_stream: list[int] | None = None
-    resume: str | None = None  # an MLflow run id, or "last": run only the tasks that run has not finished
+    sweep_stream: list[int] | None = field(default=None, metadata={"neutral": "a cut stream is the job's own answers"})
+    # an MLflow run id, or "last": run only the tasks that run has not finished
+    resume: str | None = field(default=None, metadata={"neutral": "which run is continued"})
 
 
 @dataclass
@@ -112,7 +145,7 @@ class NightlyConf:
 
 @dataclass
 class NightlyJobConf(JobConf):
-    nightly: NightlyConf = MISSING
+    nightly: NightlyConf = field(default=MISSING, metadata={"neutral": "when it runs and how it is judged"})
 
 
 # group -> (the key that names the option's record, record by option)

@@ -20,11 +20,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from .neutral import result_neutral
-from .schema import TrackingConf, typed
+from .schema import TrackingConf, typed, without_retired
 from .stream import stream_plan
 from .tracking import PARENT_ENV, RunTracker, git_state
-
-# Params that differ between jobs without being what the sweep is about.
 
 
 class SweepParentRun(Callback):
@@ -134,8 +132,10 @@ def _default(config, group: str | None, key: str, fallback):
 
 def job_labels(children) -> dict[str, str]:
     """run id -> what sets this job apart, e.g. "model=canonical" or "strategy=reflection iters=3"."""
-    keys = sorted({k for r in children for k in r.data.params})
-    differ = [k for k in keys if len({r.data.params.get(k) for r in children}) > 1]
+    # a knob retired since a run, at the default it had, is no difference (flows/schema.py RETIRED)
+    params = {r.info.run_id: without_retired(r.data.params) for r in children}
+    keys = sorted({k for p in params.values() for k in p})
+    differ = [k for k in keys if len({p.get(k) for p in params.values()}) > 1]
     # what changes answers names a job; a sweep over speed knobs alone (model.threads=1,2) is named by them
     varying = [k for k in differ if not result_neutral(k)] or \
         [k for k in differ if not k.startswith(("tracking.", "resume", "cache_dir"))]
@@ -144,19 +144,19 @@ def job_labels(children) -> dict[str, str]:
         groups.setdefault(k.split(".")[0] if "." in k else k, []).append(k)
     def differs_within_name(g: str, k: str) -> bool:  # e.g. two reflection runs, one with a knob changed
         seen: dict = {}
-        return any(seen.setdefault(r.data.params.get(f"{g}.name"), r.data.params.get(k)) != r.data.params.get(k)
-                   for r in children)
+        return any(seen.setdefault(p.get(f"{g}.name"), p.get(k)) != p.get(k) for p in params.values())
 
     labels = {}
     for r in children:
+        p = params[r.info.run_id]
         parts = []
         for g, ks in groups.items():
             # A config group (model, strategy...) is named by its `name`; its other keys follow from it,
             # unless they also differ between runs of the same name.
             if f"{g}.name" in ks:
-                parts.append(f"{g}={r.data.params.get(f'{g}.name')}")
+                parts.append(f"{g}={p.get(f'{g}.name')}")
                 ks = [k for k in ks if k != f"{g}.name" and differs_within_name(g, k)]
-            parts += [f"{k}={r.data.params[k]}" for k in ks if k in r.data.params]
+            parts += [f"{k}={p[k]}" for k in ks if k in p]
         labels[r.info.run_id] = " ".join(parts) or r.info.run_name
     return labels
 

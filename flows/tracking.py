@@ -31,7 +31,7 @@ from agents.tasks import project_root
 from .config import ConfigError
 from .core import safe_name, task_order
 from .neutral import result_neutral
-from .schema import TrackingConf, knob_default
+from .schema import TrackingConf, knob_default, without_retired
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MLRUNS = project_root() / "mlruns"  # the checkout's (or, installed, the working directory's)
@@ -250,7 +250,8 @@ class RunTracker:
             raise ConfigError(f"resume={run_id}: that run belongs to another experiment")
         if run.data.tags.get("fixlab.kind", "job") != "job":
             raise ConfigError(f"resume={run_id}: that is a {run.data.tags['fixlab.kind']} run, not an evaluation job")
-        old, new = run.data.params, {k[:250]: v[:6000] for k, v in flatten(params).items()}
+        # a knob retired since that run, at the default it had, is no difference (flows/schema.py RETIRED)
+        old, new = without_retired(run.data.params), {k[:250]: v[:6000] for k, v in flatten(params).items()}
         diff = sorted(k for k in set(old) | set(new)
                       if old.get(k) != new.get(k) and not result_neutral(k)
                       and not (k not in old and new[k] == knob_default(k, new))

@@ -44,28 +44,29 @@ def model_and_sandbox(settings: JobSettings) -> tuple:
 
 
 def trajectory_cache(settings: JobSettings) -> TrajectoryCache | None:
-    if not settings.cache or not TrajectoryCache.applies(settings.model):
-        return None
-    key = ["cache", settings.cache_dir, _record(settings.model), _record(settings.sandbox), repr(settings.agent)]
-    return _once(key,
-                 lambda: TrajectoryCache(Path(settings.cache_dir) if settings.cache_dir else default_cache_dir(),
-                                         settings.model, settings.agent, settings.sandbox))
-
-
-def _record(conf) -> dict:
-    return {"record": type(conf).__name__, **dataclasses.asdict(conf)}
+    return _cache(settings, "cache", settings.agent)
 
 
 def stream_cache(settings: JobSettings) -> TrajectoryCache | None:
     """The cache of single_shot's answer streams (flows/stream.py): keyed without `candidates`, which only groups
     the stream's answers into rounds."""
+    agent = dataclasses.replace(settings.agent, strategy=dataclasses.replace(settings.agent.strategy, candidates=1))
+    return _cache(settings, "stream-cache", agent)
+
+
+def _cache(settings: JobSettings, kind: str, agent) -> TrajectoryCache | None:
+    """This process's TrajectoryCache of `kind` for `agent` under settings' model and sandbox, or None where caching
+    is off or does not apply to the model."""
     if not settings.cache or not TrajectoryCache.applies(settings.model):
         return None
-    agent = dataclasses.replace(settings.agent, strategy=dataclasses.replace(settings.agent.strategy, candidates=1))
-    key = ["stream-cache", settings.cache_dir, _record(settings.model), _record(settings.sandbox), repr(agent)]
+    key = [kind, settings.cache_dir, _record(settings.model), _record(settings.sandbox), repr(agent)]
     return _once(key,
                  lambda: TrajectoryCache(Path(settings.cache_dir) if settings.cache_dir else default_cache_dir(),
                                          settings.model, agent, settings.sandbox))
+
+
+def _record(conf) -> dict:
+    return {"record": type(conf).__name__, **dataclasses.asdict(conf)}
 
 
 def repair_in_process(task: Task, sample: int, settings: JobSettings) -> Trajectory | Exception:

@@ -1,10 +1,11 @@
 """The sandbox's typed settings, one record per backend: the only place their defaults are defined.
 conf/sandbox/<name>.yaml picks a record as its schema (flows/schema.py) and holds only what differs from it.
-A new backend adds its record here (deriving from SandboxConf), its entry in SANDBOX_CONFS and its case in
-sandboxes/__init__.py make_sandbox."""
+A setting that changes no verdict (how programs are started, not what they may do) says so on its field:
+`metadata={"neutral": why}` (flows/neutral.py). A new backend adds its record here (deriving from SandboxConf), its
+entry in SANDBOX_CONFS and its case in sandboxes/__init__.py make_sandbox."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .base import OUTPUT_CAP_BYTES
 
@@ -28,12 +29,15 @@ class SandboxConf:
 class PoolSandboxConf(SandboxConf):
     """Backends with a pool of warm workers that fork a child per program (local jails, docker containers)."""
 
-    mode: str = "fork"  # fork: warm workers fork a child per program; fresh: a new worker per program (slow)
-    workers: int | None = None  # concurrent programs (docker: containers); null = number of cores
+    # fork: warm workers fork a child per program; fresh: a new worker per program (slow)
+    mode: str = field(default="fork", metadata={"neutral": "how a program is started, not what it may do"})
+    # concurrent programs (docker: containers); null = number of cores
+    workers: int | None = field(default=None, metadata={"neutral": "how many programs run at once"})
     scratch_mb: int = 256  # size of each worker's writable tmpfs
     allow_fork: bool = False  # true lets programs fork (only for debugging: forking lets a candidate probe the test)
     max_processes: int = 32  # processes per program when allow_fork is true
-    uid_base: int | None = None  # children run as uid_base+slot (no capability); null = picked per process
+    # children run as uid_base+slot (no capability); null = picked per process
+    uid_base: int | None = field(default=None, metadata={"neutral": "which uid, not what it may do"})
     ready_timeout_s: float = 120.0  # a worker that is not ready by then fails its program
     output_cap_bytes: int = OUTPUT_CAP_BYTES  # output kept per stream
 
@@ -60,7 +64,7 @@ class DockerSandboxConf(PoolSandboxConf):
     cpus: float = 1.0  # CPU share of each container (docker --cpus)
     pids_limit: int = 64  # processes + threads in each container (docker --pids-limit)
     # null = docker's own (all containers share one CPU-scheduler entity); "/" = one each, as local workers
-    cgroup_parent: str | None = None
+    cgroup_parent: str | None = field(default=None, metadata={"neutral": "CPU scheduling, not limits"})
     docker: str = "docker"  # the docker command
 
 

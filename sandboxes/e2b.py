@@ -115,14 +115,14 @@ class E2BSandbox:
         c = conf_with(E2BSandboxConf, conf, options)
         self.debug = os.environ.get("E2B_DEBUG", "false").lower() == "true"
         self.api_key = api_key or os.environ.get("E2B_API_KEY")
+        try:  # the [e2b] extra, before the key: one line that says what to install
+            from e2b_code_interpreter import Sandbox  # noqa: F401
+        except ImportError as e:
+            raise SandboxUnavailable(f"sandbox=e2b needs fixlab's [e2b] extra ({e}): "
+                                     "pip install 'fixlab[e2b]'") from None
         if not self.api_key and not self.debug:
             raise SandboxUnavailable("E2B_API_KEY is not set: export E2B_API_KEY=<key from "
                                      "https://e2b.dev/dashboard?tab=keys>, or use sandbox=local")
-        try:
-            from e2b_code_interpreter import Sandbox  # noqa: F401
-        except ImportError as e:
-            raise SandboxUnavailable(f"e2b-code-interpreter is not installed ({e}): pip install "
-                                     "e2b-code-interpreter==2.11.5") from e
         self.template = c.template
         self.sandbox_timeout_s, self.request_timeout_s = int(c.sandbox_timeout_s), float(c.request_timeout_s)
         self.timeout_margin_s = float(c.timeout_margin_s)

@@ -260,3 +260,24 @@ def test_a_run_with_per_round_costs_holds_every_smaller_budget(tmp_path):
         [("0", 1, 10.0), ("1", 1, 23.33), ("2", 2, 43.33)]
     assert recs[1].outcomes == {"T/0#0": 0, "T/1#0": None, "T/2#0": None}
     assert budgets(recs[0], None) == [recs[0]]
+
+
+def test_seconds_compare_on_one_machine_at_one_engine_commit(tmp_path):
+    """A faster engine must not read as a cheaper configuration: seconds compare only between runs of one machine and
+    one engine commit (tag git_commit; results files that keep none are one group, and the output says it mixes)."""
+    plain = fl.frontier(fl.records_from_file(FIXTURE))
+    assert plain.time_commit is None and "these records keep no git commit" in plain.markdown()
+    assert "Frontier on seconds per task (Toy CPU, 2 cores, engine commits not recorded, may mix)" in plain.markdown()
+    doc = json.loads(FIXTURE.read_text())
+    for run in doc["runs"]:  # A-D at one commit, E at a later one
+        run["git_commit"], run["git_dirty"] = ("1" if run["run_id"] != "e" * 32 else "2") * 40, "false"
+    (tmp_path / FIXTURE.name).write_text(json.dumps(doc))
+    fr = fl.frontier(fl.records_from_file(tmp_path / FIXTURE.name))
+    assert (fr.time_machine, fr.time_commit) == ("Toy CPU, 2 cores", "1" * 12)
+    assert fr.time_frontier == [A, B, C, D] and fr.token_frontier == [A, B, D, E]
+    assert any(n.startswith(f"seconds of {E} left off the time axis: run on another machine or engine commit")
+               for n in fr.notes)
+    md = fr.markdown()
+    assert f"on Toy CPU, 2 cores at engine {'1' * 12} (compared only there)" in md
+    assert md.splitlines()[2].split(" | ")[-3] == "engine"  # a column, as the records name two commits
+    assert fl.commit_of("abc" * 14, "true") == "abcabcabcabc+dirty" and fl.commit_of("unknown", "false") is None

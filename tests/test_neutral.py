@@ -1,13 +1,16 @@
-"""The one list of result-neutral settings: speed knobs keep the trajectory cache key, answer-changing ones do
-not, and every user of the list agrees (cache, sweep labels)."""
+"""Result-neutral settings, marked on the config records' fields: speed knobs keep the trajectory cache key,
+answer-changing ones do not, and every user of the derived keys agrees (cache, sweep labels, resume, nightly,
+frontier). Retired knobs at their old default read as absent in old runs."""
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 from agents.config import AgentConfig, SingleShotConf
 from agents.models.config import TransformersModelConf
 from flows.cache import TrajectoryCache
-from flows.neutral import result_neutral
+from flows.neutral import neutral_keys, result_neutral
+from flows.schema import GROUPS, RETIRED, without_retired
 from sandboxes.config import LocalSandboxConf
 
 MODEL = {"name": "m", "pack": "qwen1.5b-coder-q4", "dtype": "float32"}
@@ -21,7 +24,7 @@ def key(tmp_path, model=None, sandbox=None, agent=None) -> str:
 def test_speed_knobs_keep_the_cache_key(tmp_path):
     base = key(tmp_path)
     for change in ({"threads": 2}, {"max_batch": 4}, {"prefix_cache_mib": 0}, {"draft_tokens": 0},
-                   {"batching": False}, {"skinny_matmul": False}):
+                   {"batching": False}, {"skinny_matmul": False}, {"int8_native": False}, {"int8_kernel": "torch"}):
         assert key(tmp_path, model=change) == base, change
     assert key(tmp_path, sandbox={"workers": 1, "mode": "fresh"}) == base
 
@@ -59,3 +62,64 @@ def test_sweep_labels_name_jobs_by_what_changes_answers():
     assert job_labels(speed_only) == {"a": "model.threads=1", "b": "model.threads=2"}
     assert result_neutral("runner.workers") and result_neutral("model.draft_tokens")
     assert not result_neutral("model.dtype") and not result_neutral("cache_dirt")
+
+
+def test_neutral_keys_come_from_the_records():
+    keys = neutral_keys()
+    # the groups marked on the job record's fields, the job's own, each backend's, and the recorded serving path
+    for k in ("runner.", "tracking.", "nightly.", "resume", "cache", "cache_dir", "sweep_ahead", "sweep_ahead_to",
+              "sweep_stream", "offline", "model.threads", "model.max_batch", "model.int8_native", "model.int8_kernel",
+              "model.slots", "model.max_concurrency", "model.delay_s", "sandbox.workers", "sandbox.mode",
+              "sandbox.uid_base", "sandbox.cgroup_parent", "serving.int8_kernel"):
+        assert k in keys and keys[k], k
+    assert result_neutral("tracking.uri") and result_neutral("nightly.tolerance")
+    for k in ("model.int8_skip", "model.kv_dtype", "model.cpu_attention", "model.weights", "serving.weights",
+              "serving.dtype", "serving.runtime", "sandbox.timeout_s", "strategy.candidates", "iters", "seed",
+              "dataset.limit"):
+        assert not result_neutral(k), k
+    # a flattened key cannot tell the backend: a field name neutral in one record of a group is so in all that have it
+    for group, (_, records) in GROUPS.items():
+        marks: dict[str, set[bool]] = {}
+        for r in records.values():
+            for f in dataclasses.fields(r):
+                marks.setdefault(f.name, set()).add("neutral" in f.metadata)
+        assert [f"{group}.{n}" for n, m in marks.items() if len(m) > 1] == []
+
+
+def test_retired_knobs_at_their_old_default_read_as_absent():
+    from flows.frontier import param_values
+    from flows.sweep import job_labels
+
+    old = {"strategy.name": "reflection", "strategy.diagnose": "False", "strategy.few_shot": "0",
+           "strategy.show_diff": "False", "strategy.edge_case_hint": "False", "model.int8_fuse": "False"}
+    assert without_retired(old) == {"strategy.name": "reflection"} == param_values(old)
+    assert set(RETIRED) == {"model.int8_fuse", "strategy.diagnose", "strategy.edge_case_hint", "strategy.few_shot",
+                            "strategy.show_diff"}
+    # switched on (no run did): a difference that stays
+    assert without_retired({"strategy.few_shot": "2"}) == {"strategy.few_shot": "2"}
+    # for every retired knob, the record no longer has it
+    from flows.schema import knob_default
+    for k in RETIRED:
+        assert knob_default(k, {"model.backend": "transformers", "strategy.name": "reflection"}) is None, k
+
+    def run(rid, **params):
+        return SimpleNamespace(info=SimpleNamespace(run_id=rid, run_name=rid), data=SimpleNamespace(params=params))
+
+    jobs = [run("a", **{"strategy.name": "reflection", "strategy.few_shot": "0", "iters": "1"}),
+            run("b", **{"strategy.name": "reflection", "iters": "2"})]
+    assert job_labels(jobs) == {"a": "iters=1", "b": "iters=2"}
+
+
+def test_nightly_diff_skips_neutral_and_retired_keys(monkeypatch):
+    import flows.nightly as nightly
+
+    monkeypatch.setattr(nightly, "_results", lambda client, run_id: {"Python/0": {"passed": True, "error": None}})
+
+    def run(rid, **params):
+        return SimpleNamespace(info=SimpleNamespace(run_id=rid, run_name=rid, start_time=0),
+                               data=SimpleNamespace(params=params, metrics={"pass_at_1": 1.0}, tags={}))
+
+    base = run("b", **{"iters": "1", "strategy.few_shot": "0", "model.threads": "2", "nightly.tolerance": "0.02"})
+    cur = run("c", **{"iters": "2", "model.threads": "4", "nightly.tolerance": "0.05"})
+    report = nightly.compare(None, cur, base, 0.02, [])
+    assert report["config_changes"] == {"iters": ["1", "2"]}

@@ -111,6 +111,9 @@ def test_resume_with_other_settings_is_one_line_error(tmp_path):
     assert RunTracker(tracking).start("r", grown, {}, resume_run_id=old) == old
     with pytest.raises(ConfigError, match=r"at strategy.self_tests \(None there, '4' now\)"):
         RunTracker(tracking).start("r", {**ss, "strategy": {**ss["strategy"], "self_tests": 4}}, {}, resume_run_id=old)
+    # A knob retired since the run was made (flows/schema.py RETIRED), there at its old default: the same config.
+    before = RunTracker(tracking).start("r", {**ss, "strategy": {**ss["strategy"], "few_shot": 0}}, {})
+    assert RunTracker(tracking).start("r", ss, {}, resume_run_id=before) == before
 
 
 def _children(pid: int) -> set[int]:

@@ -27,7 +27,7 @@ def feedback(code: str, test: str = TEST, trace_chars: int = 700) -> str:
     res = sb.run(build_program(code, test), 10.0)
     assert not res.passed
     return shape_feedback(res, code, test, sb, timeout_s=10.0, max_chars=1200, compute_actual=True,
-                          edge_case_hint=False, entry_point="f", trace_chars=trace_chars)
+                          entry_point="f", trace_chars=trace_chars)
 
 
 def test_the_failing_call_is_traced_line_by_line_with_its_values():

@@ -2,6 +2,7 @@
 (agents/models/config.py; conf/model/*.yaml)."""
 from __future__ import annotations
 
+from ..extras import require
 from .base import Generation, GenRequest, Model, ModelUnavailable
 from .config import (MODEL_CONFS, LlamaCppModelConf, ModelConf, OpenAIModelConf, OracleModelConf,
                      TransformersModelConf)
@@ -17,10 +18,13 @@ def build_model(conf: ModelConf, dataset=None) -> Model:
 
         return OracleModel(load_tasks(dataset or DatasetConf()), conf)
     if isinstance(conf, TransformersModelConf):
+        runtime = str(conf.runtime or "auto").strip().lower()
+        require("llamacpp" if runtime == "llamacpp" else "local", f"model={conf.name}", ModelUnavailable)
         from ..serving.runtime import build_local
 
         return build_local(conf)  # fixlab's engine, or llama.cpp where `runtime: auto` measured it faster
     if isinstance(conf, LlamaCppModelConf):
+        require("llamacpp", f"model={conf.name}", ModelUnavailable)
         from ..serving.llamacpp import LlamaCppModel
 
         return LlamaCppModel(conf)

@@ -107,7 +107,6 @@ class TransformersModel:
             from .int8 import quantize_int8
 
             quantize_int8(self.model, skip=tuple(cfg.int8_skip),  # []: lm_head in int8 too
-                          fuse=bool(cfg.int8_fuse),  # no measured gain (agents/models/config.py)
                           native=bool(cfg.int8_native), plan=self.choice.plan())
         if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.skinny_matmul:
             # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)

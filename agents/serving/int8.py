@@ -20,11 +20,6 @@ would flip tokens. The 1.5B pack quantizes it too: paired on every task its answ
 passed by one only), decode ran 1.3x faster, the fp32 tied weight's pages stay unread (0.9 GiB), and its logits no
 longer depend on the batch (fp32's do: docs/RESULTS.md, memory).
 
-Linears that read the same input (q/k/v of attention, gate/up of the MLP) can be fused (`fuse`, `model.int8_fuse`): one
-input rounding and one matmul over their stacked weights, each linear then handed its columns. Integer sums are
-exact and the scales per row and per channel, so the fused outputs are bit-equal to the separate ones (test).
-Off by default: on a 2-core EPYC it bought nothing measurable (benchmarks/weights.py rows int8-sep vs int8).
-
 Memory while quantizing: transformers maps a float32 safetensors file into the process and the weights are views
 of that mapping, paged in when first read. Reading them through the mapping would leave every float32 page resident
 (mapped file pages count in RSS until unmapped, and the embedding and lm_head keep the mapping alive): 4.9 GiB of
@@ -163,89 +158,17 @@ class Int8Linear(torch.nn.Module):
                 f"{self.plan.describe()}")
 
 
-class _Stacked(torch.nn.Module):
-    """Linears that read one input, as one Int8Linear over their stacked weights. The first member called with an
-    input computes every member's output; the others, called with that same tensor, take theirs. A member called
-    with another input (or twice) recomputes, so a caller with another call order still gets exact answers."""
-
-    def __init__(self, linears: list[torch.nn.Linear], weights: list[torch.Tensor] | None = None,
-                 native: bool = False, plan: Int8Plan | None = None):
-        super().__init__()
-        weights = weights or [m.weight for m in linears]
-        stacked = torch.nn.Linear(linears[0].in_features, sum(m.out_features for m in linears),
-                                  bias=any(m.bias is not None for m in linears))
-        with torch.no_grad():
-            stacked.weight.copy_(torch.cat([w.detach().float() for w in weights]))
-            if stacked.bias is not None:
-                stacked.bias.copy_(torch.cat([m.bias.detach().float() if m.bias is not None
-                                              else torch.zeros(m.out_features) for m in linears]))
-        self.inner = Int8Linear(stacked, native=native, plan=plan)
-        self.splits = [m.out_features for m in linears]
-        self._x: torch.Tensor | None = None
-        self._outs: tuple = ()
-        self._left: set[int] = set()
-
-    def output(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        if x is not self._x or i not in self._left:
-            self._outs = self.inner(x).split(self.splits, dim=-1)
-            self._x, self._left = x, set(range(len(self.splits)))
-        self._left.discard(i)
-        out = self._outs[i]
-        if not self._left:
-            self._x, self._outs = None, ()  # drop the reference: the next layer's input is another tensor
-        return out
-
-
-class StackedSlice(torch.nn.Module):
-    """One member of a _Stacked group (q_proj of q/k/v...): its columns of the group's product."""
-
-    def __init__(self, group: _Stacked, index: int):
-        super().__init__()
-        object.__setattr__(self, "group", group)  # not a submodule: the parent holds the group once
-        self.index = index
-        self.in_features, self.out_features = group.inner.in_features, group.splits[index]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.group.output(self.index, x)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 stacked #{self.index}"
-
-
-# Linears of one parent module that transformers' decoder layers call on the same input, in this order.
-SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-
-
-def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), fuse: bool = False, native: bool = True,
+def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), native: bool = True,
                   plan: Int8Plan | None = None) -> int:
-    """Replace every nn.Linear whose name does not end with one of `skip` by int8 (an Int8Linear, or with `fuse` a
-    slice of a stacked group for q/k/v and gate/up), in place. Returns how many linears were replaced.
+    """Replace every nn.Linear whose name does not end with one of `skip` by an Int8Linear, in place. Returns how
+    many linears were replaced.
     `native`: the compiled rounding and scaling loops where they build (native.py; same values). `plan`: which
     int8 kernel at how many rows (Int8Plan; same values).
     One linear at a time, and only names are kept: a float32 linear is freed as soon as it is replaced."""
     targets = [name for name, mod in model.named_modules()
                if type(mod) is torch.nn.Linear and not any(name == s or name.endswith("." + s) for s in skip)]
-    done = set()
     with MappedFiles() as files:
-        if fuse:
-            chosen = set(targets)
-            for parent_name, parent in list(model.named_modules()):
-                for g, names in enumerate(SHARED_INPUT):
-                    full = [f"{parent_name}.{n}" if parent_name else n for n in names]
-                    if not all(f in chosen for f in full):
-                        continue
-                    members = [getattr(parent, n) for n in names]
-                    if len({m.in_features for m in members}) != 1:
-                        continue
-                    group = _Stacked(members, [files.read(m.weight) for m in members], native=native, plan=plan)
-                    parent.add_module(f"int8_stacked{g}", group)
-                    for i, n in enumerate(names):
-                        setattr(parent, n, StackedSlice(group, i))
-                    done.update(full)
-                    del members
         for name in targets:
-            if name in done:
-                continue
             parent_name, _, attr = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             mod = getattr(parent, attr)

@@ -13,6 +13,7 @@ import logging
 import socket
 import threading
 
+from ..extras import message
 from ..models.base import Generation, GenRequest, ModelUnavailable
 from .cores import claim_threads
 from ..models.config import LlamaCppModelConf, OpenAIModelConf
@@ -41,8 +42,7 @@ class LlamaCppModel:
         try:
             import xllamacpp
         except ImportError:
-            raise ModelUnavailable("backend llamacpp needs the xllamacpp package: pip install xllamacpp "
-                                   "(or `make setup`)") from None
+            raise ModelUnavailable(message("llamacpp", f"model={cfg.name}")) from None
         self._cores = claim_threads(cfg.threads)  # a fair share beside other fixlab model processes
         threads = self._cores.threads
         p = xllamacpp.CommonParams()

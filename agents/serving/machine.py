@@ -29,12 +29,10 @@ def cpu() -> dict:
                     flags = set(value.split())
     except OSError:
         pass
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
+    from .cores import usable_cores
+
     return {"model": model or platform.processor() or "unknown", "arch": platform.machine(),
-            "flags": [f for f in FLAGS if f in flags], "cores": cores}
+            "flags": [f for f in FLAGS if f in flags], "cores": usable_cores()}
 
 
 def isa_family(info: dict | None = None) -> str:

@@ -295,9 +295,34 @@ def write_weights_streamed(gguf: Path, out: Path) -> bool:
     save_pretrained lays it out (safetensors: names sorted, offsets in that order), so the folder is byte for byte
     the one the whole-model conversion writes (tested). In memory at once: one tensor, dequantized in row chunks
     from bytes read with pread (the GGUF's pages are not mapped in, so they do not stay resident)."""
-    import numpy as np
+    plan = _streamed_plan(gguf)
+    if plan is None:
+        return False
+    out.mkdir(parents=True, exist_ok=True)
+    _write_safetensors(gguf, out / "model.safetensors", plan)
+    plan.model.config.architectures = [type(plan.model).__name__]  # as save_pretrained records it
+    plan.model.config.save_pretrained(out)
+    plan.model.generation_config.save_pretrained(out)
+    return True
+
+
+@dataclass
+class _StreamPlan:
+    """What writing a GGUF tensor by tensor needs (write_weights_streamed)."""
+
+    model: object  # the transformers model on the meta device: its config, parameter names and shapes
+    processor: object  # the architecture's transformers tensor processor
+    names: dict  # GGUF tensor name -> transformers name, as transformers' loader maps them
+    shapes: dict  # transformers name -> shape
+    tensors: list  # (GGUF name, quantization type, raw shape, raw dtype, data offset) in file order
+    chosen: dict  # the GGUF tensors written: GGUF name -> transformers name
+
+
+def _streamed_plan(gguf: Path) -> _StreamPlan | None:
+    """The plan for write_weights_streamed, or None where transformers' whole-model conversion must do it (an
+    architecture whose tensor processor merges tensors, or a file whose tensors do not match the model's)."""
     import torch
-    from gguf import GGUFReader, dequantize
+    from gguf import GGUFReader
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers import modeling_gguf_pytorch_utils as hf_gguf
 
@@ -313,7 +338,7 @@ def write_weights_streamed(gguf: Path, out: Path) -> bool:
             return False
     processor_cls = hf_gguf.TENSOR_PROCESSORS.get(arch, hf_gguf.TensorProcessor)
     if is_gguf_arch_supported(arch) or processor_cls.__name__ not in _ONE_TO_ONE_PROCESSORS:
-        return False
+        return None
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -325,43 +350,53 @@ def write_weights_streamed(gguf: Path, out: Path) -> bool:
     tied = set(getattr(model, "all_tied_weights_keys", None) or {})
     chosen = {name: names[name] for name, *_ in tensors if name in names}
     if sorted(chosen.values()) != sorted(set(shapes) - tied) or any(shapes[k] == () for k in chosen.values()):
-        return False  # a tensor the model wants that the file lacks (or a duplicate): let transformers decide
+        return None  # a tensor the model wants that the file lacks (or a duplicate): let transformers decide
+    return _StreamPlan(model, processor, names, shapes, tensors, chosen)
 
-    # safetensors layout: header (JSON, metadata first, names sorted, padded with spaces to 8 bytes), then the data
+
+def _write_safetensors(gguf: Path, path: Path, plan: _StreamPlan) -> None:
+    """The plan's tensors, dequantized one at a time, as a safetensors file laid out as save_pretrained lays it out:
+    header (JSON, metadata first, names sorted, padded with spaces to 8 bytes), then the data in that order."""
+    import numpy as np
+
     header: dict = {"__metadata__": {"format": "pt"}}
     begin = 0
-    for name in sorted(chosen.values()):
-        end = begin + 4 * int(np.prod(shapes[name]))
-        header[name] = {"dtype": "F32", "shape": list(shapes[name]), "data_offsets": [begin, end]}
+    for name in sorted(plan.chosen.values()):
+        end = begin + 4 * int(np.prod(plan.shapes[name]))
+        header[name] = {"dtype": "F32", "shape": list(plan.shapes[name]), "data_offsets": [begin, end]}
         begin = end
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
     data_start = 8 + len(head)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(gguf, "rb") as src, open(out / "model.safetensors", "wb") as dst:
+    with open(gguf, "rb") as src, open(path, "wb") as dst:
         dst.write(len(head).to_bytes(8, "little") + head)
         dst.truncate(data_start + begin)
-        for name, qtype, raw_shape, raw_dtype, offset in tensors:
-            if name not in chosen:
+        for name, qtype, raw_shape, raw_dtype, offset in plan.tensors:
+            if name not in plan.chosen:
                 continue
-            hf_name = chosen[name]
-            raw = np.empty(raw_shape, dtype=raw_dtype)
-            _pread_into(src.fileno(), memoryview(raw.reshape(-1).view(np.uint8)), offset)
-            values = _dequantize_rows(raw, qtype, dequantize)
-            del raw
-            result = processor.process(weights=values, name=name, tensor_key_mapping=names,
-                                       parsed_parameters={"tensors": {}})
-            values = np.ascontiguousarray(result.weights)
-            if result.name != name or values.dtype != np.float32 or values.shape != shapes[hf_name]:
-                raise ModelUnavailable(f"GGUF tensor {name}: got {values.dtype} {values.shape} for {hf_name}, "
-                                       f"expected float32 {shapes[hf_name]}; the pack cannot be converted here")
-            dst.seek(data_start + header[hf_name]["data_offsets"][0])
+            values = _tensor_values(src.fileno(), plan, name, qtype, raw_shape, raw_dtype, offset)
+            dst.seek(data_start + header[plan.chosen[name]]["data_offsets"][0])
             dst.write(memoryview(values.reshape(-1).view(np.uint8)))
-            del values, result
-    model.config.architectures = [type(model).__name__]  # as save_pretrained records it
-    model.config.save_pretrained(out)
-    model.generation_config.save_pretrained(out)
-    return True
+            del values
+
+
+def _tensor_values(fd: int, plan: _StreamPlan, name: str, qtype, raw_shape: tuple, raw_dtype, offset: int):
+    """GGUF tensor `name` as the float32 array transformers' loader makes of it (dequantized, then processed)."""
+    import numpy as np
+    from gguf import dequantize
+
+    hf_name = plan.chosen[name]
+    raw = np.empty(raw_shape, dtype=raw_dtype)
+    _pread_into(fd, memoryview(raw.reshape(-1).view(np.uint8)), offset)
+    values = _dequantize_rows(raw, qtype, dequantize)
+    del raw
+    result = plan.processor.process(weights=values, name=name, tensor_key_mapping=plan.names,
+                                    parsed_parameters={"tensors": {}})
+    values = np.ascontiguousarray(result.weights)
+    if result.name != name or values.dtype != np.float32 or values.shape != plan.shapes[hf_name]:
+        raise ModelUnavailable(f"GGUF tensor {name}: got {values.dtype} {values.shape} for {hf_name}, "
+                               f"expected float32 {plan.shapes[hf_name]}; the pack cannot be converted here")
+    return values
 
 
 def _pread_into(fd: int, buf: memoryview, offset: int) -> None:
@@ -437,6 +472,9 @@ def main(argv: list[str] | None = None) -> None:
     """python -m agents.serving.packs [PACK ...]: prepare packs ahead of a run and print their folders."""
     import argparse
 
+    from ..extras import require
+
+    require("local", "python -m agents.serving.packs", SystemExit)  # converting a pack needs torch and transformers
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("packs", nargs="*", default=list(PACKS), help=f"default: all ({', '.join(PACKS)})")
     args = ap.parse_args(argv)

@@ -8,6 +8,7 @@ from .react import ReactStrategy
 from .reflection import Reflection
 from .single_shot import SingleShot
 
-REGISTRY: dict[str, type[Strategy]] = {"single_shot": SingleShot, "reflection": Reflection, "react": ReactStrategy,
-                                       "portfolio": Portfolio}
-assert tuple(REGISTRY) == STRATEGIES, "agents/config.py STRATEGIES and the registry must name the same strategies"
+# agents/strategies/<name>.py runs the strategy whose record (agents/config.py STRATEGY_CONFS) is named <name>: the
+# names are the records' alone, and a record without its module is a KeyError on import.
+_BY_MODULE = {c.__module__.rpartition(".")[2]: c for c in (SingleShot, Reflection, ReactStrategy, Portfolio)}
+REGISTRY: dict[str, type[Strategy]] = {name: _BY_MODULE[name] for name in STRATEGIES}

@@ -1,8 +1,8 @@
 """Strategy: how a round is produced from the loop state (`produce`) and folded back into it (`absorb`).
-The default opening prompt is the system prompt, optional worked examples and the fix prompt."""
+The default opening prompt is the system prompt and the fix prompt."""
 from __future__ import annotations
 
-from ..context import CODE_STOP, Context, State, few_shot_messages, render
+from ..context import CODE_STOP, Context, State, render
 from ..extract import normalise
 from ..types import Attempt
 
@@ -13,9 +13,9 @@ class Strategy:
 
     def first_messages(self) -> list[dict]:
         ctx = self.ctx
-        return ([{"role": "system", "content": render("system.txt")}] + few_shot_messages(ctx.cfg.strategy.few_shot)
-                + [{"role": "user", "content": render("fix.txt", task=ctx.task, code=ctx.view.code.strip("\n"),
-                                                      tests=ctx.view.tests)}])
+        return [{"role": "system", "content": render("system.txt")},
+                {"role": "user", "content": render("fix.txt", task=ctx.task, code=ctx.view.code.strip("\n"),
+                                                   tests=ctx.view.tests)}]
 
     def initial_state(self) -> State:
         first = self.first_messages()

@@ -18,7 +18,7 @@ class Reflection(Strategy):
         super().absorb(state, attempt)
         if state.done or attempt.decision == "model_error":
             return
-        task, diagnose = self.ctx.task, self.ctx.cfg.strategy.diagnose
+        task = self.ctx.task
         stuck = attempt.decision == "repeat" or (attempt.decision == "tested" and attempt.unchanged)
         if stuck and self.ctx.cfg.strategy.rewrite_when_stuck:
             # A small model that hands the bug back keeps copying what it is shown: start a new conversation
@@ -36,10 +36,10 @@ class Reflection(Strategy):
             # The same code fails the same way: restate what its run showed (the answer alone taught nothing).
             same = attempt.same_as_round
             reply = render("repeat.txt", task=task, unchanged=attempt.unchanged, same_round=same,
-                           feedback=without_unchanged_note(state.feedback.get(same)), diagnose=diagnose)
+                           feedback=without_unchanged_note(state.feedback.get(same)))
         else:
             reply = render("revise.txt", task=task, code=(attempt.code or "").strip("\n"),
-                           feedback=attempt.feedback or "The tests failed.", diagnose=diagnose)
+                           feedback=attempt.feedback or "The tests failed.")
         state.messages += [{"role": "assistant", "content": attempt.calls[-1].output},
                            {"role": "user", "content": reply}]
 
