@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import subprocess
 import sys
@@ -34,8 +33,21 @@ import torch.nn.functional as F  # noqa: E402
 
 from agents.serving import native  # noqa: E402
 from agents.serving.machine import describe  # noqa: E402
+from flows.results import write  # noqa: E402
 
 LAYERS, HEADS, KV_HEADS, HEAD_SIZE = 28, 12, 2, 128  # Qwen2.5-Coder-1.5B
+
+
+# What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
+TITLE = "Decode attention alone, kernel against kernel (`benchmarks/attention.py`)"
+TEXT = ("The compiled decode attention (agents/serving/kernels.c) of the tree that ran the benchmark against the same "
+        "file at earlier commits, taking turns step after step over a made-up float16 KV cache of the 1.5B pack's "
+        "shapes; the largest difference from exact float32 attention over the same values.")
+TABLE = {"rows": "rows", "columns": [["rows", "$.shape.rows"], ["context", "$.shape.context"],
+                                     ["queries", "$.shape.queries"], ["K/V MB a step", "$.shape.kv_mb_read"],
+                                     ["kernels", "kernels"], ["ms a step", "ms_per_step"], ["K/V GB/s", "kv_gb_per_s"],
+                                     ["max diff vs exact", "max_abs_diff_vs_exact"],
+                                     ["time over the tree's", "this_tree_faster"]]}
 
 
 def build(rev: str, into: Path) -> ctypes.CDLL:
@@ -110,14 +122,11 @@ def main() -> None:
     rows = [{"kernels": "this tree" if rev == "." else rev, "ms_per_step": round(best[rev] * 1e3, 1),
              "kv_gb_per_s": round(kv_bytes / best[rev] / 1e9, 1), "max_abs_diff_vs_exact": diff[rev],
              "this_tree_faster": round(best[rev] / best["."], 2)} for rev in revs]
-    result = {"benchmark": "attention", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()),
-              "shape": {"rows": B, "context": L, "queries": Q, "visible_columns": visible, "layers": LAYERS,
+    result = {"shape": {"rows": B, "context": L, "queries": Q, "visible_columns": visible, "layers": LAYERS,
                         "heads": HEADS, "kv_heads": KV_HEADS, "head_size": D, "kv_mb_read": round(kv_bytes / 1e6)},
               "reps": args.reps, "rows": rows, "note": "this_tree_faster: that row's time over this tree's"}
-    out = Path(args.out or REPO / "benchmarks" / "results" /
-               f"attention-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = write("attention", result, title=TITLE, text=TEXT, table=TABLE, out=args.out, config=vars(args),
+                machine=describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()))
     print(f"{B} rows x {L} columns ({visible // B} visible a row on average), {Q} quer{'y' if Q == 1 else 'ies'} a row,"
           f" {LAYERS} layers: K/V read {kv_bytes / 1e6:.0f} MB a step")
     print("kernels | ms a step | K/V GB/s | max |diff| vs exact | this tree faster by")

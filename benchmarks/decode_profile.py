@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -33,11 +32,27 @@ import torch  # noqa: E402
 from agents.models.base import GenRequest  # noqa: E402
 from agents.serving.hf import TransformersModel  # noqa: E402
 from agents.serving.machine import describe  # noqa: E402
+from flows.results import write  # noqa: E402
 from weights import decode_ids, prompts  # noqa: E402
 
 PARTS = ("int8 matmuls", "lm_head", "attention", "rest of the forward", "engine outside the forward")
 # inside "int8 matmuls": torch._int_mm itself; the rest is rounding each input row and scaling the product back
 MM = "of which torch._int_mm"
+
+
+# What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
+DECODE = ("int8 matmuls", "of which torch._int_mm", "lm_head", "attention", "rest of the forward",
+          "engine outside the forward")
+PREFILL = ("int8 matmuls", "of which torch._int_mm", "attention", "rest of the forward")
+TITLE = "Where a decode step and a prefill go (`benchmarks/decode_profile.py`)"
+TEXT = ("The 1.5B pack in fixlab's engine, each part timed at its Python entry point: decode over the steps after a "
+        "warm-up, the prefill of the same prompts per prompt token. `torch._int_mm` is the integer products inside the "
+        "int8 matmuls.")
+TABLE = {"rows": ".", "columns": [["rows", "rows"], ["context", "context"], ["steps", "steps_timed"],
+                                  ["step ms", "step_ms"], ["tokens/s", "decode_tok_s"],
+                                  *([f"{k} ms", f"ms_per_step.{k}"] for k in DECODE),
+                                  ["prefill tokens/s", "prefill.tok_s"],
+                                  *([f"prefill {k} ms a token", f"prefill.ms_per_token.{k}"] for k in PREFILL)]}
 
 
 def default_model(overrides: dict):
@@ -154,18 +169,16 @@ def main() -> None:
                "tok_s": round(clock.prefill_tokens / p["step"], 1) if p["step"] else None,
                "ms_per_token": {k: round(v / max(1, clock.prefill_tokens) * 1000, 2) for k, v in pre.items()},
                "share": {k: round(v / p["step"], 3) for k, v in pre.items()} if p["step"] else {}}
-    out = {"benchmark": "decode-profile", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "machine": describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()),
-           "model": {k: v for k, v in dataclasses.asdict(default_model(overrides)).items() if k in (
+    out = {"model": {k: v for k, v in dataclasses.asdict(default_model(overrides)).items() if k in (
                "name", "pack", "weights", "dtype", "cpu_attention", "int8_skip", "skinny_matmul", "max_prefill_tokens",
                *overrides)},
            "rows": args.rows, "context": args.context, "new_tokens": args.new, "steps_timed": clock.steps,
            "step_ms": round(s["step"] / clock.steps * 1000, 1), "decode_tok_s": round(clock.rows / s["step"], 1),
            "ms_per_step": per_step, "share": {k: round(v / s["step"], 3) for k, v in split.items()},
            "prefill": prefill, "wall_s_with_prefill": round(wall, 1)}
-    dest = Path(args.out or REPO / "benchmarks" / "results" /
-                f"decode-profile-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
-    dest.write_text(json.dumps(out, indent=1) + "\n")
+    dest = write("decode_profile", out, title=TITLE, text=TEXT, table=TABLE, out=args.out,
+                 config={f"model.{k}": v for k, v in out["model"].items()},
+                 machine=describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()))
     print(f"{args.rows} rows at ~{args.context} tokens: {out['step_ms']} ms a step, {out['decode_tok_s']} tokens/s")
     for k in split:
         print(f"  {k:<28} {per_step[k]:>7.1f} ms  {out['share'][k] * 100:5.1f}%")

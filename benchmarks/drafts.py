@@ -42,6 +42,7 @@ from agents.strategies import REGISTRY  # noqa: E402
 from agents.tasks import DatasetConf, load_tasks  # noqa: E402
 from decode_profile import default_model  # noqa: E402
 from agents.serving.machine import describe  # noqa: E402
+from flows.results import write  # noqa: E402
 from weights import DATA  # noqa: E402
 
 # engine keyword arguments, and module settings ("module.NAME") that a row changes for its run
@@ -58,6 +59,19 @@ ROWS = {
     "48 rows": {"max_batch": 48, "kv_cache_mib": 2304},  # with --seeds 5: 48 requests
 }
 MODULES = {"cpu_attention": cpu_attention, "engine": engine_mod}
+
+
+# What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
+TITLE = "Prompt-lookup drafts at full batch (`benchmarks/drafts.py`)"
+TEXT = ("Real repairs decoding together (the tuning sample's first prompts, greedy and seeded), one engine setting per "
+        "row over the same loaded model; answers differ from the first row's only by float rounding in batched "
+        "shapes. Compare decode: copies of one prompt share a prefill.")
+TABLE = {"rows": "rows", "columns": [["row", "row"], ["setting", "setting"], ["wall s", "wall_s"],
+                                     ["prefill s", "prefill_s"], ["decode tokens/s", "decode_tok_s"],
+                                     ["x first row", "decode_speedup_vs_first"], ["tokens", "completion_tokens"],
+                                     ["forwards", "steps"], ["drafts kept", "draft_accepted"],
+                                     ["drafts proposed", "draft_tokens"], ["compactions", "compactions"],
+                                     ["answers equal to the first row's", "answers_equal_first_row"]]}
 
 
 def requests(m: TransformersModel, n: int, seeds: int, max_new: int) -> list[tuple[GenRequest, list[int]]]:
@@ -133,11 +147,10 @@ def main() -> None:
     ref = rows[0]["decode_tok_s"]
     for r in rows:
         r["decode_speedup_vs_first"] = round(r["decode_tok_s"] / ref, 2)
-    out = REPO / "benchmarks" / "results" / f"drafts-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    out.write_text(json.dumps({"benchmark": "drafts", "requests": len(reqs), "prompts": args.prompts,
-                               "seeds": args.seeds, "max_new_tokens": args.max_new, "max_batch": base["max_batch"],
-                               "machine": describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()),
-                               "rows": rows}, indent=1) + "\n")
+    out = write("drafts", {"requests": len(reqs), "prompts": args.prompts, "seeds": args.seeds,
+                     "max_new_tokens": args.max_new, "max_batch": base["max_batch"], "rows": rows},
+          title=TITLE, text=TEXT, table=TABLE, config=vars(args),
+          machine=describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()))
     print("| row | decode s | tokens | decode tok/s | x first | steps | drafts kept/proposed | compactions | pad share |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from flows.results import write  # noqa: E402
 # Every 5th task from Python/25, plus the last two: 30 tasks, none from the tuning sample Python/0-23.
 TASKS = [f"Python/{i}" for i in range(25, 164, 5)] + ["Python/162", "Python/163"]
 ROWS = {
@@ -51,6 +53,18 @@ ROWS = {
     "llamacpp": ["model=qwen1.5b-coder-q4-llamacpp"],
     "llamacpp+ngram": ["model=qwen1.5b-coder-q4-llamacpp", "model.speculative=ngram"],
 }
+
+
+# What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
+TITLE = "End to end on fixed tasks outside the tuning sample (`benchmarks/endtoend.py`)"
+TEXT = "Each row is a real job from a cold start with its own store and no trajectory cache."
+TABLE = {"rows": "rows", "columns": [["strategy", "$.strategy"], ["iters", "$.iters"], ["backend", "row"],
+                                     ["tasks", "tasks"], ["wall s", "wall_s"], ["tasks/min", "tasks_per_min"],
+                                     ["passed", "passed"], ["tokens sent", "prompt_tokens"],
+                                     ["prefilled", "prefill_tokens"], ["completion", "completion_tokens"],
+                                     ["completion tokens/s", "completion_tok_per_s"],
+                                     ["finished (stopped)", "tasks_finished"],
+                                     ["passed of finished", "passed_of_finished"], ["note", "error"]]}
 
 
 def run_row(name: str, overrides: list[str], tasks: list[str], strategy: str, work: Path,
@@ -141,9 +155,8 @@ def main() -> None:
             rows.append(run_row(name, ROWS[name], tasks, args.strategy, Path(work),
                                 None if args.row_timeout_min is None else args.row_timeout_min * 60, args.iters))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-    out = REPO / "benchmarks" / "results" / f"endtoend-{args.strategy}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    out.write_text(json.dumps({"strategy": args.strategy, "iters": args.iters, "task_ids": tasks, "rows": rows,
-                               "machine": machine()}, indent=1))
+    out = write("endtoend", {"strategy": args.strategy, "iters": args.iters, "task_ids": tasks, "rows": rows},
+                title=TITLE, text=TEXT, table=TABLE, note=args.strategy, config=vars(args), machine=machine())
     print(table(rows))
     print(f"wrote {out.relative_to(REPO)}")
 

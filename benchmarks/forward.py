@@ -34,8 +34,20 @@ from agents.serving.hf import TransformersModel  # noqa: E402
 from agents.serving.int8 import Int8Linear  # noqa: E402
 from decode_profile import default_model  # noqa: E402
 from agents.serving.machine import describe  # noqa: E402
+from flows.results import write  # noqa: E402
 
 PARTS = {"int8": 0.0, "attention": 0.0}
+
+
+# What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
+TITLE = "Decode attention over left padding (`benchmarks/forward.py`)"
+TEXT = ("One forward of the 1.5B pack over a made-up KV cache (rows x cache columns x new tokens a row, a share of the "
+        "slots left padding): decode attention batched over every row's whole width against per row.")
+TABLE = {"rows": "rows", "columns": [["rows", "rows"], ["columns", "columns"], ["new tokens", "new_tokens"],
+                                     ["padding", "padding"], ["forward ms batched", "batched.forward_ms"],
+                                     ["attention ms batched", "batched.attention_ms"],
+                                     ["forward ms per-row gate", "per_row.forward_ms"],
+                                     ["attention ms per-row gate", "per_row.attention_ms"], ["speedup", "speedup"]]}
 
 
 def timed(part: str, fn):
@@ -102,10 +114,9 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     finally:
         m.close()
-    out = REPO / "benchmarks" / "results" / f"forward-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    out.write_text(json.dumps({"benchmark": "forward", "machine": describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()), "per_row_gate": {"share": cpu_attention.PADDING_SHARE,
-                                                             "slots": cpu_attention.PADDING_SLOTS},
-        "rows": rows}, indent=1) + "\n")
+    out = write("forward", {"per_row_gate": {"share": cpu_attention.PADDING_SHARE, "slots": cpu_attention.PADDING_SLOTS},
+                      "rows": rows}, title=TITLE, text=TEXT, table=TABLE, config=vars(args),
+          machine=describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()))
     print("| rows x columns x new | padding | forward ms batched / per-row (attention) | speedup |")
     print("|---|---|---|---|")
     for r in rows:

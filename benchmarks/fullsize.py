@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -64,6 +63,8 @@ def record(run: dict) -> dict:
         # the time a run's tasks took, cut to its budget (a budget sweep's later jobs only cut the first job's
         # trajectories, so their wall_s is not their cost): comparable between runs on one kind of machine
         "task_seconds": task_seconds(rows), "machine": machine, "machine_source": machine_source,
+        # the engine that ran it (the frontier compares seconds only between runs of one machine and one commit)
+        "git_commit": run["run"].data.tags.get("git_commit"), "git_dirty": run["run"].data.tags.get("git_dirty"),
         # each smaller budget's cost per task, summed over tasks (rows that keep per-round costs; None otherwise)
         "cost_by_round": cost_by_round(rows, iters),
         # outcomes only (no trajectories): what a later session needs to pair a new run against this one
@@ -218,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_ids", nargs="+")
     ap.add_argument("--name", required=True, help="what the runs are, for the file name (e.g. default, strategies)")
+    ap.add_argument("--label", default="", help="what was run, in words, for the results document (default: --name)")
     ap.add_argument("--command", default="", help="the command that made the runs, kept in the file")
     ap.add_argument("--against", action="append", default=[], metavar="FILE:RUN_ID",
                     help="also pair each run against a run recorded in an earlier results file (repeatable)")
@@ -231,8 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     client = mlflow.MlflowClient(args.tracking_uri)
     runs = load_runs(client, args.run_ids)
-    out = {"command": args.command, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "runs": [record(r) for r in runs]}
+    out = {"command": args.command, "runs": [record(r) for r in runs]}
     for rec, run in zip(out["runs"], runs):
         gap = overfit_gap(client, run)
         if gap:
@@ -244,8 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     for base in earlier:
         for rec in out["runs"]:
             out.setdefault("paired_with_earlier", []).append(pair_with_earlier(base, rec))
-    dest = args.out / f"fullsize-{args.name}-{time.strftime('%Y%m%d', time.gmtime())}.json"
-    dest.write_text(json.dumps(out, indent=1) + "\n")
+    from flows.results import stamp, write
+
+    first = out["runs"][0]
+    label = args.label or args.name
+    dest = write("fullsize", out, title=label, out=args.out / f"fullsize-{args.name}-{stamp()}.json",
+                 text="Runs read back from MLflow; the command that made them is `command`.", command=args.command,
+                 config=first["params"], sweeps=[{"select": {}, "label": label}],
+                 **({"machine": {"cpu": first["machine"]}} if first["machine_source"] == "tag" else {}))
     print(f"wrote {dest}")
     for rec in out["runs"]:
         p = rec["params"]

@@ -304,10 +304,23 @@ def judge(r: dict, base_ids: list, new_tokens: int, texts: bool = False) -> None
     r["decode_tps"] = r["tokens"] / r["decode_s"] if r.get("decode_s") else None
 
 
+# What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
+TITLE = "The batching engine against one prompt at a time (`benchmarks/generation.py`)"
+TEXT = "Real architectures with random weights (`pack:` rows: the real packs), cut to the layers given."
+TABLE = {"rows": "runs", "columns": [["architecture", "arch"], ["layers", "layers"], ["dtype", "$.meta.dtype"],
+                                     ["mode", "mode"], ["batch", "batch"], ["tokens/s with prefill", "e2e_tps"],
+                                     ["decode tokens/s", "decode_tps"], ["greedy identical to one at a time", "exact"],
+                                     ["greedy equal to one at a time (prompts)", "exact_prompts"],
+                                     ["leading tokens equal", "agree_prefix"], ["error", "error"]]}
+
+
 def save(results: dict, out: Path) -> None:
     """Written after every row: a run cut short (a GPU lease ends) keeps what it measured."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    from flows.results import write
+
+    gpu = results["meta"].get("gpu")
+    write("generation_gpu" if gpu else "generation", results, title=TITLE, text=TEXT, table=TABLE, out=out,
+          machine=describe(gpu=gpu) if gpu else describe(), config=results["meta"])
 
 
 def _sync(device):
@@ -344,8 +357,10 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads or usable_cores())
     archs = [a for a in (args.arch or ["deepseek-coder-1.3b-instruct", "Qwen2.5-Coder-0.5B-Instruct"]) if a != "none"]
     rng = random.Random(0)
+    from flows.results import stamp
+
     out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / (
-        f"generation-{device.type}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+        f"generation{'-gpu' if device.type == 'cuda' else ''}-{stamp()}.json")
     results = {"meta": {"device": str(device), "cpu_tuning": device.type == "cpu" and not args.no_skinny,
                         "dtype": str(dtype).replace("torch.", ""), "layers": args.layers,
                         "new_tokens": args.new_tokens, "prompt_len": list(args.prompt_len),

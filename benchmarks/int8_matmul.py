@@ -13,7 +13,6 @@ Writes benchmarks/results/int8-matmul-<UTC time>.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -25,10 +24,19 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 
 from agents.serving.machine import describe  # noqa: E402
+from flows.results import write  # noqa: E402
 
 LAYERS = 28
 HIDDEN, KV, MLP = 1536, 256, 8960  # Qwen2.5-Coder-1.5B: q and o 1536 x 1536, k and v 256 x 1536, MLP 8960
 SHAPES = [(HIDDEN, HIDDEN), (KV, HIDDEN), (KV, HIDDEN), (HIDDEN, HIDDEN), (MLP, HIDDEN), (MLP, HIDDEN), (HIDDEN, MLP)]
+
+
+# What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
+TITLE = "The int8 products alone, by rows (`benchmarks/int8_matmul.py`)"
+TEXT = ("torch._int_mm over the 1.5B pack's 28 layers of decoder matrices (every byte from memory), M rows at a time: "
+        "at one row the products stream the weights at the memory's pace, with hundreds they near the CPU's int8 peak.")
+TABLE = {"rows": "rows", "columns": [["rows", "rows"], ["ms a step", "ms_per_step"],
+                                     ["weights GB/s", "weight_gb_per_s"], ["G multiply-adds/s", "g_mac_per_s"]]}
 
 
 def main() -> None:
@@ -54,12 +62,9 @@ def main() -> None:
                      "g_mac_per_s": round(m * total / best / 1e9)})
         print(f"M={m}: {rows[-1]['ms_per_step']} ms a step, {rows[-1]['weight_gb_per_s']} GB/s of weights, "
               f"{rows[-1]['g_mac_per_s']} G multiply-adds/s", flush=True)
-    result = {"benchmark": "int8_matmul", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()),
-              "weight_gb": round(total / 1e9, 2), "layers": LAYERS, "reps": args.reps, "rows": rows}
-    out = Path(args.out or REPO / "benchmarks" / "results" /
-               f"int8-matmul-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    result = {"weight_gb": round(total / 1e9, 2), "layers": LAYERS, "reps": args.reps, "rows": rows}
+    out = write("int8_matmul", result, title=TITLE, text=TEXT, table=TABLE, out=args.out, config=vars(args),
+                machine=describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()))
     print(f"wrote {out}")
 
 

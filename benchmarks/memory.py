@@ -49,6 +49,16 @@ def status(pid: str | int = "self") -> dict:
     return out
 
 
+# What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
+TITLE = "Peak resident memory (`benchmarks/memory.py`)"
+TEXT = ("Each part in a child process of its own: `/usr/bin/time -v`'s maximum resident set of the process, and the "
+        "whole process tree's peak (sandbox workers, Prefect's server) sampled with psutil.")
+TABLE = {"rows": "parts.*", "keys": ["part"], "columns": [["label", "$.label"],
+                                                          ["peak RSS GiB (time -v)", "time_v_max_rss_gib"],
+                                                          ["process tree GiB", "tree_peak.tree"], ["seconds", "seconds"],
+                                                          ["passed", "answers.*.passed"]]}
+
+
 def mapped_rss(under: str, pid: str | int = "self") -> int:
     """Bytes of the files under folder `under` that are mapped into the process and resident (smaps Rss)."""
     total, inside = 0, False
@@ -432,9 +442,13 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     if "job" in result["parts"]:
         result["peak_rss_gib"] = result["parts"]["job"]["time_v_max_rss_gib"]
-    out = REPO / "benchmarks" / "results" / f"memory-{stamp}{'-' + args.label if args.label else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    from flows.results import write
+
+    job = [a for a in result.get("job_args", []) if not a.startswith(("tracking.", "hydra.", "cache="))]
+    model = (result["parts"].get("job") or {}).get("model_config") or {}
+    out = write("memory", {k: v for k, v in result.items() if k != "machine"}, title=TITLE, text=TEXT, table=TABLE,
+                note=args.label, machine=result["machine"],
+                config={**{f"model.{k}": v for k, v in model.items()}, **dict(a.split("=", 1) for a in job if "=" in a)})
     print(json.dumps({p: {"max_rss_gib": r.get("time_v_max_rss_gib"), "tree_gib": r["tree_peak"]["tree"]}
                       for p, r in result["parts"].items()}))
     print(f"wrote {out}", file=sys.stderr)

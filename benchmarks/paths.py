@@ -38,6 +38,19 @@ AVX2_ENV = {"FIXLAB_CPU_ISA": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN
             "ATEN_CPU_CAPABILITY": "avx2", "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
 MODES = {"native": {}, "avx2": AVX2_ENV, "vnni": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"}}
 PACK = "qwen1.5b-coder-q4"
+# What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
+TITLE = "The path chooser's calibration (`benchmarks/paths.py`)"
+TEXT = ("The matmuls of one decode step of the 1.5B pack's shapes (weights streamed from memory, as a whole model's), "
+        "ms, for every path the CPU can run, at 1-512 rows; and what `weights: auto` and `int8_kernel: auto` take. A "
+        "mode other than native holds the CPU to fewer instruction sets (the environment named): it predicts a CPU of "
+        "that family, with this machine's cores.")
+TABLE = {"rows": "modes.*.matmul_ms.*", "keys": ["mode", "path"],
+         "columns": [["chosen", "$.modes.{0}.choice.label"]]}  # + a column per row count: width_columns
+
+
+def width_columns(modes: dict) -> list[list[str]]:
+    widths = sorted({int(w) for m in modes.values() for t in m["matmul_ms"].values() for w in t})
+    return [[f"{w} rows ms", str(w)] for w in widths]
 
 
 def child(threads: int) -> dict:
@@ -77,9 +90,9 @@ def main() -> None:
     flags = set(cpu()["flags"])
     modes = args.modes or ["native"] + (["avx2"] if {"avx2", "fma"} <= flags and "avx512f" in flags else []) + \
         (["vnni"] if "amx_int8" in flags else [])
-    out = {"benchmark": "paths", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "command": "benchmarks/paths.py " + " ".join(sys.argv[1:]), "pack": PACK, "modes": {}}
-    path = Path(args.out or REPO / "benchmarks" / "results" / f"paths-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
+    from flows.results import write
+
+    out, path = {"pack": PACK, "modes": {}}, args.out
     for mode in modes:
         env = {**os.environ, **MODES[mode], "OMP_NUM_THREADS": str(args.threads)}
         done = subprocess.run([sys.executable, __file__, "--child", "--threads", str(args.threads)], env=env,
@@ -87,7 +100,8 @@ def main() -> None:
         if done.returncode:
             sys.exit(f"error: mode {mode} failed: {(done.stderr.strip().splitlines() or ['?'])[-1][:300]}")
         out["modes"][mode] = {"env": MODES[mode], **json.loads(done.stdout.strip().splitlines()[-1])}
-        path.write_text(json.dumps(out, indent=1) + "\n")  # saved after every mode
+        path = write("paths", out, title=TITLE, text=TEXT, out=path, config=vars(args),  # saved after every mode
+                     table={**TABLE, "columns": TABLE["columns"] + width_columns(out["modes"])})
         r = out["modes"][mode]
         rows = sorted({m for t in r["matmul_ms"].values() for m in t}, key=int)
         print(f"\n{mode}: {r['machine']['cpu']} ({r['machine']['cpu_family']}); chosen: {r['choice']['label']}")

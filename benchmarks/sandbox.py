@@ -21,7 +21,6 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,6 +34,19 @@ from sandboxes.procs import processes_of_uids, sandbox_uids  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "humanevalfix_python.jsonl"
 LOOPING = ("Python/10", "Python/156", "Python/160")
+
+
+# What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
+TITLE = "Sandbox throughput (`benchmarks/sandbox.py`)"
+TEXT = ("Every canonical and every buggy HumanEvalFix program through each way of running them, in one run per file: "
+        "the local bubblewrap jail (a new interpreter per program, warm forked workers) and, where the file has them, "
+        "Docker (a container per program, warm containers).")
+TABLE = {"rows": "*", "keys": ["way"], "columns": [["programs", "$.programs"], ["mode", "mode"], ["workers", "workers"],
+                                                   ["programs/s", "programs_per_s"],
+                                                   ["canonical passed", "canonical_passed"],
+                                                   ["buggy not passed", "buggy_not_passed"],
+                                                   ["processes left", "leftover_processes"],
+                                                   ["identical verdicts", "$.identical_verdicts"]]}
 
 
 def load(path: Path) -> list[tuple[str, str, str]]:
@@ -123,9 +135,6 @@ def main() -> int:
     first = next(iter(rows.values()))
     base = rows.get("a_fresh_interpreter")
     report = {
-        "benchmark": "sandbox", "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": describe(platform=platform.platform(), loadavg_before=[round(x, 2) for x in load_before],
-                            loadavg_after=[round(x, 2) for x in os.getloadavg()]),
         "timeout_s": args.timeout, "programs": len(jobs),
         **{key: {k: v for k, v in r.items() if k != "verdicts"} for key, r in rows.items()},
         "speedup_over_a": {key: round(r["programs_per_s"] / base["programs_per_s"], 2) for key, r in rows.items()}
@@ -135,9 +144,12 @@ def main() -> int:
         "verdict_differences": {f"{key}:{k}": [first["verdicts"].get(k), v] for key, r in rows.items()
                                 for k, v in r["verdicts"].items() if first["verdicts"].get(k) != v},
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"sandbox-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    from flows.results import stamp, write
+
+    path = write("sandbox", report, title=TITLE, text=TEXT, table=TABLE, out=args.out / f"sandbox-{stamp()}.json",
+                 config={k: str(v) for k, v in vars(args).items()},
+                 machine=describe(platform=platform.platform(), loadavg_before=[round(x, 2) for x in load_before],
+                                  loadavg_after=[round(x, 2) for x in os.getloadavg()]))
     table = [[""] + [ROWS[key][3] for key in rows]]
     for key, label in (("startup_s", "startup (s)"), ("ending_wall_s", "325 ending programs, wall (s)"),
                        ("programs_per_s", "programs/s"), ("canonical_passed", "canonical passed /164"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,18 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+
+# What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
+TITLE = "The trajectory cache across a sweep over budgets (`benchmarks/sweep.py`)"
+TEXT = ("One job with `iters=3` against the sweep `iters=0,1,2,3 -m` on the same tasks: with the trajectory cache the "
+        "sweep costs about one job, and every budget's curve equals the single job's.")
+TABLE = {"rows": ".", "columns": [["model", "model"], ["strategy", "strategy"], ["tasks", "tasks"],
+                                  ["iters=3 alone s", "single_iters3_wall_s"],
+                                  ["sweep iters=0,1,2,3 s", "sweep_0123_wall_s"], ["ratio", "ratio"],
+                                  ["curves equal", "curves_equal"]]}
 
 
 def evaluate(args: list[str], work: Path) -> tuple[float, list[dict]]:
@@ -41,7 +52,7 @@ def main() -> None:
     ap.add_argument("--strategy", default="reflection")
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "sweep.json"))
+    ap.add_argument("--out", default=None, help="results file (default benchmarks/results/sweep-cache-<UTC>.json)")
     a = ap.parse_args()
     common = [f"model={a.model}", f"strategy={a.strategy}", f"dataset.limit={a.tasks}", f"max_new_tokens={a.max_new_tokens}"]
     with tempfile.TemporaryDirectory() as d1, tempfile.TemporaryDirectory() as d2:
@@ -50,18 +61,18 @@ def main() -> None:
     curve = single[0]["pass@1_by_iter"]
     exact = all(s["pass@1_by_iter"] == curve[: s["iters"] + 1] for s in sweep)
     result = {
-        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
         "model": a.model, "strategy": a.strategy, "tasks": a.tasks, "max_new_tokens": a.max_new_tokens,
         "single_iters3_wall_s": round(single_wall, 1), "sweep_0123_wall_s": round(sweep_wall, 1),
         "ratio": round(sweep_wall / single_wall, 3), "curves_equal": exact, "single_curve": curve,
         "sweep_curves": {s["iters"]: s["pass@1_by_iter"] for s in sweep},
         "completion_tokens": {"single": single[0]["completion_tokens"], "sweep": sum(s["completion_tokens"] for s in sweep)},
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=1))
+    from flows.results import write
+
+    out = write("sweep_cache", result, title=TITLE, text=TEXT, table=TABLE, out=a.out, config=vars(a))
     print(f"| run | wall s | curve |\n|---|---|---|\n| iters=3 | {single_wall:.1f} | {curve} |")
     print(f"| iters=0,1,2,3 -m | {sweep_wall:.1f} | {result['sweep_curves']} |")
-    print(f"ratio sweep/single = {result['ratio']}  (target <= 1.2); curves equal: {exact}; results: {a.out}")
+    print(f"ratio sweep/single = {result['ratio']}  (target <= 1.2); curves equal: {exact}; results: {out}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ per row, fixed length, no EOS; the prompts come from the prefix store, so this i
 
     .venv/bin/python benchmarks/weights.py                 # rows: dtype, int8, int8+head (lm_head too), llamacpp
     .venv/bin/python benchmarks/weights.py --rows int8 --batches 1 16
-    .venv/bin/python benchmarks/weights.py --rows int8-sep,int8-fused --batches 1 16 32   # stacked q/k/v, gate/up vs not
     .venv/bin/python benchmarks/weights.py --rows int8-fp32,int8-bf16 --batches 1 16 32   # on a CPU with bf16
     .venv/bin/python benchmarks/weights.py --rows int8-bf16-sdpa,int8-fp32-sdpa,int8 --batches 1 16 32 --context 1000
     .venv/bin/python benchmarks/weights.py --rows int8+head-eager,int8+head --batches 1 32 --context 700  # compiled loops
@@ -54,6 +53,21 @@ from agents.tasks import DatasetConf, load_tasks  # noqa: E402
 DATA = REPO.parent / "shared" / "data" / "humanevalfix_python.jsonl"
 
 
+# What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
+TITLE = "Prefill and decode tokens/s, 1.5B pack (`benchmarks/weights.py`)"
+TEXT = ("Rows of one file ran side by side; a decode context is the tokens of context each row decodes at. A row "
+        "NAME@REV is row NAME of the script as it stood at commit REV (the engine then).")
+TABLE = {"rows": "rows", "columns": [["decode context", "$.decode_context"], ["weights", "weights"], ["path", "path"],
+                                     ["dtype", "dtype"], ["GiB", "weight_gib"],
+                                     ["prefill tokens/s", "prefill_tok_s"]]}  # + a column per batch: batch_columns
+
+
+def batch_columns(rows: list[dict]) -> list[list[str]]:
+    """One column per batch the rows decoded at (batch<B>_tok_s)."""
+    batches = sorted({int(k[5:-6]) for r in rows for k in r if k.startswith("batch") and k.endswith("_tok_s")})
+    return [[f"decode tokens/s at {b} rows", f"batch{b}_tok_s"] for b in batches]
+
+
 def prompts(n: int) -> list[list[dict]]:
     tasks = load_tasks(DatasetConf(local_fallback=str(DATA)))[:n]
     agent = AgentConfig(ReflectionConf())
@@ -65,8 +79,6 @@ def weight_bytes(model) -> int:
 
 
 ROWS = {"dtype": {"weights": "dtype"}, "int8": {"weights": "int8"},
-        "int8-sep": {"weights": "int8", "int8_fuse": False},  # q/k/v and gate/up as separate matmuls (the default)
-        "int8-fused": {"weights": "int8", "int8_fuse": True},  # q/k/v and gate/up stacked into one matmul each
         "int8+head": {"weights": "int8", "int8_skip": []},  # int8+head: lm_head in int8 too
         # int8's input rounding and output scaling: compiled loops (agents/serving/native.py, the default) or eager
         "int8+head-eager": {"weights": "int8", "int8_skip": [], "int8_native": False},
@@ -280,10 +292,11 @@ def main() -> None:
     base = rows[0]
     for r in rows[1:]:
         r["speedup_vs_first"] = {k: round(r[k] / base[k], 2) for k in r if k.endswith("_tok_s") and base.get(k)}
-    result = {"benchmark": "weights", "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()), "decode_context": args.context, "rows": rows}
-    out = Path(args.out or REPO / "benchmarks" / "results" / f"weights-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    from flows.results import write
+
+    out = write("weights", {"decode_context": args.context, "rows": rows}, title=TITLE, text=TEXT, out=args.out,
+                table={**TABLE, "columns": TABLE["columns"] + batch_columns(rows)}, config=vars(args),
+                machine=describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()))
     cols = ["weights", "dtype", "weight_gib", "prefill_tok_s"] + [f"batch{b}_tok_s" for b in args.batches]
     print(" | ".join(cols))
     for r in rows:

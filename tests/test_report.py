@@ -1,6 +1,7 @@
 """The results document is generated, so a figure cannot drift from its results file: docs/RESULTS.md and the
-README's headline must equal what `python -m flows.report` makes of benchmarks/results/*.json, and its paired
-verdicts must equal the ones benchmarks/fullsize.py recorded in those files."""
+README's headline must equal what `python -m flows.report` makes of benchmarks/results/*.json, its paired verdicts
+must equal the ones benchmarks/fullsize.py recorded in those files, and a new results file shows up in it without a
+line of code (each file describes itself: flows/results.py)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import shutil
 import pytest
 
 from conftest import REPO
-from flows import report
+from flows import report, results as results_mod
 
 FIX = "python -m flows.report"
 
@@ -44,8 +45,8 @@ def test_check_fails_on_a_changed_figure_names_the_fix_and_the_fix_works(tmp_pat
     results, args = _copy_tree(tmp_path)
     assert report.main(["--check", *args]) == 0
     # the best run gains a task: the headline (README) and the tables (document) must follow
-    best, _ = report.best_and_default(report.load_all(results))
-    path = results / best.spec.file
+    _, sweeps, curated = report.load_all(results)
+    path = results / report.best_of(sweeps, curated).file
     data = json.loads(path.read_text())
     last = max(data["runs"], key=lambda r: int(r["params"]["iters"]))
     rounds = int(last["params"]["iters"])
@@ -61,21 +62,50 @@ def test_check_fails_on_a_changed_figure_names_the_fix_and_the_fix_works(tmp_pat
     assert report.main(["--check", *args]) == 0
     passed = last["by_round"][rounds]["passed"]
     readme = " ".join((tmp_path / "README.md").read_text().split())  # the headline is wrapped at 120 columns
-    assert f"({passed}/{last['overall']['total']} tasks" in readme
+    assert f"({passed}/{last['overall']['total']} HumanEvalFix tasks" in readme
 
 
-def test_a_results_file_no_table_names_stops_the_report_with_one_line(tmp_path, capsys):
+def test_a_results_file_that_does_not_describe_itself_stops_the_report_with_one_line(tmp_path, capsys):
     results, args = _copy_tree(tmp_path)
-    (results / "weights-29991231T000000Z.json").write_text("{}")
+    (results / "weights-29991231T000000Z.json").write_text('{"rows": []}')
     assert report.main(["--check", *args]) == 2
     err = capsys.readouterr().err.strip()
-    assert "weights-29991231T000000Z.json" in err and "flows/report.py" in err and len(err.splitlines()) == 1
+    assert "weights-29991231T000000Z.json" in err and "migrate_results" in err and len(err.splitlines()) == 1
+
+
+def test_a_new_results_file_appears_in_the_document_without_code(tmp_path, monkeypatch):
+    """One call of the writer: the file names its kind, time, commit and machine, and the report gives it a table
+    of its own, titled and explained by the file, its rows as the file gives them."""
+    results, args = _copy_tree(tmp_path)
+    monkeypatch.setattr(results_mod, "RESULTS_DIR", results)
+    path = results_mod.write("tokenizer", {"rows": [{"model": "tiny", "tokens_per_s": 123456.7}]},
+                             title="Tokenizer throughput (a test double of a benchmark)", text="Rows of one run.",
+                             config={"threads": 2}, command="python benchmarks/tokenizer.py")
+    about = json.loads(path.read_text())["about"]
+    assert about["kind"] == "tokenizer" and about["machine"]["cpu"] and len(about["commit"]) == 40
+    assert path.name == f"tokenizer-{about['utc']}.json" and about["command"] == "python benchmarks/tokenizer.py"
+    assert report.main(["--check", *args]) == 1  # the document has not caught up yet
+    assert report.main(args) == 0
+    doc = (tmp_path / "RESULTS.md").read_text()
+    section = doc[doc.index("### Tokenizer throughput (a test double of a benchmark)"):]
+    assert "Rows of one run." in section and "| tiny | 123457 |" in section.split("\n\n")[2]
+
+
+def test_every_committed_results_file_describes_itself():
+    files = results_mod.load_dir(report.RESULTS_DIR)
+    assert len(files) >= 100
+    for name, data in files.items():
+        a = data["about"]
+        assert name.startswith(a["kind"].replace("_", "-").split("-")[0]) or a["kind"] in ("fullsize", "sweep_cache")
+        assert re.fullmatch(r"\d{8}T\d{6}Z", a["utc"]) and re.fullmatch(r"[0-9a-f]{40}", a["commit"]), name
+        assert a["title"] and isinstance(a["machine"], dict), name
 
 
 @pytest.mark.parametrize("damage", ["missing", "not json", "a field gone", "a speed file's field gone"])
 def test_a_damaged_results_file_is_one_line_naming_it(tmp_path, capsys, damage):
     results, args = _copy_tree(tmp_path)
-    name = "sandbox-20261122T050819Z.json" if damage.startswith("a speed") else report.SWEEPS["react"].file
+    name = ("sandbox-20261122T050819Z.json" if damage.startswith("a speed")
+            else "fullsize-react-epyc-fp32-20261126.json")
     path = results / name
     if damage == "missing":
         path.unlink()
@@ -86,14 +116,14 @@ def test_a_damaged_results_file_is_one_line_naming_it(tmp_path, capsys, damage):
         if "runs" in data:
             del data["runs"][-1]["by_round"]
         else:
-            del data["b_warm_fork"]["programs_per_s"]
+            del data["about"]["kind"]
         path.write_text(json.dumps(data))
     assert report.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert name in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("marker", [report.HEADLINE_START, report.SPEED_END])
+@pytest.mark.parametrize("marker", [report.HEADLINE_START, report.HEADLINE_END])
 def test_readme_without_a_blocks_markers_is_one_line(tmp_path, capsys, marker):
     _, args = _copy_tree(tmp_path)
     readme = tmp_path / "README.md"
@@ -119,7 +149,7 @@ def _stored_pairs():
 
 def test_paired_verdicts_equal_the_ones_recorded_in_the_files():
     runs = {}
-    for sw in report.load_all(report.RESULTS_DIR).values():
+    for sw in report.load_all(report.RESULTS_DIR)[1].values():
         for r in sw.runs:
             if r.outcomes is not None:
                 runs[r.short] = r
@@ -150,7 +180,7 @@ def test_a_budget_cut_from_a_longer_run_agrees_with_the_run():
     """A pair may name a budget a sweep ran only inside a longer run: the cut keeps the outcomes up to that round and
     the cost up to it, so at the run's own budget it is the run, and at each budget its passes are the curve's."""
     for key in ("grid_k1", "grid_k2"):
-        run = report.load_all(report.RESULTS_DIR)[key].last
+        run = report.load_all(report.RESULTS_DIR)[1][key].last
         whole = run.cut(run.iters)
         assert whole.outcomes == run.outcomes and whole.by_round == run.by_round
         for k in ("prompt_tokens", "completion_tokens", "model_calls", "sandbox_runs"):
@@ -162,4 +192,4 @@ def test_a_budget_cut_from_a_longer_run_agrees_with_the_run():
             spent.append(cut.cost["completion_tokens"])
         assert spent == sorted(spent) and spent[0] < spent[-1]
     with pytest.raises(report.ReportError, match="cannot be cut"):
-        report.load_all(report.RESULTS_DIR)["default"].runs[0].cut(1)
+        report.load_all(report.RESULTS_DIR)[1]["default"].runs[0].cut(1)
