@@ -19,6 +19,7 @@ from .feedback import STYLES as FEEDBACK_STYLES
 PROTOCOLS = ("tests", "docs", "hidden")
 SCHEDULES = ("auto", "constant", "resample", "rising", "falling")
 TOOL_FORMATS = ("auto", "native", "text")
+ANSWER_FORMATS = ("function", "patch")
 
 
 @dataclass
@@ -63,6 +64,9 @@ class DraftsConf(StrategyConf):
     # (p = round * candidates + i) has round p's seed and temperature, so a grid over candidates x iters is cut from
     # one run of its largest point (flows/stream.py).
     candidates: int = 1
+    # What an answer is: the whole fixed function (function), or one SEARCH/REPLACE edit of the shown code (patch:
+    # a fraction of the tokens; agents/patch.py). patch: single_shot only (the revise prompts ask for a function).
+    answer_format: str = "function"
     # An answer known to fail before it runs (a repeat of a tested one, or the bug handed back) is drawn again from
     # the same prompt at candidate_temperature, up to this many times, before it spends the round. candidates=1 only.
     redraws: int = 0
@@ -215,6 +219,11 @@ def check_config(cfg: AgentConfig) -> None:
         if not 0 <= s.self_tests_pass < 1:
             raise ValueError(f"self_tests_pass={s.self_tests_pass} is a share of the own assertions: use 0 (at least "
                              "one passed) up to below 1 (e.g. 0.5: more than half)")
+        if s.answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"unknown answer_format {s.answer_format!r}: use one of {', '.join(ANSWER_FORMATS)}")
+        if s.answer_format == "patch" and s.name != "single_shot":
+            raise ValueError(f"answer_format=patch is for single_shot (the {s.name} prompts ask for the whole function):"
+                             " set strategy=single_shot or strategy.answer_format=function")
         if s.redraws and s.candidates > 1:
             raise ValueError("redraws is for one answer per round (candidates=1): set redraws=0 or candidates=1")
     if cfg.sample > 0 and round_temperature(cfg, 0) == 0:

@@ -15,9 +15,10 @@ from sandboxes.audit import audit_program, suspicion
 from sandboxes.base import Sandbox
 
 from .config import PROTOCOLS, AgentConfig, round_seed, round_temperature
-from .extract import extract_candidate, normalise
+from .extract import code_blocks, extract_candidate, normalise
 from .feedback import raw_feedback, shape_feedback
 from .models.base import GenRequest, Model
+from .patch import OPEN, apply_patch, closed
 from .types import Attempt, ModelCall, Task
 
 PROMPTS = Path(__file__).parent / "prompts"
@@ -225,6 +226,15 @@ class Context:
     def judge(self, attempt: Attempt, text: str, state: "State", run: bool = True) -> str:
         """Extract a candidate from `text` into `attempt` and decide: no_code | syntax_error | repeat | tested."""
         cfg, task = self.cfg.strategy, self.task
+        if getattr(cfg, "answer_format", "function") == "patch" and (OPEN in text or not code_blocks(text)):
+            # an answer without a block but with a code block is the whole function: read as one (small models
+            # fall back to the format they know)
+            patched = apply_patch(closed(text), self.view.code)
+            if patched.problem:
+                attempt.decision, attempt.problem = "no_code", patched.problem
+                attempt.feedback = patched.problem
+                return attempt.decision
+            text = "```python\n" + patched.code + "```"
         ex = extract_candidate(text, task, keep_context=cfg.keep_task_context, check_signature=cfg.check_signature)
         attempt.code = ex.code
         if ex.problem == "no_code" or (ex.problem and cfg.syntax_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..context import CODE_STOP, Context, State, render
 from ..extract import normalise
+from ..patch import STOP as PATCH_STOP
 from ..types import Attempt
 
 
@@ -13,9 +14,10 @@ class Strategy:
 
     def first_messages(self) -> list[dict]:
         ctx = self.ctx
-        return [{"role": "system", "content": render("system.txt")},
+        patch = getattr(ctx.cfg.strategy, "answer_format", "function") == "patch"
+        return [{"role": "system", "content": render("system.txt", patch=patch)},
                 {"role": "user", "content": render("fix.txt", task=ctx.task, code=ctx.view.code.strip("\n"),
-                                                   tests=ctx.view.tests)}]
+                                                   tests=ctx.view.tests, patch=patch)}]
 
     def initial_state(self) -> State:
         first = self.first_messages()
@@ -24,6 +26,8 @@ class Strategy:
     def produce(self, state: State, rnd: int) -> Attempt:
         knobs = self.ctx.cfg.strategy
         stop = CODE_STOP if knobs.stop_after_code else ()
+        if getattr(knobs, "answer_format", "function") == "patch":
+            stop += PATCH_STOP  # an edit ends at its REPLACE marker
         messages = self.messages(state)
         calls = self.draw(messages, rnd, stop)
         if len(calls) > 1:
