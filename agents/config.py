@@ -66,7 +66,7 @@ class DraftsConf(StrategyConf):
     candidates: int = 1
     # What an answer is: the whole fixed function (function), or one SEARCH/REPLACE edit of the shown code (patch:
     # a fraction of the tokens; agents/patch.py). patch: single_shot only (the revise prompts ask for a function).
-    answer_format: str = "function"
+    answer_format: str = field(default="function", metadata={"before": "function"})  # runs logged before it
     # An answer known to fail before it runs (a repeat of a tested one, or the bug handed back) is drawn again from
     # the same prompt at candidate_temperature, up to this many times, before it spends the round. candidates=1 only.
     redraws: int = 0

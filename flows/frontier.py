@@ -37,7 +37,7 @@ from pathlib import Path
 
 from .markdown import table
 from .neutral import result_neutral
-from .schema import without_retired
+from .schema import strategy_knobs, without_retired
 from .stats import paired, wilson
 
 REPO = Path(__file__).resolve().parent.parent
@@ -253,6 +253,10 @@ def param_values(params: dict) -> dict[str, str]:
     was auto or int8 (all of them ran on CPUs): filled in, so that such a run is never pooled with a run that took
     another path."""
     out = without_retired({k: re.sub(r"^(-?\d+)\.0+$", r"\1", str(v)) for k, v in params.items()})
+    # a run from before a strategy knob existed did what the knob's `before` value does (agents/config.py field
+    # metadata): filled in, so the older run groups with newer ones that log it
+    for key, before in strategy_knobs(out.get("strategy.name")).items():
+        out.setdefault(key, before)
     if out.get("model.backend") == "transformers" and "serving.runtime" not in out:
         out["serving.runtime"] = "engine"
         out.setdefault("serving.weights", "int8" if out.get("model.weights") in ("auto", "int8") else "dtype")

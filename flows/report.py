@@ -62,9 +62,18 @@ def family(m: dict) -> str:
 
 # --- pairs ----------------------------------------------------------------------------------------------------
 def differs(a: Run, b: Run) -> str:
-    """What changes answers between two runs' resolved configs (result-neutral settings left out)."""
-    pa, pb = a.params or {}, b.params or {}
-    keys = sorted(k for k in set(pa) | set(pb) if pa.get(k) != pb.get(k) and not result_neutral(k)
+    """What changes answers between two runs' resolved configs: result-neutral settings left out, and a knob one run
+    lacks counted equal to the other's default (a run from before the knob did what its default does)."""
+    from .frontier import param_values
+    from .schema import knob_default
+
+    pa, pb = param_values(a.params or {}), param_values(b.params or {})
+
+    def same(k: str) -> bool:
+        va, vb = pa.get(k), pb.get(k)
+        return va == vb or (va is None and vb == knob_default(k, pb)) or (vb is None and va == knob_default(k, pa))
+
+    keys = sorted(k for k in set(pa) | set(pb) if not same(k) and not result_neutral(k)
                   and not k.startswith(("dataset.", "fixlab.", "sweep_")) and k not in ("iters", "answers"))
     words = [f"{k}: {pa.get(k, '-')} vs {pb.get(k, '-')}" for k in keys[:4]]
     return "; ".join(words) + (f" (+{len(keys) - 4} more)" if len(keys) > 4 else "") or "the same config"

@@ -244,6 +244,16 @@ def group_record(group: str, data: Any) -> type:
     return records[data[key]]
 
 
+def strategy_knobs(name: str | None) -> dict[str, str]:
+    """A strategy's knobs added after runs were recorded without them, with what those runs did (the field's
+    `before` metadata), as run params write it: {"strategy.answer_format": "function"}."""
+    from agents.config import STRATEGY_CONFS
+
+    record = STRATEGY_CONFS.get(name or "")
+    return {f"strategy.{f.name}": f.metadata["before"] for f in dataclasses.fields(record) if "before" in f.metadata} \
+        if record else {}
+
+
 def knob_default(key: str, params: dict[str, str]) -> str | None:
     """A flattened key's default ("strategy.self_tests" -> "0") for the group options `params` names, as run params
     write it; None when it has none. A run made before a knob existed lacks its param: resuming it with the knob at

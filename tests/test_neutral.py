@@ -92,7 +92,8 @@ def test_retired_knobs_at_their_old_default_read_as_absent():
 
     old = {"strategy.name": "reflection", "strategy.diagnose": "False", "strategy.few_shot": "0",
            "strategy.show_diff": "False", "strategy.edge_case_hint": "False", "model.int8_fuse": "False"}
-    assert without_retired(old) == {"strategy.name": "reflection"} == param_values(old)
+    assert without_retired(old) == {"strategy.name": "reflection"}
+    assert param_values(old) == {"strategy.name": "reflection", "strategy.answer_format": "function"}
     assert set(RETIRED) == {"model.int8_fuse", "strategy.diagnose", "strategy.edge_case_hint", "strategy.few_shot",
                             "strategy.show_diff"}
     # switched on (no run did): a difference that stays
@@ -123,3 +124,13 @@ def test_nightly_diff_skips_neutral_and_retired_keys(monkeypatch):
     cur = run("c", **{"iters": "2", "model.threads": "4", "nightly.tolerance": "0.05"})
     report = nightly.compare(None, cur, base, 0.02, [])
     assert report["config_changes"] == {"iters": ["1", "2"]}
+
+
+def test_a_run_from_before_a_knob_groups_with_newer_runs_at_what_it_did():
+    """strategy.answer_format came after many recorded runs: they wrote whole functions, so they are the same
+    configuration as a newer run logging answer_format=function, and never the same as a patch run."""
+    from flows.frontier import param_values
+
+    old = {"strategy.name": "single_shot", "strategy.candidates": "1"}
+    assert param_values(old) == param_values({**old, "strategy.answer_format": "function"})
+    assert param_values(old) != param_values({**old, "strategy.answer_format": "patch"})
