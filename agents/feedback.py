@@ -153,18 +153,22 @@ def raw_feedback(result: ExecResult, timeout_s: float, max_chars: int) -> str:
     return tail[-max_chars:]
 
 
+def _not_run_feedback(result: ExecResult, timeout_s: float, max_chars: int) -> str:
+    """A run that timed out or that the sandbox could not start: no test line to show."""
+    if result.status == "timeout":
+        return _cut(f"The tests did not finish within {timeout_s:g} seconds (timeout): the code loops forever or is "
+                    "far too slow on some input.", max_chars)
+    return "The sandbox could not run the code: " + (result.stderr.strip().splitlines() or ["unknown error"])[-1]
+
+
 def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandbox | None, *, timeout_s: float,
                    max_chars: int, compute_actual: bool, entry_point: str | None = None, trace_chars: int = 0) -> str:
     """Short feedback text for a failed run of `candidate` against `test` (the program build_program makes). The knobs
     are the strategy record's (agents/config.py: feedback_chars, compute_actual, trace_chars) and the
     sandbox's timeout_s, passed in, not defaulted here. trace_chars > 0 adds the failing call's execution trace
     (agents/trace.py) within that many characters of its own, after the rest."""
-    if result.status == "timeout":
-        text = (f"The tests did not finish within {timeout_s:g} seconds (timeout): the code loops forever or is far "
-                f"too slow on some input.")
-        return _cut(text, max_chars)
-    if result.status == "error":
-        return "The sandbox could not run the code: " + (result.stderr.strip().splitlines() or ["unknown error"])[-1]
+    if result.status in ("timeout", "error"):
+        return _not_run_feedback(result, timeout_s, max_chars)
     program = build_program(candidate, test)
     cand_lo, cand_hi = _line_span(program, candidate)
     test_lo, test_hi = _line_span(program, test, last=True)
