@@ -18,7 +18,7 @@ from .config import PROTOCOLS, AgentConfig, round_seed, round_temperature
 from .extract import code_blocks, extract_candidate, normalise
 from .feedback import raw_feedback, shape_feedback
 from .models.base import GenRequest, Model
-from .patch import OPEN, apply_patch, closed
+from .patch import OPEN, answers_as_patches, apply_patch, closed
 from .types import Attempt, ModelCall, Task
 
 PROMPTS = Path(__file__).parent / "prompts"
@@ -226,7 +226,7 @@ class Context:
     def judge(self, attempt: Attempt, text: str, state: "State", run: bool = True) -> str:
         """Extract a candidate from `text` into `attempt` and decide: no_code | syntax_error | repeat | tested."""
         cfg, task = self.cfg.strategy, self.task
-        if getattr(cfg, "answer_format", "function") == "patch" and (OPEN in text or not code_blocks(text)):
+        if answers_as_patches(cfg) and (OPEN in text or not code_blocks(text)):
             # an answer without a block but with a code block is the whole function: read as one (small models
             # fall back to the format they know)
             patched = apply_patch(closed(text), self.view.code)

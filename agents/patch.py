@@ -23,6 +23,11 @@ STOP = (CLOSE,)  # the answer ends with its block: what a model adds after it is
 BLOCK = re.compile(r"^<{5,9} ?SEARCH[ \t]*\n(.*?)^={5,9}[ \t]*\n(.*?)^>{5,9} ?REPLACE", re.S | re.M)
 
 
+def answers_as_patches(strategy) -> bool:
+    """Whether a strategy's record asks for edits (only the drafting strategies have the knob)."""
+    return getattr(strategy, "answer_format", "function") == "patch"
+
+
 @dataclass(frozen=True)
 class Patched:
     code: str | None  # the shown code with the edits made

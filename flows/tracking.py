@@ -177,13 +177,9 @@ def flatten(d: dict, prefix: str = "") -> dict[str, str]:
 
 
 def git_state() -> dict[str, str]:
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    commit = git("rev-parse", "HEAD")
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    from .results import git_commit
+
+    commit, dirty = git_commit(REPO_ROOT)
     return {"git_commit": commit or "unknown", "git_dirty": str(dirty).lower()}
 
 

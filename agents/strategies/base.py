@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..context import CODE_STOP, Context, State, render
 from ..extract import normalise
-from ..patch import STOP as PATCH_STOP
+from ..patch import STOP as PATCH_STOP, answers_as_patches
 from ..types import Attempt
 
 
@@ -14,7 +14,7 @@ class Strategy:
 
     def first_messages(self) -> list[dict]:
         ctx = self.ctx
-        patch = getattr(ctx.cfg.strategy, "answer_format", "function") == "patch"
+        patch = answers_as_patches(ctx.cfg.strategy)
         return [{"role": "system", "content": render("system.txt", patch=patch)},
                 {"role": "user", "content": render("fix.txt", task=ctx.task, code=ctx.view.code.strip("\n"),
                                                    tests=ctx.view.tests, patch=patch)}]
@@ -26,7 +26,7 @@ class Strategy:
     def produce(self, state: State, rnd: int) -> Attempt:
         knobs = self.ctx.cfg.strategy
         stop = CODE_STOP if knobs.stop_after_code else ()
-        if getattr(knobs, "answer_format", "function") == "patch":
+        if answers_as_patches(knobs):
             stop += PATCH_STOP  # an edit ends at its REPLACE marker
         messages = self.messages(state)
         calls = self.draw(messages, rnd, stop)
