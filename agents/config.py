@@ -19,7 +19,7 @@ from .feedback import STYLES as FEEDBACK_STYLES
 PROTOCOLS = ("tests", "docs", "hidden")
 SCHEDULES = ("auto", "constant", "resample", "rising", "falling")
 TOOL_FORMATS = ("auto", "native", "text")
-ANSWER_FORMATS = ("function", "patch")
+ANSWER_FORMATS = ("function", "patch", "line")
 
 
 @dataclass
@@ -65,8 +65,17 @@ class DraftsConf(StrategyConf):
     # one run of its largest point (flows/stream.py).
     candidates: int = 1
     # What an answer is: the whole fixed function (function), or one SEARCH/REPLACE edit of the shown code (patch:
-    # a fraction of the tokens; agents/patch.py). patch: single_shot only (the revise prompts ask for a function).
+    # a fraction of the tokens; agents/patch.py), or one corrected line, the line chosen by a localisation call
+    # first (line: agents/lines.py). patch, line: single_shot only (the revise prompts ask for a function).
     answer_format: str = field(default="function", metadata={"before": "function"})  # runs logged before it
+    # answer_format=line: every this-many-th answer of the stream, from answer 0 on, is a whole function (the answer
+    # a small model is best at; its changed lines lead the localisation); 0 = corrected lines only.
+    function_every: int = 4
+    # The fix prompt also shows how the buggy code fails the visible tests: one run of the shown code before the
+    # first answer, its shaped feedback (expected vs actual; with trace_chars, the LDB trace) under the tests. A small
+    # model that sees only the code often hands it back unchanged; the failing call says where to look. Costs one
+    # sandbox run and the feedback's prompt tokens per task, no completion tokens. single_shot and reflection.
+    show_failure: bool = field(default=False, metadata={"before": False})
     # An answer known to fail before it runs (a repeat of a tested one, or the bug handed back) is drawn again from
     # the same prompt at candidate_temperature, up to this many times, before it spends the round. candidates=1 only.
     redraws: int = 0
@@ -221,9 +230,11 @@ def check_config(cfg: AgentConfig) -> None:
                              "one passed) up to below 1 (e.g. 0.5: more than half)")
         if s.answer_format not in ANSWER_FORMATS:
             raise ValueError(f"unknown answer_format {s.answer_format!r}: use one of {', '.join(ANSWER_FORMATS)}")
-        if s.answer_format == "patch" and s.name != "single_shot":
-            raise ValueError(f"answer_format=patch is for single_shot (the {s.name} prompts ask for the whole function):"
+        if s.answer_format != "function" and s.name != "single_shot":
+            raise ValueError(f"answer_format={s.answer_format} is for single_shot (the {s.name} prompts ask for the whole function):"
                              " set strategy=single_shot or strategy.answer_format=function")
+        if s.function_every < 0:
+            raise ValueError(f"function_every must be >= 0 (0: line answers only), got {s.function_every}")
         if s.redraws and s.candidates > 1:
             raise ValueError("redraws is for one answer per round (candidates=1): set redraws=0 or candidates=1")
     if cfg.sample > 0 and round_temperature(cfg, 0) == 0:

@@ -68,6 +68,7 @@ class Context:
             self.buggy_keys.add(normalise(ex.code or shown))
         self.own_tests: list[str] | None = None  # self_tests: the model's own assertions, written once a task
         self.side_calls: list[ModelCall] = []  # own-tests calls: the next attempt holds them
+        self._failure: str | None = None  # show_failure: the buggy code's feedback ("" = it passed), once a task
 
     def call(self, messages: list[dict], rnd: int, turn: int = 0, tools=None, stop: tuple = (),
              temperature: float | None = None) -> ModelCall:
@@ -106,12 +107,14 @@ class Context:
             return list(pool.map(lambda i: self.call(messages, rnd, turn=i, stop=stop, temperature=temps[i]),
                                  range(k)))
 
-    def answers(self, messages: list[dict], positions: range, stop: tuple = ()) -> list[ModelCall]:
+    def answers(self, messages, positions: range, stop: tuple = (), temperature=None) -> list[ModelCall]:
         """Answers at these positions of the task's answer stream (single_shot, flows/stream.py): answer p has the
         seed and temperature of round p, whatever round it is drafted in, so (candidates=k, iters=r) draws exactly
-        the stream's first k(r+1) answers. Answers of one round are in flight together (one batch)."""
+        the stream's first k(r+1) answers. Answers of one round are in flight together (one batch). `messages`
+        and `temperature` may be functions of p (answer_format=line: each answer its own line and pass)."""
         def one(p: int) -> ModelCall:
-            return self.call(messages, p, stop=stop)
+            return self.call(messages(p) if callable(messages) else messages, p, stop=stop,
+                             temperature=temperature(p) if temperature else None)
         if len(positions) == 1:
             return [one(positions[0])]
         from concurrent.futures import ThreadPoolExecutor
@@ -195,6 +198,20 @@ class Context:
             self.own_tests = [] if call.error else own_assertions(call.output, task.entry_point,
                                                                   self.view.feedback_test, n)
         return self.own_tests
+
+    def buggy_failure(self) -> str | None:
+        """show_failure: how the shown buggy code fails the visible tests (shaped feedback, trace with trace_chars),
+        run once a task; None when it passes them (a bug the visible tests do not reach) or cannot be read."""
+        if self._failure is None:
+            knobs, task = self.cfg.strategy, self.task
+            ex = extract_candidate("```python\n" + self.view.code + "\n```", task, knobs.keep_task_context, False)
+            code = ex.code or self.view.code
+            run = self.sandbox.run(build_program(code, self.view.feedback_test), self.cfg.timeout_s)
+            self._failure = "" if run.passed else shape_feedback(
+                run, code, self.view.feedback_test, self.sandbox, timeout_s=self.cfg.timeout_s,
+                max_chars=knobs.feedback_chars, compute_actual=knobs.compute_actual, entry_point=task.entry_point,
+                trace_chars=knobs.trace_chars).strip()
+        return self._failure or None
 
     def take_side_calls(self) -> list[ModelCall]:
         calls, self.side_calls = self.side_calls, []

@@ -116,6 +116,10 @@ class Attempt:
     problem: str | None = None  # why the answer's code is unusable (no_code, syntax_error; syntax path off: run)
     steps: list[dict] = field(default_factory=list)  # react: one dict per model turn (action, decision, ...)
     candidate: int | None = None  # candidates > 1: index of the kept answer among the round's drafts
+    # answer_format=line (agents/lines.py): the shown code's lines (1-based) ranked most suspect first, on the round
+    # that located them, and the line this round's kept answer corrected (None: a whole-function answer)
+    located: list[int] | None = None
+    line: int | None = None
     # self_check (agents/selfcheck.py): probes, the passing candidates' call indexes grouped by what they returned
     # (kept group first), probe runs, and whether enough agreed for the agent to be satisfied
     self_check: dict | None = None

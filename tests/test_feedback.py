@@ -94,3 +94,23 @@ def test_compute_actual_off_runs_no_probe():
     res, sb = _fail(code, test)
     text = shape_feedback(res, code, test, sb, compute_actual=False)
     assert "assert f(1) == 2" in text and "returned" not in text
+
+
+@needs_data
+def test_show_failure_puts_how_the_buggy_code_fails_into_the_fix_prompt_and_off_leaves_it_as_before():
+    from agents.loop import run_agent
+    from agents.models.doubles import ScriptedModel
+    from agents_fixtures import agent
+
+    t = task(3)  # below_zero: the buggy code returns True where the test expects False
+    fix = "```python\ndef below_zero(operations):\n    b = 0\n    for op in operations:\n        b += op\n" \
+          "        if b < 0:\n            return True\n    return False\n```"
+    seen = {}
+    for on in (True, False):
+        model = ScriptedModel([fix])
+        traj = run_agent(t, model, sandbox(), agent("single_shot", iters=0, show_failure=on))
+        assert traj.passed
+        seen[on] = model.requests[0].messages[-1]["content"]
+    assert "The buggy function fails them like this:" in seen[True]
+    assert "`below_zero([1, 2, -3, 1, 2, -3])` returned True, but the expected value is False." in seen[True]
+    assert "fails them" not in seen[False] and seen[True].startswith(seen[False].split("Reply with")[0])

@@ -15,9 +15,10 @@ class Strategy:
     def first_messages(self) -> list[dict]:
         ctx = self.ctx
         patch = answers_as_patches(ctx.cfg.strategy)
+        failure = ctx.buggy_failure() if getattr(ctx.cfg.strategy, "show_failure", False) else None
         return [{"role": "system", "content": render("system.txt", patch=patch)},
                 {"role": "user", "content": render("fix.txt", task=ctx.task, code=ctx.view.code.strip("\n"),
-                                                   tests=ctx.view.tests, patch=patch)}]
+                                                   tests=ctx.view.tests, patch=patch, failure=failure)}]
 
     def initial_state(self) -> State:
         first = self.first_messages()

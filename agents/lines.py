@@ -1,0 +1,56 @@
+"""Answers as one corrected line (`strategy.answer_format: line`, single_shot): localise first, then fix there.
+
+A HumanEvalFix bug is nearly always one wrong line (21 of the 24 tuning tasks: one line replaced), and a small model
+shown the whole function often hands it back unchanged: it does not see the bug. So one short greedy call per task
+asks which lines are wrong (quoted, most likely first: `locate.txt`), and answer p of the task's stream asks for the
+corrected version of the p-th line of that ranking (the lines the model did not name follow in source order; after
+the last line the ranking starts again, sampled). An answer is a line or a few (an insertion), a fraction of the
+whole function's tokens; the shown code with that line replaced is the candidate. An answer holding the whole
+function (`def <entry point>`) is read as the whole function: a small model falls back to the format it knows.
+"""
+from __future__ import annotations
+
+import textwrap
+
+from .extract import code_blocks
+
+LOCATE_LINES = 3  # lines the localisation call names (a longer list costs tokens and is rarely right past the third)
+
+
+def fixable_lines(code: str, body: str) -> list[int]:
+    """Indexes of the lines of `code` an answer may replace: the function body's (the part after the header),
+    without blank and comment-only lines."""
+    lines = code.rstrip("\n").split("\n")
+    start = len(lines) - len(body.rstrip("\n").split("\n")) if body.strip() and code.rstrip("\n").endswith(
+        body.rstrip("\n")) else 0
+    return [i for i in range(start, len(lines)) if lines[i].strip() and not lines[i].strip().startswith("#")
+            and not (start == 0 and lines[i].lstrip().startswith(("def ", "from ", "import ")))]
+
+
+def rank_lines(code: str, fixable: list[int], *answers: str) -> list[int]:
+    """The fixable lines each answer quotes (its first code block, answer by answer, in its order; a quoted line that
+    occurs several times names each), then the rest in source order."""
+    lines = code.rstrip("\n").split("\n")
+    named: list[int] = []
+    for answer in answers:
+        blocks = code_blocks(answer)
+        for quoted in (blocks[0].split("\n") if blocks else []):
+            q = quoted.strip()
+            named += [i for i in fixable if q and lines[i].strip() == q and i not in named]
+    return named + [i for i in fixable if i not in named]
+
+
+def replace_line(code: str, at: int, answer: str, entry_point: str) -> tuple[str | None, str | None]:
+    """(the code with line `at` replaced by the answer's first code block, None) or (None, why not). The block keeps
+    its own relative indentation and is put at the replaced line's. A block holding `def <entry_point>` is the
+    whole function: returned as it is, for the caller to read as one."""
+    blocks = code_blocks(answer)
+    if not blocks:
+        return None, "no ```python block with the corrected line in the answer"
+    block = blocks[0].rstrip("\n")
+    if f"def {entry_point}" in block:
+        return block + "\n", None
+    lines = code.rstrip("\n").split("\n")
+    indent = lines[at][: len(lines[at]) - len(lines[at].lstrip())]
+    new = [indent + x if x.strip() else "" for x in textwrap.dedent(block).split("\n")]
+    return "\n".join(lines[:at] + new + lines[at + 1:]) + "\n", None
