@@ -1,12 +1,14 @@
-"""Answers as one corrected line (`strategy.answer_format: line`, single_shot): localise first, then fix there.
+"""Answers as corrected lines (`strategy.answer_format: line`, single_shot): localise first, then fix there.
 
 A HumanEvalFix bug is nearly always one wrong line (21 of the 24 tuning tasks: one line replaced), and a small model
-shown the whole function often hands it back unchanged: it does not see the bug. So one short greedy call per task
-asks which lines are wrong (quoted, most likely first: `locate.txt`), and answer p of the task's stream asks for the
-corrected version of the p-th line of that ranking (the lines the model did not name follow in source order; after
-the last line the ranking starts again, sampled). An answer is a line or a few (an insertion), a fraction of the
-whole function's tokens; the shown code with that line replaced is the candidate. An answer holding the whole
-function (`def <entry point>`) is read as the whole function: a small model falls back to the format it knows.
+shown the whole function often hands it back unchanged: it does not see the bug. So answers 0, n, 2n... of a task's
+stream stay whole functions (n = `function_every`), and the others each ask for the corrected version of one line,
+the j-th line answer the j-th line of a ranking made once: the lines answer 0 changed, then the lines one greedy
+localisation call quotes (`prompts/locate.txt`, most likely first), then the rest in source order; each line once
+greedy, then again sampled. A line answer is a line or a few (an insertion), a fraction of a whole function's
+tokens; the shown code with that line replaced is the candidate. An answer holding the whole function
+(`def <entry point>`) is read as the whole function: a small model falls back to the format it knows.
+The strategy side lives in agents/strategies/single_shot.py; this module is the text side.
 """
 from __future__ import annotations
 

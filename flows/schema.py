@@ -250,7 +250,7 @@ def strategy_knobs(name: str | None) -> dict[str, str]:
     from agents.config import STRATEGY_CONFS
 
     record = STRATEGY_CONFS.get(name or "")
-    return {f"strategy.{f.name}": f.metadata["before"] for f in dataclasses.fields(record) if "before" in f.metadata} \
+    return {f"strategy.{f.name}": str(f.metadata["before"]) for f in dataclasses.fields(record) if "before" in f.metadata} \
         if record else {}
 
 

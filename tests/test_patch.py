@@ -79,6 +79,10 @@ def test_patch_answers_are_for_single_shot_only_and_the_format_is_checked():
         check_config(AgentConfig(strategy=ReflectionConf(answer_format="patch")))
     with pytest.raises(ValueError, match="unknown answer_format 'diff'"):
         check_config(AgentConfig(strategy=SingleShotConf(answer_format="diff")))
+    with pytest.raises(ValueError, match="answer_format=line is for single_shot"):
+        check_config(AgentConfig(strategy=ReflectionConf(answer_format="line")))
+    with pytest.raises(ValueError, match="function_every must be >= 0"):
+        check_config(AgentConfig(strategy=SingleShotConf(answer_format="line", function_every=-1)))
 
 
 # answer_format=line: a localisation call ranks the lines, each answer corrects one (agents/lines.py)
