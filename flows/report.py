@@ -136,7 +136,7 @@ def best_of(sweeps: dict[str, Sweep], cur: dict) -> Sweep:
 
 
 def command_of(sw: Sweep) -> str:
-    m = re.match(r"(python -m flows\.evaluate\s.*?\s-m)(\s|$)", sw.about.get("command", ""))
+    m = re.match(r"(python -m flows\.evaluate\s[^(]*?)\s*(\(|$)", sw.about.get("command", ""))
     return " ".join(t for t in m.group(1).split() if not t.startswith("cache_dir=")) if m else ""
 
 
@@ -145,7 +145,7 @@ def headline(sweeps: dict[str, Sweep], cur: dict, frontier_words: str) -> list[s
     b, d = best.last, default.last
     out = [f"**Best measured: {best.label}, {rounds(b.iters)}: pass@1 {rate(b.passed, b.total)} ({b.passed}/{b.total} "
            f"tasks, 95% Wilson interval {ci(b.passed, b.total)}).** Every HumanEvalFix task, 1.5B pack, protocol "
-           f"`tests`, on a {best.about['machine'].get('cpu')}: `{command_of(best)}`."
+           f"`tests`, on {best.about['machine'].get('cpu')}: `{command_of(best)}`."
            + (f" The tuning sample (Python/0-23) is {b.tuning[0]}/{b.tuning[1]} of it; the other {b.other[1]} tasks "
               f"score {b.other[0]}/{b.other[1]} ({ci(*b.other)})." if b.tuning else "")]
     pr = pair_runs(b, d) if best is not default else None
