@@ -74,7 +74,7 @@ class DraftsConf(StrategyConf):
     # The fix prompt also shows how the buggy code fails the visible tests: one run of the shown code before the
     # first answer, its shaped feedback (expected vs actual; with trace_chars, the LDB trace) under the tests. A small
     # model that sees only the code often hands it back unchanged; the failing call says where to look. Costs one
-    # sandbox run and the feedback's prompt tokens per task, no completion tokens. single_shot and reflection.
+    # sandbox run (counted on round 0) and the feedback's prompt tokens per task, no completion tokens.
     show_failure: bool = field(default=False, metadata={"before": False})
     # An answer known to fail before it runs (a repeat of a tested one, or the bug handed back) is drawn again from
     # the same prompt at candidate_temperature, up to this many times, before it spends the round. candidates=1 only.

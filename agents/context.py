@@ -69,6 +69,7 @@ class Context:
         self.own_tests: list[str] | None = None  # self_tests: the model's own assertions, written once a task
         self.side_calls: list[ModelCall] = []  # own-tests calls: the next attempt holds them
         self._failure: str | None = None  # show_failure: the buggy code's feedback ("" = it passed), once a task
+        self.side_runs = 0  # sandbox runs made outside an answer's judging, not yet counted on an attempt
 
     def call(self, messages: list[dict], rnd: int, turn: int = 0, tools=None, stop: tuple = (),
              temperature: float | None = None) -> ModelCall:
@@ -207,6 +208,7 @@ class Context:
             ex = extract_candidate("```python\n" + self.view.code + "\n```", task, knobs.keep_task_context, False)
             code = ex.code or self.view.code
             run = self.sandbox.run(build_program(code, self.view.feedback_test), self.cfg.timeout_s)
+            self.side_runs += 1
             self._failure = "" if run.passed else shape_feedback(
                 run, code, self.view.feedback_test, self.sandbox, timeout_s=self.cfg.timeout_s,
                 max_chars=knobs.feedback_chars, compute_actual=knobs.compute_actual, entry_point=task.entry_point,

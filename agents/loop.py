@@ -63,6 +63,7 @@ def run_agent(task: Task, model: Model, sandbox: Sandbox, cfg: AgentConfig,
             else:
                 t0 = time.perf_counter()
                 attempt = strategy.produce(state, rnd)
+                attempt.side_runs, ctx.side_runs = attempt.side_runs + ctx.side_runs, 0
                 attempt.seconds = round(time.perf_counter() - t0, 3)
             traj.attempts.append(attempt)
             if attempt.passed and traj.first_pass_round is None:

@@ -120,6 +120,7 @@ class Attempt:
     # that located them, and the line this round's kept answer corrected (None: a whole-function answer)
     located: list[int] | None = None
     line: int | None = None
+    side_runs: int = 0  # sandbox runs the round made besides its answers' (show_failure: the buggy code's run)
     # self_check (agents/selfcheck.py): probes, the passing candidates' call indexes grouped by what they returned
     # (kept group first), probe runs, and whether enough agreed for the agent to be satisfied
     self_check: dict | None = None
@@ -160,7 +161,7 @@ class Attempt:
         """Visible-test runs this round made: the kept answer's (when run) and each run rejected candidate's."""
         kept = self.decision in ("tested", "submitted") and self.result is not None
         probes = (self.self_check or {}).get("runs", 0)
-        return int(kept) + sum(1 for r in self.rejected if r.get("status")) + probes
+        return int(kept) + sum(1 for r in self.rejected if r.get("status")) + probes + self.side_runs
 
     @property
     def passed(self) -> bool:

@@ -109,7 +109,7 @@ def test_show_failure_puts_how_the_buggy_code_fails_into_the_fix_prompt_and_off_
     for on in (True, False):
         model = ScriptedModel([fix])
         traj = run_agent(t, model, sandbox(), agent("single_shot", iters=0, show_failure=on))
-        assert traj.passed
+        assert traj.passed and traj.attempts[0].sandbox_runs == 1 + on  # the buggy code's run counts
         seen[on] = model.requests[0].messages[-1]["content"]
     assert "The buggy function fails them like this:" in seen[True]
     assert "`below_zero([1, 2, -3, 1, 2, -3])` returned True, but the expected value is False." in seen[True]
