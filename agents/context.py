@@ -108,7 +108,7 @@ class Context:
             return list(pool.map(lambda i: self.call(messages, rnd, turn=i, stop=stop, temperature=temps[i]),
                                  range(k)))
 
-    def answers(self, messages, positions: range, stop: tuple = (), temperature=None) -> list[ModelCall]:
+    def answers(self, messages, positions, stop: tuple = (), temperature=None) -> list[ModelCall]:
         """Answers at these positions of the task's answer stream (single_shot, flows/stream.py): answer p has the
         seed and temperature of round p, whatever round it is drafted in, so (candidates=k, iters=r) draws exactly
         the stream's first k(r+1) answers. Answers of one round are in flight together (one batch). `messages`
