@@ -231,8 +231,8 @@ def check_config(cfg: AgentConfig) -> None:
         if s.answer_format not in ANSWER_FORMATS:
             raise ValueError(f"unknown answer_format {s.answer_format!r}: use one of {', '.join(ANSWER_FORMATS)}")
         if s.answer_format != "function" and s.name != "single_shot":
-            raise ValueError(f"answer_format={s.answer_format} is for single_shot (the {s.name} prompts ask for the whole function):"
-                             " set strategy=single_shot or strategy.answer_format=function")
+            raise ValueError(f"answer_format={s.answer_format} is for single_shot (the {s.name} prompts ask for the "
+                             "whole function): set strategy=single_shot or strategy.answer_format=function")
         if s.function_every < 0:
             raise ValueError(f"function_every must be >= 0 (0: line answers only), got {s.function_every}")
         if s.redraws and s.candidates > 1:

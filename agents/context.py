@@ -61,11 +61,12 @@ class Context:
     def __init__(self, task: Task, model: Model, sandbox: Sandbox, cfg: AgentConfig):
         self.task, self.model, self.sandbox, self.cfg = task, model, sandbox, cfg
         self.view = visibility(task, cfg.protocol)
-        # The buggy code as shown, keyed as a candidate would be: an answer equal to it is "unchanged".
-        self.buggy_keys = set()
-        for shown in {task.buggy_code, self.view.code}:
-            ex = extract_candidate("```python\n" + shown + "\n```", task, cfg.strategy.keep_task_context, False)
-            self.buggy_keys.add(normalise(ex.code or shown))
+        # The buggy code as shown, read as a candidate would be (the program show_failure runs), and keyed: an answer
+        # equal to it is "unchanged".
+        read = {shown: extract_candidate("```python\n" + shown + "\n```", task, cfg.strategy.keep_task_context,
+                                         False).code or shown for shown in {task.buggy_code, self.view.code}}
+        self.shown_code = read[self.view.code]
+        self.buggy_keys = {normalise(code) for code in read.values()}
         self.own_tests: list[str] | None = None  # self_tests: the model's own assertions, written once a task
         self.side_calls: list[ModelCall] = []  # own-tests calls: the next attempt holds them
         self._failure: str | None = None  # show_failure: the buggy code's feedback ("" = it passed), once a task
@@ -204,9 +205,7 @@ class Context:
         """show_failure: how the shown buggy code fails the visible tests (shaped feedback, trace with trace_chars),
         run once a task; None when it passes them (a bug the visible tests do not reach) or cannot be read."""
         if self._failure is None:
-            knobs, task = self.cfg.strategy, self.task
-            ex = extract_candidate("```python\n" + self.view.code + "\n```", task, knobs.keep_task_context, False)
-            code = ex.code or self.view.code
+            knobs, task, code = self.cfg.strategy, self.task, self.shown_code
             run = self.sandbox.run(build_program(code, self.view.feedback_test), self.cfg.timeout_s)
             self.side_runs += 1
             self._failure = "" if run.passed else shape_feedback(
