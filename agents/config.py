@@ -20,6 +20,7 @@ PROTOCOLS = ("tests", "docs", "hidden")
 SCHEDULES = ("auto", "constant", "resample", "rising", "falling")
 TOOL_FORMATS = ("auto", "native", "text")
 ANSWER_FORMATS = ("function", "patch", "line")
+SELF_CHECK_SCOPES = ("round", "task")  # DraftsConf.self_check_scope
 
 
 @dataclass
@@ -92,6 +93,13 @@ class DraftsConf(StrategyConf):
     # Only the stop label depends on it (satisfied or unsure), never an answer. 0 because a small model's own
     # assertions are often wrong themselves: a right answer that passes only a few of them is common.
     self_tests_pass: float = 0.0
+    # Whose answers the self-check counts: one round's candidates (round: the round where one passes what the agent
+    # sees ends the task, satisfied or unsure), or every answer of the task so far (task: self_check answers in all,
+    # any candidates; an answer that passes with too few agreeing is held, not handed in, and the agent keeps
+    # looking; a repeat of it is run again as a vote; the buggy code handed back never votes). Under `task` a budget
+    # that ends before the agent is satisfied hands nothing in (the task fails), so every budget's verdict is a
+    # prefix of the same trajectory, as before.
+    self_check_scope: str = field(default="round", metadata={"before": "round"})
 
 
 @dataclass
@@ -219,9 +227,15 @@ def check_config(cfg: AgentConfig) -> None:
             raise ValueError(f"candidates must be >= 1, got {s.candidates}")
         if s.redraws < 0:
             raise ValueError(f"redraws must be >= 0, got {s.redraws}")
-        if s.self_check < 0 or s.self_check > s.candidates:
+        if s.self_check_scope not in SELF_CHECK_SCOPES:
+            raise ValueError(f"unknown self_check_scope {s.self_check_scope!r}: use one of {', '.join(SELF_CHECK_SCOPES)}")
+        if s.self_check < 0 or (s.self_check_scope == "round" and s.self_check > s.candidates):
             raise ValueError(f"self_check={s.self_check} needs 0 <= self_check <= candidates ({s.candidates}): "
-                             "agreement is counted among one round's candidates")
+                             "agreement is counted among one round's candidates (or set strategy.self_check_scope=task "
+                             "to count it among all the task's answers)")
+        if s.self_check_scope != "round" and not s.self_check:
+            raise ValueError(f"self_check_scope={s.self_check_scope} needs self_check >= 1 (how many answers must "
+                             "agree): set strategy.self_check=2, or self_check_scope=round")
         if s.self_tests < 0 or (s.self_tests and not s.self_check):
             raise ValueError(f"self_tests={s.self_tests} needs self_check >= 1 (the assertions rank and judge the "
                              "answers the self-check groups): set strategy.self_check=1 or more, or self_tests=0")

@@ -150,13 +150,16 @@ class Context:
                 attempt.visible_result = failed
             attempt.result = failed
 
-    def self_check(self, judged: list[Attempt], passing: list[int]) -> dict:
+    def self_check(self, judged: list[Attempt], passing: list[int], state: "State | None" = None, rnd: int = 0) -> dict:
         """Group a round's candidates that passed the visible tests (call indexes; a repeat goes with the candidate
         it repeats) by what they return on probe inputs and, with `self_tests`, which of the model's own assertions
-        they pass; the best group first (agents/selfcheck.py)."""
+        they pass; the best group first (agents/selfcheck.py). With self_check_scope=task the groups also hold the
+        earlier rounds' passing answers (`state.pool`, as [round, call] pairs) and the report says which of this
+        round's answers is kept (`kept`): a member of the best group, else this round's first (held, unsure)."""
         from .selfcheck import PROBE_RUN_S, behaviour, groups, probe_calls, probe_program, satisfied
 
         task, knobs = self.task, self.cfg.strategy
+        across = knobs.self_check_scope == "task" and state is not None
         calls = probe_calls(self.view.feedback_test, task.entry_point)
         checks = self.write_own_tests() if knobs.self_tests else []
         ran: dict[int, tuple | None] = {}
@@ -169,20 +172,35 @@ class Context:
         else:  # nothing to probe with: only answers with the same code agree
             ran = {i: (normalise(judged[i].code),) for i in passing if judged[i].decision == "tested"}
         seen = [ran[i] if i in ran else ran.get(judged[i].same_as_candidate) for i in passing]
+        members = [[rnd, i] for i in passing]
+        if across:  # the buggy code handed back is no fix, however often it comes back: it never votes
+            votes = [j for j, i in enumerate(passing) if not judged[i].unchanged]
+            added = [[rnd, passing[j], None if seen[j] is None else list(seen[j])] for j in votes]
+            seen = [None if b is None else tuple(b) for _, _, b in state.pool] + [seen[j] for j in votes]
+            members = [[r, i] for r, i, _ in state.pool] + [[rnd, passing[j]] for j in votes]
 
         def own_passed(b: tuple | None) -> int:
             return sum(v == "pass" for v in b[len(calls):]) if b and checks else 0
 
-        order = groups(seen)
-        if checks:  # CodeT: answers that agree and assertions they pass vouch for each other
+        order = groups(seen) or [[]]  # [[]]: nothing votes (only the buggy code came back)
+        if checks and seen:  # CodeT: answers that agree and assertions they pass vouch for each other
             order.sort(key=lambda g: (-len(g) * (1 + own_passed(seen[g[0]])), -len(g), g[0]))
-        grouped = [[passing[j] for j in g] for g in order]
-        report = {"probes": len(calls), "groups": grouped, "runs": len(ran) if calls or checks else 0}
+        grouped = [[members[j] for j in g] for g in order]
+        report = {"probes": len(calls), "groups": grouped if across else [[i for _, i in g] for g in grouped],
+                  "runs": len(ran) if calls or checks else 0}
         if checks:
             report["own_tests"] = len(checks)
-            report["own_passed"] = [own_passed(seen[g[0]]) for g in order]
-        report["satisfied"] = satisfied(len(grouped[0]), knobs.self_check, (report.get("own_passed") or [0])[0],
-                                        len(checks), knobs.self_tests_pass)
+            report["own_passed"] = [own_passed(seen[g[0]]) if g else 0 for g in order]
+        ok = satisfied(len(grouped[0]), knobs.self_check, (report.get("own_passed") or [0])[0], len(checks),
+                       knobs.self_tests_pass)
+        if across:
+            mine = [i for r, i in grouped[0] if r == rnd]  # this round's answers in the best group
+            report["scope"], report["behaviours"] = "task", added
+            report["satisfied"] = ok and bool(mine)
+            report["kept"] = mine[0] if mine else next((i for i in passing if not judged[i].unchanged), passing[0])
+            report["held"] = not report["satisfied"]
+        else:
+            report["satisfied"], report["kept"] = ok, grouped[0][0][1]
         return report
 
     def write_own_tests(self) -> list[str]:
@@ -286,3 +304,6 @@ class State:
     turns: int = 0  # react: model turns used
     last_tested: tuple | None = None  # react: (code, round) of the latest run; `submit` without code hands it in
     done: str | None = None  # stop reason once the episode is over
+    # self_check_scope=task: every earlier answer that passed what the agent saw, as [round, call, behaviour on the
+    # probes and own assertions] (agents/selfcheck.py); a later answer's agreement is counted against them
+    pool: list = field(default_factory=list)

@@ -140,6 +140,12 @@ class Attempt:
         """It passed what the agent sees, but too few of the round's passing answers agreed on the probes."""
         return self.passed_visible and self.self_check is not None and not self.self_check["satisfied"]
 
+    @property
+    def held(self) -> bool:
+        """self_check_scope=task: it passed what the agent sees but too few answers of the task agree yet, so the
+        agent keeps looking instead of handing it in (it never counts as passed, whatever the full test says)."""
+        return self.unsure and bool(self.self_check.get("held"))
+
     @classmethod
     def from_dict(cls, d: dict) -> "Attempt":
         a = dict(d)
@@ -165,7 +171,8 @@ class Attempt:
 
     @property
     def passed(self) -> bool:
-        return self.result is not None and self.result.passed
+        """Handed in and the full test passed (a held answer is not handed in)."""
+        return self.result is not None and self.result.passed and not self.held
 
 
 _NOTE_FIELDS = ("unchanged", "same_as_round", "same_as_candidate", "problem", "steps", "candidate")

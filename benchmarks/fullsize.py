@@ -86,7 +86,8 @@ def overfit_gap(client, run: dict) -> dict | None:
         trajs = [json.loads(p.read_text()) for p in Path(client.download_artifacts(run["run_id"], "tasks", tmp)).glob("*.json")]
     trajs = [t for t in trajs if t.get("sample", 0) == 0]
     vis = [passed_what_it_saw(t) for t in trajs]
-    sat = [v and t.get("stop_reason") != "unsure" for v, t in zip(vis, trajs)]
+    sat = [v and t.get("stop_reason") != "unsure" and (t.get("stop_reason") == "solved" or not any(
+        (a.get("self_check") or {}).get("held") for a in t["attempts"])) for v, t in zip(vis, trajs)]
     hid = [t["first_pass_round"] is not None for t in trajs]
     gap = paired(sat, hid)
     out = {"visible_passed": sum(vis), "satisfied": sum(sat), "hidden_passed": sum(hid), "total": len(trajs),
@@ -94,7 +95,8 @@ def overfit_gap(client, run: dict) -> dict | None:
            "hidden_only": gap.only_b}
     if any(a.get("self_check") for t in trajs for a in t["attempts"]):
         out["without_self_check"] = without_self_check(trajs, hid, vis)
-    if any((a.get("self_check") or {}).get("own_tests") for t in trajs for a in t["attempts"]):
+    across = run["params"].get("strategy.self_check_scope", "round") == "task"  # groups span rounds: no read-back
+    if not across and any((a.get("self_check") or {}).get("own_tests") for t in trajs for a in t["attempts"]):
         need = int(run["params"].get("strategy.self_check", 1))
         out["without_own_tests"] = without_own_tests(trajs, hid, need)
         # the label at today's default share (runs before the knob judged at more than half): same answers
@@ -125,8 +127,9 @@ def without_self_check(trajs: list[dict], hid: list[bool], vis: list[bool]) -> d
     agent saw (read from the candidates' recorded visible and full-test statuses) and is believed. Paired with the
     self-check's own verdicts."""
     def first_passing(t: dict) -> bool:
-        last = t["attempts"][-1] if t["attempts"] else None
-        if not last or not last.get("self_check"):
+        # the first round whose answer passed what the agent saw (self_check_scope=task goes on past it when unsure)
+        last = next((a for a in t["attempts"] if a.get("self_check")), None)
+        if last is None:
             return t["first_pass_round"] is not None
         ran = [r["call"] for r in last["rejected"] if r.get("status") == "passed"] + [last["candidate"]]
         return candidate_verdict(last, min(ran))

@@ -10,7 +10,7 @@ from agents.config import check_config
 from agents.loop import run_agent
 from agents.models.doubles import ScriptedModel
 from agents.selfcheck import behaviour, groups, own_assertions, probe_calls, probe_program
-from agents_fixtures import agent, fenced, sandbox, task
+from agents_fixtures import agent, fenced, sandbox, task, tuned
 from conftest import needs_data
 from sandboxes import build_program
 
@@ -171,3 +171,78 @@ def test_the_share_of_own_assertions_to_pass_moves_the_label_never_the_answer():
     assert back["satisfied"] == 1 and back["gap"] == 0 and back["satisfied_and_passed"] == 1
     with pytest.raises(ValueError, match="self_tests_pass=1 is a share"):
         check_config(agent(strategy="single_shot", candidates=2, self_check=1, self_tests=4, self_tests_pass=1))
+
+
+# self_check_scope=task: agreement is counted among every answer of the task, one answer a round
+def across(outputs, iters=3, **kw):
+    return run(outputs, candidates=1, self_check=2, self_check_scope="task", iters=iters, **kw)
+
+
+def test_across_rounds_an_unsure_pass_is_held_and_a_later_agreeing_answer_is_handed_in():
+    traj = across([fenced(OVERFIT), fenced(FIX), fenced(WRONG), fenced(FIX_TOO)])
+    a = traj.attempts
+    assert [x.held for x in a] == [True, True, False, False] and not any(x.passed for x in a[:2])
+    assert a[1].result.passed  # the full test passes FIX, but it is not handed in before anyone agrees with it
+    assert a[3].self_check["groups"] == [[[1, 0], [3, 0]], [[0, 0]]] and a[3].self_check["satisfied"]
+    assert traj.first_pass_round == 3 and traj.stop_reason == "solved"
+    assert a[3].sandbox_runs == 1 + 1 and a[3].self_check["runs"] == 1  # its run, and only its own probe run
+
+
+def test_across_rounds_a_repeat_of_a_held_answer_is_run_again_as_a_vote():
+    traj = across([fenced(FIX), fenced(WRONG), fenced(FIX)])
+    assert [x.decision for x in traj.attempts] == ["tested"] * 3 and traj.first_pass_round == 2
+    # a repeat of a failed answer is still not run again
+    traj = across([fenced(WRONG), fenced(WRONG), fenced(FIX), fenced(FIX)])
+    assert [x.decision for x in traj.attempts] == ["tested", "repeat", "tested", "tested"] and traj.first_pass_round == 3
+
+
+def test_across_rounds_a_budget_that_ends_unsure_hands_nothing_in_and_cuts_like_a_fresh_run():
+    from agents.loop import truncate
+
+    long = across([fenced(FIX), fenced(WRONG), fenced(FIX_TOO)], iters=2)
+    short = across([fenced(FIX), fenced(WRONG)], iters=1)
+    assert long.first_pass_round == 2 and short.first_pass_round is None and short.stop_reason == "budget"
+    cut = truncate(long, 1)
+    assert (cut.first_pass_round, cut.stop_reason) == (short.first_pass_round, short.stop_reason)
+    assert across([fenced(FIX)], iters=0).stop_reason == "unsure"  # it held a pass nobody agreed with
+
+
+def test_across_rounds_a_resumed_run_counts_the_earlier_rounds_votes():
+    cfg = agent(strategy="single_shot", protocol="hidden", candidates=1, self_check=2, self_check_scope="task", iters=1)
+    prior = run_agent(task(2), ScriptedModel([fenced(FIX), fenced(WRONG)]), sandbox(), cfg)
+    cont = run_agent(task(2), ScriptedModel([fenced(FIX_TOO)]), sandbox(), tuned(cfg, iters=3), prior=prior)
+    fresh = across([fenced(FIX), fenced(WRONG), fenced(FIX_TOO)])
+    assert cont.first_pass_round == fresh.first_pass_round == 2
+    assert cont.attempts[2].self_check["groups"] == fresh.attempts[2].self_check["groups"]
+
+
+def test_across_rounds_the_buggy_code_handed_back_never_votes():
+    """Python/32: the buggy code passes the docstring's examples, so handing it back twice would agree with itself."""
+    t = task(32)
+    buggy, fix = t.buggy_code, t.declaration + t.canonical_solution
+    model = ScriptedModel([fenced(buggy), fenced(buggy), fenced(fix), fenced(fix)])
+    traj = run_agent(t, model, sandbox(), agent(strategy="single_shot", protocol="hidden", candidates=1, self_check=2,
+                                                self_check_scope="task", iters=3))
+    a = traj.attempts
+    assert a[0].unchanged and a[0].held and a[1].decision == "repeat"  # not run again, no vote
+    assert a[2].held and a[3].self_check["satisfied"] and traj.first_pass_round == 3
+    assert a[3].self_check["groups"] == [[[2, 0], [3, 0]]]
+
+
+def test_across_rounds_the_overfit_gap_counts_only_what_was_handed_in():
+    fullsize = _fullsize()
+    trajs = [json.loads(json.dumps(across(o, iters=i).to_dict(), default=str))
+             for o, i in (([fenced(FIX), fenced(WRONG)], 1), ([fenced(OVERFIT), fenced(OVERFIT_TOO)], 1))]
+    hid = [t["first_pass_round"] is not None for t in trajs]
+    sat = [fullsize.passed_what_it_saw(t) and t.get("stop_reason") == "solved" for t in trajs]
+    assert hid == [False, False] and sat == [False, True]  # held FIX is not handed in; the agreeing overfit pair is
+    off = fullsize.without_self_check(trajs, hid, [True, True])
+    assert off["hidden_passed"] == 1  # believing the first pass would have handed FIX in
+
+
+def test_self_check_scope_is_checked():
+    check_config(agent(strategy="single_shot", candidates=1, self_check=3, self_check_scope="task"))
+    with pytest.raises(ValueError, match="self_check_scope=task needs self_check"):
+        check_config(agent(strategy="single_shot", candidates=1, self_check_scope="task"))
+    with pytest.raises(ValueError, match="unknown self_check_scope 'tasks'"):
+        check_config(agent(strategy="single_shot", candidates=1, self_check=1, self_check_scope="tasks"))

@@ -31,11 +31,16 @@ class Strategy:
             stop += PATCH_STOP  # an edit ends at its REPLACE marker
         messages = self.messages(state)
         calls = self.draw(messages, rnd, stop)
-        if len(calls) > 1:
+        if len(calls) > 1 or self.checking():
             return self._pick(calls, rnd, state)
         if knobs.redraws:
             return self._redrawn(calls[0], messages, rnd, state, stop)
         return self._judged(calls[0], rnd, state)
+
+    def checking(self) -> bool:
+        """Whether a round's answers that pass what the agent sees go through the self-check (docs/hidden only: under
+        `tests` the visible verdict is the full one)."""
+        return bool(getattr(self.ctx.cfg.strategy, "self_check", 0)) and self.ctx.view.feedback_test != self.ctx.task.test
 
     def draw(self, messages: list[dict], rnd: int, stop: tuple) -> list:
         """This round's answers: `candidates` of them, the first at the round's temperature."""
@@ -77,7 +82,7 @@ class Strategy:
         is not run again. With `self_check` under docs/hidden every candidate is judged and the passing ones are
         grouped by what they return on probe inputs: the largest group's first is kept (agents/selfcheck.py)."""
         ctx = self.ctx
-        check = bool(ctx.cfg.strategy.self_check) and ctx.view.feedback_test != ctx.task.test
+        check = self.checking()
         judged, ran = [], {}
         for i, call in enumerate(calls):
             a = self._judged(call, rnd, state, run=False)
@@ -93,9 +98,9 @@ class Strategy:
                 break  # only the last judged candidate can have passed
         passing = [i for i, a in enumerate(judged) if a.passed_visible or (
             a.decision == "repeat" and a.same_as_candidate is not None and judged[a.same_as_candidate].passed_visible)]
-        report = ctx.self_check(judged, passing) if check and passing else None
+        report = ctx.self_check(judged, passing, state, rnd) if check and passing else None
         if report is not None:
-            keep = report["groups"][0][0]
+            keep = report.pop("kept")
         elif judged[-1].passed_visible:
             keep = len(judged) - 1
         else:
@@ -124,7 +129,13 @@ class Strategy:
         if attempt.decision == "tested" and attempt.code is not None:
             state.seen[normalise(attempt.code)] = attempt.round
             state.feedback[attempt.round] = attempt.feedback
-            if attempt.visible is not None and attempt.visible.passed:
+            check = attempt.self_check or {}
+            if check.get("scope") == "task":  # its passing answers join the pool later answers must agree with
+                state.pool += check["behaviours"]
+            if attempt.held:  # passed what it saw, nobody agrees yet: not handed in, and a repeat of it is a vote
+                if not attempt.unchanged:  # (the buggy code handed back never votes: its repeats are not run again)
+                    del state.seen[normalise(attempt.code)]
+            elif attempt.visible is not None and attempt.visible.passed:
                 # the agent is done; under docs/hidden the verdict may differ, and a failed self-check says so
                 state.done = "unsure" if attempt.unsure else "solved"
 

@@ -59,7 +59,7 @@ class SingleShot(Strategy):
                     new, problem = replace_line(code, at[p][0], call.output, ctx.task.entry_point)
                     self._made[id(call)] = (at[p][0] + 1, problem or "```python\n" + new + "```")
         ordered = [calls[p] for p in positions]
-        attempt = self._pick(ordered, rnd, state) if k > 1 else self._judged(ordered[0], rnd, state)
+        attempt = self._pick(ordered, rnd, state) if k > 1 or self.checking() else self._judged(ordered[0], rnd, state)
         attempt.calls = side + attempt.calls
         attempt.located = located
         return attempt
