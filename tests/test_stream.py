@@ -62,10 +62,13 @@ POINTS = [(1, 0), (1, 3), (1, 7), (2, 0), (2, 1), (2, 3), (4, 0), (4, 1)]
 
 
 @needs_data
-@pytest.mark.parametrize("answer_format", ["function", "line"])
+@pytest.mark.parametrize("knobs", [{"answer_format": "function"}, {"answer_format": "line"},
+                                   # hidden, agreement among all the task's answers: "return 0.5" passes the example
+                                   {"answer_format": "line", "protocol": "hidden", "self_check": 2,
+                                    "self_check_scope": "task"}], ids=["function", "line", "line-agree"])
 @pytest.mark.parametrize("seed", range(6))
-def test_every_point_cut_from_the_stream_equals_the_point_run_alone(seed, answer_format):
-    base = agent("single_shot", seed=seed, answer_format=answer_format, function_every=2)
+def test_every_point_cut_from_the_stream_equals_the_point_run_alone(seed, knobs):
+    base = agent("single_shot", seed=seed, function_every=2, **knobs)
     plan = (4, 8)
     stream = run_agent(task(2), SeededAnswersModel(), sandbox(), stream_config(base, plan))
     assert stream.error is None and stream.budget == 1
