@@ -94,11 +94,11 @@ class DraftsConf(StrategyConf):
     # assertions are often wrong themselves: a right answer that passes only a few of them is common.
     self_tests_pass: float = 0.0
     # Whose answers the self-check counts: one round's candidates (round: the round where one passes what the agent
-    # sees ends the task, satisfied or unsure), or every answer of the task so far (task: self_check answers in all,
-    # any candidates; an answer that passes with too few agreeing is held, not handed in, and the agent keeps
-    # looking; a repeat of it is run again as a vote; the buggy code handed back never votes). Under `task` a budget
-    # that ends before the agent is satisfied hands nothing in (the task fails), so every budget's verdict is a
-    # prefix of the same trajectory, as before.
+    # sees ends the task, satisfied or unsure), or every answer of the task so far (task, single_shot only:
+    # self_check answers in all, any candidates; an answer that passes with too few agreeing is held, not handed
+    # in, and the agent keeps looking; a repeat of it is run again as a vote; the buggy code handed back never
+    # votes). Under `task` a budget that ends before the agent is satisfied hands nothing in (the task fails), so
+    # every budget's verdict is a prefix of the same trajectory, as before.
     self_check_scope: str = field(default="round", metadata={"before": "round"})
 
 
@@ -233,6 +233,10 @@ def check_config(cfg: AgentConfig) -> None:
             raise ValueError(f"self_check={s.self_check} needs 0 <= self_check <= candidates ({s.candidates}): "
                              "agreement is counted among one round's candidates (or set strategy.self_check_scope=task "
                              "to count it among all the task's answers)")
+        if s.self_check_scope != "round" and s.name != "single_shot":
+            raise ValueError(f"self_check_scope={s.self_check_scope} is for single_shot (its rounds are independent "
+                             f"tries; a {s.name} round after a held pass has no failure to revise from): set "
+                             "strategy=single_shot or strategy.self_check_scope=round")
         if s.self_check_scope != "round" and not s.self_check:
             raise ValueError(f"self_check_scope={s.self_check_scope} needs self_check >= 1 (how many answers must "
                              "agree): set strategy.self_check=2, or self_check_scope=round")

@@ -244,5 +244,7 @@ def test_self_check_scope_is_checked():
     check_config(agent(strategy="single_shot", candidates=1, self_check=3, self_check_scope="task"))
     with pytest.raises(ValueError, match="self_check_scope=task needs self_check"):
         check_config(agent(strategy="single_shot", candidates=1, self_check_scope="task"))
+    with pytest.raises(ValueError, match="self_check_scope=task is for single_shot"):
+        check_config(agent(strategy="reflection", candidates=2, self_check=2, self_check_scope="task"))
     with pytest.raises(ValueError, match="unknown self_check_scope 'tasks'"):
         check_config(agent(strategy="single_shot", candidates=1, self_check=1, self_check_scope="tasks"))
