@@ -431,9 +431,11 @@ def configurations(records: list[Record], use: tuple[str, ...] = ()) -> tuple[li
 
 def pareto(points: list[tuple[str, float, float]]) -> list[str]:
     """Labels of the points (label, cost, pass@1) no other point beats: none costs no more and scores no less
-    with one of the two strictly. Cheapest first."""
+    with one of the two strictly. Cheapest first. A point that passes nothing is beaten by handing nothing in (no
+    cost), so it is never on the frontier (a budget too small for any answer to be handed in, e.g. agreement needs
+    two)."""
     out = [(c, -p, lab) for lab, c, p in points
-           if not any(c2 <= c and p2 >= p and (c2 < c or p2 > p) for _, c2, p2 in points)]
+           if p > 0 and not any(c2 <= c and p2 >= p and (c2 < c or p2 > p) for _, c2, p2 in points)]
     return [lab for _, _, lab in sorted(out)]
 
 

@@ -281,3 +281,10 @@ def test_seconds_compare_on_one_machine_at_one_engine_commit(tmp_path):
     assert f"on Toy CPU, 2 cores at engine {'1' * 12} (compared only there)" in md
     assert md.splitlines()[2].split(" | ")[-3] == "engine"  # a column, as the records name two commits
     assert fl.commit_of("abc" * 14, "true") == "abcabcabcabc+dirty" and fl.commit_of("unknown", "false") is None
+
+
+def test_a_point_that_passes_nothing_is_never_on_the_frontier():
+    """Agreement across a task's answers hands nothing in on round 0 (one answer cannot agree with another): that
+    point is the cheapest, but handing nothing in costs less still, so the frontier starts at the first that passes."""
+    assert fl.pareto([("nothing", 50.0, 0.0), ("one", 100.0, 0.2), ("two", 180.0, 0.5), ("worse", 200.0, 0.4)]) == \
+        ["one", "two"]
