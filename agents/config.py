@@ -89,6 +89,11 @@ class DraftsConf(StrategyConf):
     # times assertions passed (CodeT's dual agreement), and the agent is satisfied only when the kept answer also
     # passes more than `self_tests_pass` of those it could run. 0 = off.
     self_tests: int = 0
+    # With self_check: the model first writes this many inputs of its own (calls of the function, no expected values;
+    # once a task, greedy; agents/prompts/self_inputs.txt), and the passing answers are grouped on them too, after
+    # the examples' own calls (CodeT's input side: the probes next to the examples often miss the inputs where the
+    # bug shows). 0 = off.
+    self_inputs: int = field(default=0, metadata={"before": 0})
     # The kept answer must pass more than this share of its own assertions (0: at least one; 0.5: more than half).
     # Only the stop label depends on it (satisfied or unsure), never an answer. 0 because a small model's own
     # assertions are often wrong themselves: a right answer that passes only a few of them is common.
@@ -243,6 +248,9 @@ def check_config(cfg: AgentConfig) -> None:
         if s.self_tests < 0 or (s.self_tests and not s.self_check):
             raise ValueError(f"self_tests={s.self_tests} needs self_check >= 1 (the assertions rank and judge the "
                              "answers the self-check groups): set strategy.self_check=1 or more, or self_tests=0")
+        if s.self_inputs < 0 or (s.self_inputs and not s.self_check):
+            raise ValueError(f"self_inputs={s.self_inputs} needs self_check >= 1 (the inputs group the answers the "
+                             "self-check counts): set strategy.self_check=2, or self_inputs=0")
         if not 0 <= s.self_tests_pass < 1:
             raise ValueError(f"self_tests_pass={s.self_tests_pass} is a share of the own assertions: use 0 (at least "
                              "one passed) up to below 1 (e.g. 0.5: more than half)")

@@ -26,6 +26,7 @@ PROMPTS = Path(__file__).parent / "prompts"
 # does not match; a bare opening fence after prose would end the answer early (it then counts as no_code).
 CODE_STOP = ("\n```\n",)
 OWN_TESTS_TURN = 1000  # the own-tests call's seed slot: apart from every candidate's turn (it is greedy anyway)
+OWN_INPUTS_TURN = OWN_TESTS_TURN + 2  # the own-inputs call's (+1 is single_shot's localisation call)
 
 
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(PROMPTS), undefined=jinja2.StrictUndefined,
@@ -68,7 +69,8 @@ class Context:
         self.shown_code = read[self.view.code]
         self.buggy_keys = {normalise(code) for code in read.values()}
         self.own_tests: list[str] | None = None  # self_tests: the model's own assertions, written once a task
-        self.side_calls: list[ModelCall] = []  # own-tests calls: the next attempt holds them
+        self.own_inputs: list[str] | None = None  # self_inputs: the model's own probe inputs, written once a task
+        self.side_calls: list[ModelCall] = []  # own-tests and own-inputs calls: the next attempt holds them
         self._failure: str | None = None  # show_failure: the buggy code's feedback ("" = it passed), once a task
         self.side_runs = 0  # sandbox runs made outside an answer's judging, not yet counted on an attempt
 
@@ -160,7 +162,8 @@ class Context:
 
         task, knobs = self.task, self.cfg.strategy
         across = knobs.self_check_scope == "task" and state is not None
-        calls = probe_calls(self.view.feedback_test, task.entry_point)
+        calls = probe_calls(self.view.feedback_test, task.entry_point,
+                            own=self.write_own_inputs() if knobs.self_inputs else ())
         checks = self.write_own_tests() if knobs.self_tests else []
         ran: dict[int, tuple | None] = {}
         if calls or checks:
@@ -188,6 +191,8 @@ class Context:
         grouped = [[members[j] for j in g] for g in order]
         report = {"probes": len(calls), "groups": grouped if across else [[i for _, i in g] for g in grouped],
                   "runs": len(ran) if calls or checks else 0}
+        if knobs.self_inputs:
+            report["own_inputs"] = len(self.own_inputs)
         if checks:
             report["own_tests"] = len(checks)
             report["own_passed"] = [own_passed(seen[g[0]]) if g else 0 for g in order]
@@ -218,6 +223,22 @@ class Context:
             self.own_tests = [] if call.error else own_assertions(call.output, task.entry_point,
                                                                   self.view.feedback_test, n)
         return self.own_tests
+
+    def write_own_inputs(self) -> list[str]:
+        """self_inputs: inputs of the model's own to probe with (argument tuples, at most `self_inputs`), asked for
+        once a task, greedy, from what the agent sees; the call is kept in `side_calls` so its tokens count."""
+        from .selfcheck import own_inputs
+
+        if self.own_inputs is None:
+            task, n = self.task, self.cfg.strategy.self_inputs
+            prompt = render("self_inputs.txt", entry_point=task.entry_point, code=self.view.code.strip("\n"),
+                            tests=self.view.tests, n=n)
+            call = self.call([{"role": "user", "content": prompt}], 0, turn=OWN_INPUTS_TURN, stop=CODE_STOP,
+                             temperature=0.0)
+            self.side_calls.append(call)
+            self.own_inputs = [] if call.error else own_inputs(call.output, task.entry_point,
+                                                               self.view.feedback_test, n)
+        return self.own_inputs
 
     def buggy_failure(self) -> str | None:
         """show_failure: how the shown buggy code fails the visible tests (shaped feedback, trace with trace_chars),

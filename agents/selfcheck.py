@@ -14,6 +14,10 @@ code and the visible examples). They run beside the probes; a group's score is i
 assertions its answer passes (CodeT's dual agreement: answers that agree and tests that answers pass vouch for each
 other), and the agent is satisfied only when the kept answer passes more than `self_tests_pass` of them (by
 default at least one: the model's assertions are often wrong themselves).
+
+With `self_inputs` the model writes inputs of its own (calls of the function, once a task, from what the agent
+sees; no expected values: CodeT's input side). They join the probes after the examples' own calls: the probes next
+to the examples often miss the inputs where the bug shows, so two different corrections can agree on all of them.
 """
 from __future__ import annotations
 
@@ -49,23 +53,30 @@ def _src(args: list[ast.expr]) -> tuple[str, list | None]:
     return repr(tuple(values)), values
 
 
-def probe_calls(test: str, entry_point: str, limit: int = PROBES) -> list[str]:
-    """Argument tuples (as source) to call the entry point with: the visible tests' own calls, then one literal
-    argument at a time mutated, the examples in turn; at most `limit`."""
+def _entry_calls(tree: ast.AST, entry_point: str) -> list[tuple[str, list | None]]:
+    """Every plain call of the entry point in a tree (no keywords, no *args), as _src gives it."""
+    return [_src(node.args) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == entry_point
+            and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args)]
+
+
+def probe_calls(test: str, entry_point: str, limit: int = PROBES, own: list[str] = ()) -> list[str]:
+    """Argument tuples (as source) to call the entry point with: the visible tests' own calls, then `own` (the
+    model's inputs, self_inputs; not counted in `limit`), then one literal argument at a time mutated, the
+    examples in turn; at most `limit` besides `own`."""
     try:
         tree = ast.parse(test)
     except SyntaxError:
         return []
     calls, examples, seen = [], [], set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == entry_point \
-                and not node.keywords and not any(isinstance(a, ast.Starred) for a in node.args):
-            src, values = _src(node.args)
-            if src not in seen:
-                seen.add(src)
-                calls.append(src)
-                if values is not None:
-                    examples.append(values)
+    for src, values in _entry_calls(tree, entry_point):
+        if src not in seen:
+            seen.add(src)
+            calls.append(src)
+            if values is not None:
+                examples.append(values)
+    theirs = [c for c in dict.fromkeys(own) if c not in seen]
+    seen.update(theirs)
     per_example = []
     for values in examples:
         mine = []
@@ -77,7 +88,7 @@ def probe_calls(test: str, entry_point: str, limit: int = PROBES) -> list[str]:
                     mine.append(src)
         per_example.append(mine)
     mutated = [m for row in itertools.zip_longest(*per_example) for m in row if m is not None]
-    return (calls + mutated)[:limit]
+    return calls[:limit] + theirs + (calls + mutated)[len(calls[:limit]):limit]
 
 
 def probe_program(entry_point: str, calls: list[str], checks: list[str] = ()) -> str:
@@ -137,6 +148,28 @@ def own_assertions(text: str, entry_point: str, visible_test: str, limit: int) -
         if cond not in seen:
             seen.add(cond)
             out.append(cond)
+    return out[:limit]
+
+
+def own_inputs(text: str, entry_point: str, visible_test: str, limit: int) -> list[str]:
+    """The argument tuples (canonical source) of the calls of the entry point the model wrote (one a line, inside its
+    code blocks or bare; an assertion's call counts, its expected value is ignored) whose arguments are all
+    literals and that the visible tests do not already make; at most `limit`, duplicates dropped. Literals only: an
+    argument the model computes could hang or differ between runs, and a probe has to mean the same for every
+    answer."""
+    try:
+        shown = {src for src, _ in _entry_calls(ast.parse(visible_test or ""), entry_point)}
+    except SyntaxError:
+        shown = set()
+    out: list[str] = []
+    for line in (text or "").splitlines():
+        try:
+            tree = ast.parse(line.strip())
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            continue
+        for src, values in _entry_calls(tree, entry_point):
+            if values is not None and src not in shown and src not in out:
+                out.append(src)
     return out[:limit]
 
 

@@ -11,7 +11,7 @@ milliseconds a program), so it equals the point run alone (tests/test_stream.py)
 A sweep plans its stream from its overrides (`stream_plan`): `strategy.candidates=1,2,4,8 answers=8 -m` gives
 K = 8 (the lcm of the candidates) and N = 8 answers, so its first job runs (8, iters=0) once and every job cuts
 its point from that. What cannot be cut: a point whose k does not divide K or that needs more than N answers,
-`redraws` > 0 (its redraws are not stream answers) and `self_tests` > 0 (its assertions are one more model call);
+`redraws` > 0 (its redraws are not stream answers) and `self_tests` or `self_inputs` > 0 (one more model call);
 those run alone.
 
 Time: a cut point's task seconds are the stream task's seconds apportioned by completion tokens (an estimate:
@@ -36,7 +36,7 @@ class StreamMiss(RuntimeError):
 def applies(agent: AgentConfig, plan: tuple[int, int] | None) -> bool:
     """Whether this job's point can be cut from a stream of plan = (K answers a round, N answers)."""
     if plan is None or not isinstance(agent.strategy, SingleShotConf) or agent.strategy.redraws \
-            or agent.strategy.self_tests:  # the assertions are one more model call, not a stream answer
+            or agent.strategy.self_tests or agent.strategy.self_inputs:  # one more model call, not a stream answer
         return False
     K, N = plan
     k = agent.strategy.candidates

@@ -9,7 +9,7 @@ import pytest
 from agents.config import check_config
 from agents.loop import run_agent
 from agents.models.doubles import ScriptedModel
-from agents.selfcheck import behaviour, groups, own_assertions, probe_calls, probe_program
+from agents.selfcheck import behaviour, groups, own_assertions, own_inputs, probe_calls, probe_program
 from agents_fixtures import agent, fenced, sandbox, task, tuned
 from conftest import needs_data
 from sandboxes import build_program
@@ -248,3 +248,49 @@ def test_self_check_scope_is_checked():
         check_config(agent(strategy="reflection", candidates=2, self_check=2, self_check_scope="task"))
     with pytest.raises(ValueError, match="unknown self_check_scope 'tasks'"):
         check_config(agent(strategy="single_shot", candidates=1, self_check=1, self_check_scope="tasks"))
+
+
+# self_inputs: the model's own inputs join the probes (CodeT's input side)
+NEAR = SIG + "    return number % 1.0 if number < 10 else 0.0\n"  # right next to the example, wrong past 10
+NEAR_TOO = SIG + "    return number % 1.0 if number < 10 else 1.0\n"  # agrees with NEAR on every neighbour probe
+INPUTS = fenced("truncate_number(12.5)\ntruncate_number(0.75)\ntruncate_number(3.5)\ntruncate_number(x)")
+
+
+def test_own_inputs_are_the_literal_calls_the_model_wrote_beyond_the_examples():
+    shown = "def check(f):\n    assert f(1, 'a') == 2\ncheck(f)\n"
+    text = "x\n```python\nf(2, 'b')\nassert f(3, 'c') == 9\nf(1, 'a')\nf(n, 'd')\nf(2, 'b')\ng(4, 'e')\nf(\n```"
+    assert own_inputs(text, "f", shown, 5) == ["(2, 'b')", "(3, 'c')"]  # an assertion's call counts, not its value
+    assert own_inputs(text, "f", shown, 1) == ["(2, 'b')"]
+    # they follow the examples' own calls, ahead of the mutants, and do not use up the mutants' places
+    calls = probe_calls("assert f(1, 'a') == 2", "f", limit=3, own=["(2, 'b')", "(1, 'a')"])
+    assert calls == ["(1, 'a')", "(2, 'b')", "(2, 'a')", "(3, 'a')"]
+    assert probe_calls("assert f(1, 'a') == 2", "f", limit=3) == ["(1, 'a')", "(2, 'a')", "(3, 'a')"]
+    with pytest.raises(ValueError, match="self_inputs=4 needs self_check"):
+        check_config(agent(strategy="single_shot", candidates=2, self_inputs=4))
+
+
+def test_two_different_answers_that_agree_next_to_the_examples_are_split_by_the_models_own_inputs():
+    """NEAR and NEAR_TOO return the same on the example and on every neighbour of it (all under 10), so agreement
+    alone hands NEAR_TOO in, and the full test fails it; on the model's input 12.5 they differ, so both are held."""
+    plain = across([fenced(NEAR), fenced(NEAR_TOO)], iters=1)
+    assert plain.attempts[1].self_check["satisfied"] and plain.stop_reason == "solved"
+    assert plain.first_pass_round is None  # satisfied and wrong: what the overfit gap counts
+    mine = across([fenced(NEAR), INPUTS, fenced(NEAR_TOO)], iters=1, self_inputs=4)
+    a = mine.attempts
+    assert [x.held for x in a] == [True, True] and mine.stop_reason == "unsure" and mine.first_pass_round is None
+    assert a[1].self_check["own_inputs"] == 2 and a[1].self_check["groups"] == [[[0, 0]], [[1, 0]]]
+    assert a[1].self_check["probes"] == plain.attempts[1].self_check["probes"] + 2
+    asked = a[0].calls[0].messages[-1]["content"]  # written once, on the first pass; its tokens count
+    assert mine.model_calls == 3 and a[0].calls[0].output == INPUTS and a[0].calls[0].temperature == 0.0
+    assert "123.456" not in asked and "truncate_number(3.5)" in asked  # what the agent sees, never the full test
+    # a right answer after them agrees with neither, and one more right answer completes its group
+    fixed = across([fenced(NEAR), INPUTS, fenced(NEAR_TOO), fenced(FIX), fenced(FIX_TOO)], iters=3, self_inputs=4)
+    assert fixed.first_pass_round == 3 and fixed.stop_reason == "solved"
+
+
+def test_own_inputs_make_a_point_run_alone_not_cut_from_a_stream():
+    from flows.stream import applies
+
+    cfg = agent(strategy="single_shot", protocol="hidden", candidates=1, self_check=2, self_check_scope="task",
+                iters=3)
+    assert applies(cfg, (1, 8)) and not applies(tuned(cfg, self_inputs=4), (1, 8))
