@@ -94,7 +94,8 @@ def test_retired_knobs_at_their_old_default_read_as_absent():
            "strategy.show_diff": "False", "strategy.edge_case_hint": "False", "model.int8_fuse": "False"}
     assert without_retired(old) == {"strategy.name": "reflection"}
     assert param_values(old) == {"strategy.name": "reflection", "strategy.answer_format": "function",
-                                 "strategy.show_failure": "False", "strategy.self_check_scope": "round"}
+                                 "strategy.show_failure": "False", "strategy.self_check_scope": "round",
+                                 "strategy.self_inputs": "0"}
     assert set(RETIRED) == {"model.int8_fuse", "strategy.diagnose", "strategy.edge_case_hint", "strategy.few_shot",
                             "strategy.show_diff"}
     # switched on (no run did): a difference that stays
