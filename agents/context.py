@@ -209,36 +209,32 @@ class Context:
         return report
 
     def write_own_tests(self) -> list[str]:
-        """self_tests: the model's own assertions about the function (conditions, at most `self_tests`), asked for
-        once a task, greedy, from what the agent sees; the call is kept in `side_calls` so its tokens count."""
+        """self_tests: the model's own assertions about the function (conditions, at most `self_tests`)."""
         from .selfcheck import own_assertions
 
         if self.own_tests is None:
-            task, n = self.task, self.cfg.strategy.self_tests
-            prompt = render("self_tests.txt", entry_point=task.entry_point, code=self.view.code.strip("\n"),
-                            tests=self.view.tests, n=n)
-            call = self.call([{"role": "user", "content": prompt}], 0, turn=OWN_TESTS_TURN, stop=CODE_STOP,
-                             temperature=0.0)
-            self.side_calls.append(call)
-            self.own_tests = [] if call.error else own_assertions(call.output, task.entry_point,
-                                                                  self.view.feedback_test, n)
+            self.own_tests = self._ask_once("self_tests.txt", self.cfg.strategy.self_tests, OWN_TESTS_TURN,
+                                            own_assertions)
         return self.own_tests
 
     def write_own_inputs(self) -> list[str]:
-        """self_inputs: inputs of the model's own to probe with (argument tuples, at most `self_inputs`), asked for
-        once a task, greedy, from what the agent sees; the call is kept in `side_calls` so its tokens count."""
+        """self_inputs: inputs of the model's own to probe with (argument tuples, at most `self_inputs`)."""
         from .selfcheck import own_inputs
 
         if self.own_inputs is None:
-            task, n = self.task, self.cfg.strategy.self_inputs
-            prompt = render("self_inputs.txt", entry_point=task.entry_point, code=self.view.code.strip("\n"),
-                            tests=self.view.tests, n=n)
-            call = self.call([{"role": "user", "content": prompt}], 0, turn=OWN_INPUTS_TURN, stop=CODE_STOP,
-                             temperature=0.0)
-            self.side_calls.append(call)
-            self.own_inputs = [] if call.error else own_inputs(call.output, task.entry_point,
-                                                               self.view.feedback_test, n)
+            self.own_inputs = self._ask_once("self_inputs.txt", self.cfg.strategy.self_inputs, OWN_INPUTS_TURN,
+                                             own_inputs)
         return self.own_inputs
+
+    def _ask_once(self, template: str, n: int, turn: int, parse) -> list[str]:
+        """A side call the self-check makes once a task, greedy, from what the agent sees (the shown code and the
+        visible tests; never the full test), read by `parse`; kept in `side_calls` so its tokens count."""
+        task = self.task
+        prompt = render(template, entry_point=task.entry_point, code=self.view.code.strip("\n"), tests=self.view.tests,
+                        n=n)
+        call = self.call([{"role": "user", "content": prompt}], 0, turn=turn, stop=CODE_STOP, temperature=0.0)
+        self.side_calls.append(call)
+        return [] if call.error else parse(call.output, task.entry_point, self.view.feedback_test, n)
 
     def buggy_failure(self) -> str | None:
         """show_failure: how the shown buggy code fails the visible tests (shaped feedback, trace with trace_chars),
