@@ -96,6 +96,8 @@ def overfit_gap(client, run: dict) -> dict | None:
     if any(a.get("self_check") for t in trajs for a in t["attempts"]):
         out["without_self_check"] = without_self_check(trajs, hid, vis)
     across = run["params"].get("strategy.self_check_scope", "round") == "task"  # groups span rounds: no read-back
+    if across:
+        out["held_handed_in"] = held_handed_in(trajs, hid, sat)
     if not across and any((a.get("self_check") or {}).get("own_tests") for t in trajs for a in t["attempts"]):
         need = int(run["params"].get("strategy.self_check", 1))
         out["without_own_tests"] = without_own_tests(trajs, hid, need)
@@ -142,6 +144,27 @@ def without_self_check(trajs: list[dict], hid: list[bool], vis: list[bool]) -> d
             "self_check_vs_none": {"diff": round(check.diff, 4), "ci95": [round(check.low, 4), round(check.high, 4)],
                                    "only_with": check.only_a, "only_without": check.only_b,
                                    "p_value": round(check.p_value, 6)}}
+
+
+def held_handed_in(trajs: list[dict], hid: list[bool], sat: list[bool]) -> dict:
+    """self_check_scope=task: the same answers, but a budget that ends with nothing the agent is satisfied with hands
+    in its best held answer (the first of the last self-check's best group), labelled unsure, as scope round does.
+    Exact at the run's own budget: every answer was drawn before the budget ended, and handing in at the end changes
+    none of them. Satisfied stays as it was; the gap counts only what the agent was satisfied with."""
+    def verdict(t: dict, passed: bool, satisfied: bool) -> bool:
+        checks = [a["self_check"] for a in t["attempts"] if a.get("self_check")]
+        if satisfied or not checks or not checks[-1]["groups"][0]:
+            return passed
+        r, i = checks[-1]["groups"][0][0]
+        a = next(a for a in t["attempts"] if a["round"] == r)
+        return candidate_verdict(a, i)
+
+    handed = [verdict(t, h, s) for t, h, s in zip(trajs, hid, sat)]
+    gap, vs = paired(sat, handed), paired(handed, hid)
+    return {"hidden_passed": sum(handed), "satisfied": sum(sat), "gap": round(gap.diff, 4),
+            "ci95": [round(gap.low, 4), round(gap.high, 4)],
+            "vs_holding": {"diff": round(vs.diff, 4), "ci95": [round(vs.low, 4), round(vs.high, 4)],
+                           "only_with": vs.only_a, "only_without": vs.only_b, "p_value": round(vs.p_value, 6)}}
 
 
 def without_own_tests(trajs: list[dict], hid: list[bool], need: int) -> dict:
@@ -278,6 +301,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  the same answers without the self-check: hidden {w['hidden_passed']}/{g['total']}, gap "
                       f"{w['gap'] * 100:+.1f} points; self-check vs none {v['diff'] * 100:+.1f} points "
                       f"({v['only_with']} vs {v['only_without']}, p = {v['p_value']:.3g})")
+            if "held_handed_in" in g:
+                w = g["held_handed_in"]
+                v = w["vs_holding"]
+                print(f"  the same answers handing in the best held answer, unsure, when the budget ends: hidden "
+                      f"{w['hidden_passed']}/{g['total']}, gap {w['gap'] * 100:+.1f} points ({w['ci95'][0] * 100:+.1f} "
+                      f"to {w['ci95'][1] * 100:+.1f}); vs holding {v['diff'] * 100:+.1f} points ({v['only_with']} vs "
+                      f"{v['only_without']}, p = {v['p_value']:.3g})")
             if "without_own_tests" in g:
                 w = g["without_own_tests"]
                 v = w["own_tests_vs_none"]

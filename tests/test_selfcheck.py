@@ -238,6 +238,10 @@ def test_across_rounds_the_overfit_gap_counts_only_what_was_handed_in():
     assert hid == [False, False] and sat == [False, True]  # held FIX is not handed in; the agreeing overfit pair is
     off = fullsize.without_self_check(trajs, hid, [True, True])
     assert off["hidden_passed"] == 1  # believing the first pass would have handed FIX in
+    # handing the held answer in, unsure, when the budget ends: FIX counts, the label (and the gap's satisfied) stays
+    back = fullsize.held_handed_in(trajs, hid, sat)
+    assert (back["hidden_passed"], back["satisfied"], back["gap"]) == (1, 1, 0.0)
+    assert back["vs_holding"]["only_with"] == 1 and back["vs_holding"]["only_without"] == 0
 
 
 def test_self_check_scope_is_checked():
