@@ -128,6 +128,27 @@ def budget_lines(rows: list[Sweep]) -> list[str]:
     return out
 
 
+READ_BACKS = {  # an overfit record's read-backs (benchmarks/fullsize.py): the same recorded answers under another rule
+    "without_self_check": "believing the first answer that passes what the agent saw",
+    "held_handed_in": "handing in the best held answer, labelled unsure, when the budget ends",
+}
+
+
+def readback_lines(rows: list[Sweep]) -> list[str]:
+    """What each run's own answers score under another rule, read back exactly at its budget (no new answers)."""
+    out = []
+    for sw in rows:
+        g = sw.last.overfit or {}
+        for key, words in READ_BACKS.items():
+            if key in g:
+                w = g[key]
+                out.append(f"- {sw.label}, {rounds(sw.last.iters)}, {words}: {w['hidden_passed']}/{g['total']} "
+                           f"({ci(w['hidden_passed'], g['total'])}), overfit gap {pts(w['gap'])} points"
+                           + (f" ({pts(w['ci95'][0])} to {pts(w['ci95'][1])})" if "ci95" in w else "") + ".")
+    return (["", "Read-backs: the same recorded answers under another rule, exact at the run's budget (the rule "
+             "changes no answer drawn before it ends; benchmarks/fullsize.py):", "", *out] if out else [])
+
+
 def best_of(sweeps: dict[str, Sweep], cur: dict) -> Sweep:
     rows = [sweeps[k] for k in cur["tables"]["strategies"] + cur["tables"].get("grid", [])]
     full = max(sw.last.total for sw in rows)
@@ -182,7 +203,7 @@ def section_sweeps(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
            "the full test, never shown. The overfit gap: how often the agent stopped satisfied minus how often its "
            "answer passed the verdict, on the same tasks.", "",
            *sweep_table(t["protocols"], ["passed what it saw", "overfit gap, points (95% CI)"], seen),
-           *pairs_table(sweeps, cur["pairs"]["protocols"]), "", *budget_lines(
+           *pairs_table(sweeps, cur["pairs"]["protocols"]), *readback_lines(t["protocols"]), "", *budget_lines(
                [sw for sw in t["protocols"] if sw.last.params.get("protocol", "tests") != "tests"]), "",
            "## 3. The small model: the 0.5B pack (`model=qwen0.5b-coder-q4`)", "", *sweep_table(t["small"]),
            *pairs_table(sweeps, cur["pairs"]["small"]), "", *budget_lines(t["small"][1:]), "",

@@ -193,3 +193,17 @@ def test_a_budget_cut_from_a_longer_run_agrees_with_the_run():
         assert spent == sorted(spent) and spent[0] < spent[-1]
     with pytest.raises(report.ReportError, match="cannot be cut"):
         report.load_all(report.RESULTS_DIR)[1]["default"].runs[0].cut(1)
+
+
+def test_a_runs_read_backs_reach_the_document_from_its_record():
+    """The same recorded answers under another rule (benchmarks/fullsize.py: handing the held answer in when the
+    budget ends) are printed from the run's record, under the protocols table."""
+    doc = (REPO / "docs" / "RESULTS.md").read_text()  # the generated one (the first test holds it equal)
+    section = doc[doc.index("Read-backs:"):].replace("\n  ", " ")
+    runs = [r for p in (REPO / "benchmarks" / "results").glob("fullsize-*.json")
+            for r in json.loads(p.read_text()).get("runs", []) if "held_handed_in" in r.get("overfit_gap", {})]
+    assert runs
+    for r in runs:
+        g = r["overfit_gap"]
+        assert f"when the budget ends: {g['held_handed_in']['hidden_passed']}/{g['total']} (" in section
+    assert report.readback_lines([]) == []
