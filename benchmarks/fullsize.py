@@ -95,7 +95,8 @@ def overfit_gap(client, run: dict) -> dict | None:
            "hidden_only": gap.only_b}
     if any(a.get("self_check") for t in trajs for a in t["attempts"]):
         out["without_self_check"] = without_self_check(trajs, hid, vis)
-    across = run["params"].get("strategy.self_check_scope", "round") == "task"  # groups span rounds: no read-back
+    # self_check_scope=task: its groups span rounds, so no own-tests read-back; the held answer's instead
+    across = run["params"].get("strategy.self_check_scope", "round") == "task"
     if across:
         out["held_handed_in"] = held_handed_in(trajs, hid, sat)
     if not across and any((a.get("self_check") or {}).get("own_tests") for t in trajs for a in t["attempts"]):
