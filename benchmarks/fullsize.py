@@ -296,19 +296,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  overfit gap: satisfied {g.get('satisfied', g['visible_passed'])}/{g['total']} (passed what it saw "
                   f"{g['visible_passed']}) - hidden {g['hidden_passed']}/{g['total']} = "
                   f"{g['gap'] * 100:+.1f} points (95% CI {g['ci95'][0] * 100:+.1f} to {g['ci95'][1] * 100:+.1f})")
-            if "without_self_check" in g:
-                w = g["without_self_check"]
-                v = w["self_check_vs_none"]
-                print(f"  the same answers without the self-check: hidden {w['hidden_passed']}/{g['total']}, gap "
-                      f"{w['gap'] * 100:+.1f} points; self-check vs none {v['diff'] * 100:+.1f} points "
-                      f"({v['only_with']} vs {v['only_without']}, p = {v['p_value']:.3g})")
-            if "held_handed_in" in g:
-                w = g["held_handed_in"]
-                v = w["vs_holding"]
-                print(f"  the same answers handing in the best held answer, unsure, when the budget ends: hidden "
-                      f"{w['hidden_passed']}/{g['total']}, gap {w['gap'] * 100:+.1f} points ({w['ci95'][0] * 100:+.1f} "
-                      f"to {w['ci95'][1] * 100:+.1f}); vs holding {v['diff'] * 100:+.1f} points ({v['only_with']} vs "
-                      f"{v['only_without']}, p = {v['p_value']:.3g})")
+            for key, vs, words, against in (
+                    ("without_self_check", "self_check_vs_none", "without the self-check", "self-check vs none"),
+                    ("held_handed_in", "vs_holding", "handing in the best held answer, unsure, when the budget ends",
+                     "vs holding")):
+                if key in g:
+                    w, v = g[key], g[key][vs]
+                    print(f"  the same answers {words}: hidden {w['hidden_passed']}/{g['total']}, gap "
+                          f"{w['gap'] * 100:+.1f} points ({w['ci95'][0] * 100:+.1f} to {w['ci95'][1] * 100:+.1f}); "
+                          f"{against} {v['diff'] * 100:+.1f} points ({v['only_with']} vs {v['only_without']}, "
+                          f"p = {v['p_value']:.3g})")
             if "without_own_tests" in g:
                 w = g["without_own_tests"]
                 v = w["own_tests_vs_none"]
