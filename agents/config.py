@@ -21,6 +21,7 @@ SCHEDULES = ("auto", "constant", "resample", "rising", "falling")
 TOOL_FORMATS = ("auto", "native", "text")
 ANSWER_FORMATS = ("function", "patch", "line")
 SELF_CHECK_SCOPES = ("round", "task")  # DraftsConf.self_check_scope
+HELD_AT_END = ("hold", "hand_in")  # DraftsConf.held_at_end
 
 
 @dataclass
@@ -102,9 +103,14 @@ class DraftsConf(StrategyConf):
     # sees ends the task, satisfied or unsure), or every answer of the task so far (task, single_shot only:
     # self_check answers in all, any candidates; an answer that passes with too few agreeing is held, not handed
     # in, and the agent keeps looking; a repeat of it is run again as a vote; the buggy code handed back never
-    # votes). Under `task` a budget that ends before the agent is satisfied hands nothing in (the task fails), so
-    # every budget's verdict is a prefix of the same trajectory, as before.
+    # votes). What a budget that ends before the agent is satisfied does: `held_at_end`.
     self_check_scope: str = field(default="round", metadata={"before": "round"})
+    # self_check_scope=task, a budget that ends before enough answers agree: hold (hand nothing in: the task fails)
+    # or hand_in (hand in the best held answer, the first of the last self-check's best group, labelled unsure, as
+    # scope round does with an unsure round). Under hand_in the verdict is not monotone in the budget (an answer
+    # handed in at budget 4 may give way to a wrong pair that agrees at budget 8), so a trajectory keeps a verdict
+    # for every budget (Trajectory.outcome) and every reader of "passed by budget k" takes it from there.
+    held_at_end: str = field(default="hold", metadata={"before": "hold"})
 
 
 @dataclass
@@ -242,6 +248,11 @@ def check_config(cfg: AgentConfig) -> None:
             raise ValueError(f"self_check_scope={s.self_check_scope} is for single_shot (its rounds are independent "
                              f"tries; a {s.name} round after a held pass has no failure to revise from): set "
                              "strategy=single_shot or strategy.self_check_scope=round")
+        if s.held_at_end not in HELD_AT_END:
+            raise ValueError(f"unknown held_at_end {s.held_at_end!r}: use one of {', '.join(HELD_AT_END)}")
+        if s.held_at_end != "hold" and s.self_check_scope != "task":
+            raise ValueError(f"held_at_end={s.held_at_end} needs self_check_scope=task (only then is an answer held "
+                             "past its round): set strategy.self_check_scope=task, or held_at_end=hold")
         if s.self_check_scope != "round" and not s.self_check:
             raise ValueError(f"self_check_scope={s.self_check_scope} needs self_check >= 1 (how many answers must "
                              "agree): set strategy.self_check=2, or self_check_scope=round")

@@ -50,7 +50,7 @@ def run_agent(task: Task, model: Model, sandbox: Sandbox, cfg: AgentConfig,
     ctx = Context(task, model, sandbox, cfg)
     strategy = REGISTRY[cfg.strategy.name](ctx)
     traj = Trajectory(task_id=task.task_id, bug_type=task.bug_type, strategy=cfg.strategy.name, budget=cfg.iters,
-                      sample=cfg.sample, agent_key=key)
+                      sample=cfg.sample, agent_key=key, held_at_end=getattr(cfg.strategy, "held_at_end", "hold"))
     state = strategy.initial_state()
     start = time.perf_counter()
     try:
@@ -70,6 +70,7 @@ def run_agent(task: Task, model: Model, sandbox: Sandbox, cfg: AgentConfig,
                 traj.first_pass_round = rnd
             strategy.absorb(state, attempt)
         traj.stop_reason = stop_reason(traj.attempts, cfg.iters, state.done)
+        hand_in_held(traj)
     except Exception as e:  # a crash in the harness ends this task, never the run
         traj.error = f"{type(e).__name__}: {e}"
     finally:
@@ -84,11 +85,24 @@ def truncate(traj: Trajectory, iters: int) -> Trajectory:
     out = copy.deepcopy(traj)
     out.attempts = [a for a in out.attempts if a.round <= iters]
     out.budget = iters
-    if out.first_pass_round is not None and out.first_pass_round > iters:
+    if out.held_at_end != "hold":  # its first_pass_round may be a held answer's, handed in at the longer budget
+        out.first_pass_round = next((a.round for a in out.attempts if a.passed), None)
+    elif out.first_pass_round is not None and out.first_pass_round > iters:
         out.first_pass_round = None
     out.stop_reason = stop_reason(out.attempts, iters, traj.stop_reason)
+    out.handed_in = None
+    hand_in_held(out)
     out.seconds = round(sum(a.seconds for a in out.attempts), 3)
     return out
+
+
+def hand_in_held(traj: Trajectory) -> None:
+    """held_at_end=hand_in: a budget that ends with nothing handed in hands in the best held answer, unsure. The
+    attempts stay as they were (a longer budget goes on from them); the trajectory says what was handed in."""
+    held = traj.held_answer(traj.budget) if traj.held_at_end == "hand_in" and traj.first_pass_round is None else None
+    if held is not None:
+        traj.handed_in, traj.stop_reason = [held[0], held[1]], "unsure"
+        traj.first_pass_round = held[0] if held[2] else None
 
 
 def stop_reason(attempts: list[Attempt], iters: int, fallback: str | None) -> str:

@@ -146,6 +146,16 @@ class Attempt:
         agent keeps looking instead of handing it in (it never counts as passed, whatever the full test says)."""
         return self.unsure and bool(self.self_check.get("held"))
 
+    def candidate_passed(self, call: int) -> bool:
+        """Whether this round's candidate `call` passed the full test: the kept one's result, a rejected one's
+        recorded verdict (else its status: the same run under protocol tests), a repeat's that of the one it repeats."""
+        if call == (self.candidate or 0):
+            return self.result is not None and self.result.passed
+        r = next(r for r in self.rejected if r["call"] == call)
+        if "verdict" not in r and r.get("same_as") is not None and r.get("decision") == "repeat":
+            return self.candidate_passed(r["same_as"])
+        return r.get("verdict", r.get("status")) == "passed"
+
     @classmethod
     def from_dict(cls, d: dict) -> "Attempt":
         a = dict(d)
@@ -194,13 +204,45 @@ class Trajectory:
     stop_reason: StopReason | None = None
     agent_key: str = ""  # digest of the agent config minus iters: continuation refuses a mismatched prior
     derived_from: str | None = None  # cut from single_shot's answer stream (flows/stream.py): seconds are apportioned
+    # strategy.held_at_end (agents/config.py): "hand_in" hands the best held answer in when the budget ends, and
+    # `handed_in` says which ([round, candidate]); then first_pass_round is that answer's round when it passed
+    held_at_end: str = "hold"
+    handed_in: list[int] | None = None
 
     @property
     def passed(self) -> bool:
+        """The answer handed in at the trajectory's own budget passed the full test."""
         return self.first_pass_round is not None
 
     def passed_by_round(self, r: int) -> bool:
-        return self.first_pass_round is not None and self.first_pass_round <= r
+        """What a fresh run with budget `r` scores (r <= budget)."""
+        if self.held_at_end == "hold":
+            return self.first_pass_round is not None and self.first_pass_round <= r
+        if any(a.passed for a in self.attempts if a.round <= r):
+            return True
+        held = self.held_answer(r)
+        return held is not None and held[2]
+
+    def held_answer(self, r: int) -> tuple[int, int, bool] | None:
+        """held_at_end=hand_in: the answer a budget of `r` hands in when it ends with nothing handed in ([round,
+        candidate] of the first of the last self-check's best group, and whether it passed the full test), else None.
+        Rounds never depend on the budget, so this reads the same on a longer trajectory as on a fresh run."""
+        upto = [a for a in self.attempts if a.round <= r]
+        if any(a.passed_visible and not a.held for a in upto):
+            return None  # something was handed in: that answer's verdict stands
+        checks = [a for a in upto if a.self_check and a.self_check.get("groups") and a.self_check["groups"][0]]
+        if not checks:
+            return None
+        rnd, call = checks[-1].self_check["groups"][0][0]
+        return rnd, call, next(a for a in upto if a.round == rnd).candidate_passed(call)
+
+    @property
+    def outcome(self) -> int | list[bool] | None:
+        """What a results row keeps to score every smaller budget: the first passing round (None: never), or under
+        held_at_end=hand_in, whose verdict is not monotone in the budget, the verdict at each budget 0..budget."""
+        if self.held_at_end == "hold":
+            return self.first_pass_round
+        return [self.passed_by_round(r) for r in range(self.budget + 1)]
 
     @property
     def prompt_tokens(self) -> int:
@@ -247,3 +289,29 @@ class Trajectory:
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names and k != "attempts"}
         return cls(attempts=attempts, **kw)
+
+
+# A task's outcome as results rows and files keep it (Trajectory.outcome): the first passing round (None: never), or
+# a verdict for each budget 0..iters where the verdict is not monotone (held_at_end=hand_in).
+Outcome = int | list[bool] | None
+
+
+def passed_at(outcome: Outcome, k: int | None = None) -> bool:
+    """Passed with budget k (None: the run's own budget)."""
+    if isinstance(outcome, list):
+        return bool(outcome) and outcome[-1 if k is None else min(k, len(outcome) - 1)]
+    return outcome is not None and (k is None or outcome <= k)
+
+
+def cut_outcome(outcome: Outcome, k: int) -> Outcome:
+    """The outcome a run with budget k would keep."""
+    if isinstance(outcome, list):
+        return outcome[: k + 1]
+    return outcome if outcome is not None and outcome <= k else None
+
+
+def row_outcome(row: dict) -> Outcome:
+    """A results row's outcome (flows/job.py writes "passed_by_budget" only where the verdict is not monotone)."""
+    if row.get("passed_by_budget") is not None:
+        return row["passed_by_budget"]
+    return row.get("first_pass_round") if row.get("passed", row.get("first_pass_round") is not None) else None

@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from agents.config import SingleShotConf  # noqa: E402
 from agents.selfcheck import satisfied  # noqa: E402
+from agents.types import Attempt, passed_at, row_outcome  # noqa: E402
 from flows.compare import compare, load_runs, paired_verdicts  # noqa: E402
 from flows.frontier import cost_by_round, run_machine, task_seconds  # noqa: E402
 from flows.stats import paired, wilson  # noqa: E402
@@ -37,7 +38,7 @@ COST = ("prompt_tokens", "prefill_tokens", "completion_tokens", "model_calls", "
 
 def rate(rows: list[dict], rnd: int | None = None) -> dict:
     """pass@1 (after round `rnd`, or at the end) of one sample per task, with its Wilson interval."""
-    ok = [r["first_pass_round"] is not None and (rnd is None or r["first_pass_round"] <= rnd) for r in rows]
+    ok = [passed_at(row_outcome(r), rnd) for r in rows]
     lo, hi = wilson(sum(ok), len(ok))
     return {"passed": sum(ok), "total": len(ok), "pass@1": round(sum(ok) / len(ok), 4) if ok else 0.0,
             "ci95": [round(lo, 4), round(hi, 4)]}
@@ -67,9 +68,10 @@ def record(run: dict) -> dict:
         "git_commit": run["run"].data.tags.get("git_commit"), "git_dirty": run["run"].data.tags.get("git_dirty"),
         # each smaller budget's cost per task, summed over tasks (rows that keep per-round costs; None otherwise)
         "cost_by_round": cost_by_round(rows, iters),
-        # outcomes only (no trajectories): what a later session needs to pair a new run against this one
-        "first_pass_round": {f"{r['task_id']}#{r.get('sample', 0)}": r["first_pass_round"] if r["passed"] else None
-                             for r in rows},
+        # outcomes only (no trajectories): what a later session needs to pair a new run against this one. Each is
+        # the first passing round (null: never), or where the verdict is not monotone in the budget
+        # (strategy.held_at_end=hand_in) the verdict at each budget 0..iters
+        "first_pass_round": {f"{r['task_id']}#{r.get('sample', 0)}": row_outcome(r) for r in rows},
     }
 
 
@@ -97,7 +99,7 @@ def overfit_gap(client, run: dict) -> dict | None:
         out["without_self_check"] = without_self_check(trajs, hid, vis)
     # self_check_scope=task: its groups span rounds, so no own-tests read-back; the held answer's instead
     across = run["params"].get("strategy.self_check_scope", "round") == "task"
-    if across:
+    if across and run["params"].get("strategy.held_at_end", "hold") == "hold":  # hand_in: what the run did
         out["held_handed_in"] = held_handed_in(trajs, hid, sat)
     if not across and any((a.get("self_check") or {}).get("own_tests") for t in trajs for a in t["attempts"]):
         need = int(run["params"].get("strategy.self_check", 1))
@@ -115,14 +117,8 @@ def passed_what_it_saw(t: dict) -> bool:
 
 
 def candidate_verdict(last: dict, call: int) -> bool:
-    """Whether candidate `call` of the round that stopped passed the full test: the kept one's result, a rejected
-    one's recorded verdict, a repeat's that of the candidate it repeats."""
-    if call == last["candidate"]:
-        return (last.get("result") or {}).get("status") == "passed"
-    r = next(r for r in last["rejected"] if r["call"] == call)
-    if r.get("verdict") is None and r.get("same_as") is not None:
-        return candidate_verdict(last, r["same_as"])
-    return r.get("verdict") == "passed"
+    """Whether candidate `call` of a recorded round passed the full test (Attempt.candidate_passed)."""
+    return Attempt.from_dict(last).candidate_passed(call)
 
 
 def without_self_check(trajs: list[dict], hid: list[bool], vis: list[bool]) -> dict:

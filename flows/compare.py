@@ -20,6 +20,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from agents.types import passed_at, row_outcome
+
 from .core import task_order
 from .markdown import table as md_table
 from .stats import paired, wilson
@@ -56,14 +58,14 @@ def compare(runs: list[dict]) -> dict:
         rows = [row for row in r["rows"] if (row["task_id"], row["sample"]) in common]
         iters = int(r["params"].get("iters", 0))
         n = len(rows) or 1
-        firsts = [row["first_pass_round"] if row["passed"] else None for row in rows]
+        firsts = [row_outcome(row) for row in rows]  # first passing round, or a verdict per budget (agents/types.py)
         decisions = Counter(a["decision"] for row in rows for a in row["attempts"])
         out["runs"].append({
             "label": labels[r["run_id"]] + ("" if r["finished"] else " (unfinished)"),
             "run_id": r["run_id"], "iters": iters,
-            "pass@1_by_iter": [round(sum(f is not None and f <= k for f in firsts) / n, 4) for k in range(iters + 1)],
-            "pass@1_ci95": [round(x, 4) for x in wilson(sum(f is not None for f in firsts), len(rows))],
-            "passed": sum(f is not None for f in firsts),
+            "pass@1_by_iter": [round(sum(passed_at(f, k) for f in firsts) / n, 4) for k in range(iters + 1)],
+            "pass@1_ci95": [round(x, 4) for x in wilson(sum(passed_at(f) for f in firsts), len(rows))],
+            "passed": sum(passed_at(f) for f in firsts),
             "errors": sum(bool(row.get("error")) for row in rows),
             "decisions": dict(decisions),
             "prompt_tokens": sum(row.get("prompt_tokens", 0) for row in rows),
@@ -86,11 +88,11 @@ def paired_verdicts(runs: list[dict]) -> list[dict]:
         rounds = min(base["iters"], other["iters"]) + 1
         per_round = []
         for k in range(rounds):
-            a = [other["first_pass_round"][t] is not None and other["first_pass_round"][t] <= k for t in keys]
-            b = [base["first_pass_round"][t] is not None and base["first_pass_round"][t] <= k for t in keys]
+            a = [passed_at(other["first_pass_round"][t], k) for t in keys]
+            b = [passed_at(base["first_pass_round"][t], k) for t in keys]
             per_round.append(paired(a, b))
-        a_all = [other["first_pass_round"][t] is not None for t in keys]
-        b_all = [base["first_pass_round"][t] is not None for t in keys]
+        a_all = [passed_at(other["first_pass_round"][t]) for t in keys]
+        b_all = [passed_at(base["first_pass_round"][t]) for t in keys]
         final = paired(a_all, b_all)
         out.append({"a": other["label"], "b": base["label"], "diff": round(final.diff, 4),
                     "ci95": [round(final.low, 4), round(final.high, 4)], "only_a": final.only_a,
@@ -120,12 +122,21 @@ def table(result: dict) -> str:
             rounds_txt = ", ".join(f"r{x['round']} {x['diff'] * 100:+.1f} (p={x['p_value']:.3g})" for x in p["by_round"])
             lines += [f"- {p['verdict']}", f"  per round: {rounds_txt}"]
     keys = sorted(runs[0]["first_pass_round"])
-    fixed_by_some = [k for k in keys if any(r["first_pass_round"][k] is not None for r in runs)]
-    firsts = [[k.split("#")[0], *("-" if r["first_pass_round"][k] is None else r["first_pass_round"][k] for r in runs)]
+    fixed_by_some = [k for k in keys if any(passed_at(r["first_pass_round"][k]) for r in runs)]
+    firsts = [[k.split("#")[0], *(first_cell(r["first_pass_round"][k]) for r in runs)]
               for k in sorted(fixed_by_some, key=lambda k: (task_order(k.split("#")[0]), k))]
     lines += ["", "first passing round per task (- = never), tasks some run fixed:",
               *md_table(["task", *(r["label"] for r in runs)], firsts)]
     return "\n".join(lines)
+
+
+def first_cell(outcome) -> str:
+    """A task's first passing round as the table shows it; a verdict per budget (held_at_end=hand_in) as the
+    budgets that passed."""
+    if isinstance(outcome, list):
+        ok = [str(k) for k, v in enumerate(outcome) if v]
+        return "-" if not outcome[-1] else "at " + ",".join(ok)
+    return "-" if outcome is None else str(outcome)
 
 
 def main(argv: list[str] | None = None) -> int:

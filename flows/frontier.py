@@ -35,6 +35,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from agents.types import cut_outcome, passed_at, row_outcome
+
 from .markdown import table
 from .neutral import result_neutral
 from .schema import strategy_knobs, without_retired
@@ -270,11 +272,11 @@ def budgets(rec: Record, cost_by_round: list[dict] | None) -> list[Record]:
         return [rec]
     out = []
     for b, cost in enumerate(cost_by_round):
-        outcomes = {t: f if f is not None and f <= b else None for t, f in rec.outcomes.items()}
+        outcomes = {t: cut_outcome(f, b) for t, f in rec.outcomes.items()}
         out.append(Record(
             run_id=rec.run_id, source=rec.source, recorded=rec.recorded, order=rec.order,
             params={**rec.params, "iters": str(b)}, status=rec.status,
-            passed=sum(f is not None for f in outcomes.values()), total=rec.total,
+            passed=sum(passed_at(f) for f in outcomes.values()), total=rec.total,
             cost={k: cost[k] / rec.total for k in COSTS if k in cost},
             outcomes=outcomes, seconds=round(cost["task_seconds"] / rec.total, 3)
             if cost.get("task_seconds") is not None else None,
@@ -291,7 +293,7 @@ def records_from_files(paths: list[Path]) -> list[Record]:
 def record_from_run(run: dict, order: int = 0) -> Record:
     """A job run read back by flows.compare.load_runs, as a Record (the fields benchmarks/fullsize.py keeps)."""
     rows = [r for r in run["rows"] if r.get("sample", 0) == 0]
-    firsts = {f"{r['task_id']}#0": (r["first_pass_round"] if r.get("passed") else None) for r in rows}
+    firsts = {f"{r['task_id']}#0": row_outcome(r) for r in rows}
     m = run["metrics"]
     machine, src = run_machine(run["run"])
     total = len(rows)
@@ -300,7 +302,7 @@ def record_from_run(run: dict, order: int = 0) -> Record:
     return Record(run_id=run["run_id"], source="mlflow",
                   recorded=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start / 1000)), order=order,
                   params=param_values(run["params"]), status=run["run"].info.status,
-                  passed=sum(f is not None for f in firsts.values()), total=total,
+                  passed=sum(passed_at(f) for f in firsts.values()), total=total,
                   cost={k: m[k] / total for k in COSTS if k in m and total}, outcomes=firsts,
                   seconds=None if secs is None or not total else round(secs / total, 3), machine=machine,
                   machine_source=src, commit=commit_of(run["run"].data.tags.get("git_commit"),
@@ -446,7 +448,7 @@ def pair_step(point: Config, against: Config, why: str, axis: str, cost_of) -> S
     at = f"{ratio:.1f}x {unit} per task" if ratio is not None else f"more {axis}"
     a, b = point.outcomes, against.outcomes  # both kept: only paired configurations are placed
     keys = sorted(set(a) & set(b))
-    res = paired([a[k] is not None for k in keys], [b[k] is not None for k in keys])
+    res = paired([passed_at(a[k]) for k in keys], [passed_at(b[k]) for k in keys])
     buys = res.p_value < 0.05 and res.diff > 0
     worse = res.p_value < 0.05 and res.diff < 0
     word = "buys something" if buys else "is worse" if worse else "buys nothing the paired test can see"

@@ -161,6 +161,8 @@ def _result_rows(trajs: list[Trajectory]):
         yield {
             "task_id": t.task_id, "sample": t.sample, "bug_type": t.bug_type, "passed": t.passed,
             "first_pass_round": t.first_pass_round, "error": t.error, "seconds": t.seconds,
+            # held_at_end=hand_in: the verdict at each budget (not monotone, so first_pass_round cannot say it)
+            **({"passed_by_budget": t.outcome, "handed_in": t.handed_in} if t.held_at_end != "hold" else {}),
             "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
             "derived_from": t.derived_from,
             # what each round cost: a run's rows give every smaller budget's cost too (flows/frontier.py)
@@ -224,7 +226,8 @@ class Progress:
             self.last = time.perf_counter()
             self.done += 1
             self.passed += traj.passed
-            verdict = "ERROR" if traj.error else (f"passed@{traj.first_pass_round}" if traj.passed else "failed")
+            verdict = "ERROR" if traj.error else (f"passed@{traj.first_pass_round}" if traj.passed else "failed") \
+                + (" (held answer handed in)" if traj.handed_in else "")
             rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
             print(f"[{self.done:>4}/{self.total}] {traj.task_id:<12} {verdict:<9} passes so far {self.passed}"
                   f"  ({rate * 60:.1f} tasks/min)" + (f"  {traj.error}" if traj.error else ""), file=sys.stderr, flush=True)

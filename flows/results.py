@@ -29,6 +29,8 @@ from pathlib import Path
 
 import yaml
 
+from agents.types import cut_outcome, passed_at
+
 from .stats import Paired, paired
 
 REPO = Path(__file__).resolve().parent.parent
@@ -176,7 +178,7 @@ class Run:
                               "record it again with benchmarks/fullsize.py")
         cost = {k: v for k, v in self.cost_by_round[iters].items() if k != "task_seconds"}
         return replace(self, iters=iters, by_round=self.by_round[:iters + 1], cost=cost, overfit=None,
-                       outcomes={t: r if r is not None and r <= iters else None for t, r in self.outcomes.items()})
+                       outcomes={t: cut_outcome(r, iters) for t, r in self.outcomes.items()})
 
     passed = property(lambda self: self.by_round[-1])
     short = property(lambda self: self.run_id[:8])
@@ -264,7 +266,7 @@ def pair_runs(a: Run, b: Run) -> Pair | None:
     if a.outcomes is None or b.outcomes is None:
         return None
     keys = sorted(set(a.outcomes) & set(b.outcomes))
-    ok = lambda run, k: [run.outcomes[t] is not None and (k is None or run.outcomes[t] <= k) for t in keys]  # noqa
+    ok = lambda run, k: [passed_at(run.outcomes[t], k) for t in keys]  # noqa
     per = [paired(ok(a, k), ok(b, k)) for k in range(a.iters + 1)] if a.iters == b.iters else None
     return Pair(a, b, paired(ok(a, None), ok(b, None)), per)
 

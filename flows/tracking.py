@@ -471,7 +471,7 @@ def log_trace(client, experiment_id: str, run_id: str, traj: dict, end_ns: int |
         spans += n
     client.end_trace(tid, end_time_ns=end_ns, status="ERROR" if traj.get("error") else "OK",
                      outputs={"verdict": v, "first_pass_round": traj.get("first_pass_round"),
-                              "stop_reason": traj.get("stop_reason"),
+                              "stop_reason": traj.get("stop_reason"), "handed_in": traj.get("handed_in"),
                               "error": traj.get("error"), "prompt_tokens": traj.get("prompt_tokens", 0),
                               "completion_tokens": traj.get("completion_tokens", 0)})
     return tid, spans

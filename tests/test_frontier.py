@@ -288,3 +288,33 @@ def test_a_point_that_passes_nothing_is_never_on_the_frontier():
     point is the cheapest, but handing nothing in costs less still, so the frontier starts at the first that passes."""
     assert fl.pareto([("nothing", 50.0, 0.0), ("one", 100.0, 0.2), ("two", 180.0, 0.5), ("worse", 200.0, 0.4)]) == \
         ["one", "two"]
+
+
+def test_a_verdict_per_budget_is_cut_and_counted_as_it_is(tmp_path):
+    """strategy.held_at_end=hand_in keeps a verdict for each budget (not monotone: an answer handed in at budget 1
+    gives way to a wrong pair at budget 2). The frontier's budgets, the report's cut and pairing, and compare's
+    per-round verdicts read those, not a first passing round."""
+    from flows.compare import first_cell, paired_verdicts
+    from flows.frontier import records_from_file
+    from flows.results import Run, pair_runs
+
+    outcomes = {"T/0#0": [True, True, False], "T/1#0": 1, "T/2#0": None}
+    cost = [{"completion_tokens": 30 * (k + 1), "task_seconds": 10.0 * (k + 1)} for k in range(3)]
+    rec = {"run_id": "h" * 32, "params": {"model.name": "m", "strategy.name": "single_shot", "iters": "2",
+                                          "strategy.held_at_end": "hand_in"},
+           "overall": {"passed": 1, "total": 3}, "cost": {"completion_tokens": 90}, "first_pass_round": outcomes,
+           "cost_by_round": cost}
+    path = tmp_path / "fullsize-hand-in.json"
+    path.write_text(json.dumps({"command": "x", "recorded": "2026-11-28T00:00:00Z", "runs": [rec]}))
+    assert [(r.params["iters"], r.passed) for r in records_from_file(path)] == [("0", 1), ("1", 2), ("2", 1)]
+    run = Run("h" * 32, 2, [1, 2, 1], 3, outcomes, {}, cost_by_round=cost)
+    assert run.cut(1).outcomes == {"T/0#0": [True, True], "T/1#0": 1, "T/2#0": None}
+    never = Run("n" * 32, 2, [0, 0, 0], 3, {k: None for k in outcomes}, {})
+    pr = pair_runs(run, never)
+    assert (pr.result.only_a, [p.only_a for p in pr.per_round]) == (1, [1, 2, 1])
+    mine = {"label": "hand_in", "iters": 2, "first_pass_round": outcomes}
+    base = {"label": "none", "iters": 2, "first_pass_round": {k: None for k in outcomes}}
+    verdict = paired_verdicts([base, mine])[0]
+    assert verdict["only_a"] == 1 and [r["only_a"] for r in verdict["by_round"]] == [1, 2, 1]
+    assert [first_cell(outcomes[k]) for k in sorted(outcomes)] == ["-", "1", "-"]
+    assert first_cell([False, True, True]) == "at 1,2"

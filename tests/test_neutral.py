@@ -95,7 +95,7 @@ def test_retired_knobs_at_their_old_default_read_as_absent():
     assert without_retired(old) == {"strategy.name": "reflection"}
     assert param_values(old) == {"strategy.name": "reflection", "strategy.answer_format": "function",
                                  "strategy.show_failure": "False", "strategy.self_check_scope": "round",
-                                 "strategy.self_inputs": "0"}
+                                 "strategy.self_inputs": "0", "strategy.held_at_end": "hold"}
     assert set(RETIRED) == {"model.int8_fuse", "strategy.diagnose", "strategy.edge_case_hint", "strategy.few_shot",
                             "strategy.show_diff"}
     # switched on (no run did): a difference that stays

@@ -207,6 +207,62 @@ def test_across_rounds_a_budget_that_ends_unsure_hands_nothing_in_and_cuts_like_
     assert across([fenced(FIX)], iters=0).stop_reason == "unsure"  # it held a pass nobody agreed with
 
 
+def test_held_at_end_hand_in_hands_the_best_held_answer_in_unsure():
+    """A budget that ends before two answers agree: hold fails the task, hand_in hands in the held answer (here the
+    right one, drawn on round 0), labelled unsure; the attempts are the same either way."""
+    held = across([fenced(FIX), fenced(WRONG)], iters=1)
+    handed = across([fenced(FIX), fenced(WRONG)], iters=1, held_at_end="hand_in")
+    assert not held.passed and held.handed_in is None and held.stop_reason == "budget"
+    assert handed.passed and handed.handed_in == [0, 0] and handed.first_pass_round == 0
+    assert handed.stop_reason == "unsure"  # never counted as satisfied: the overfit gap sees it as unsure
+    same = lambda t: [(a.code, a.decision, a.self_check, a.result.status) for a in t.attempts]  # noqa: E731
+    assert same(handed) == same(held)
+    # a held wrong answer is handed in too, and fails
+    wrong = across([fenced(OVERFIT), fenced(WRONG)], iters=1, held_at_end="hand_in")
+    assert wrong.handed_in == [0, 0] and not wrong.passed and wrong.first_pass_round is None
+    # nothing held (no answer passed what the agent saw): nothing to hand in
+    none = across([fenced(WRONG), fenced(SIG + "    return -1.0\n")], iters=1, held_at_end="hand_in")
+    assert none.handed_in is None and not none.passed and none.stop_reason == "budget"
+
+
+def test_held_at_end_hand_in_verdicts_are_per_budget_and_a_cut_budget_equals_a_fresh_run():
+    """Not monotone: the right answer held at budgets 0 and 1 is handed in, but at budget 2 two wrong answers agree and
+    are handed in, satisfied. Each budget cut from the long run (truncate) and each continued from a shorter one
+    (prior=) equals a fresh run with that budget, and the outcome keeps the verdict of every budget."""
+    from agents.loop import truncate
+    from agents.types import cut_outcome, passed_at, row_outcome
+    from flows.job import _result_rows
+
+    outputs = [fenced(FIX), fenced(OVERFIT), fenced(OVERFIT_TOO)]
+    long = across(outputs, iters=2, held_at_end="hand_in")
+    assert long.attempts[2].self_check["satisfied"] and not long.passed and long.stop_reason == "solved"
+    assert [long.passed_by_round(k) for k in range(3)] == [True, True, False] and long.outcome == [True, True, False]
+    seen = lambda t: (t.passed, t.first_pass_round, t.handed_in, t.stop_reason, t.budget, t.outcome)  # noqa: E731
+    for k in range(3):
+        fresh = across(outputs[:k + 1], iters=k, held_at_end="hand_in")
+        assert seen(truncate(long, k)) == seen(fresh), k
+        assert fresh.outcome == long.outcome[:k + 1] == cut_outcome(long.outcome, k)
+    cfg = agent(strategy="single_shot", protocol="hidden", candidates=1, self_check=2, self_check_scope="task",
+                held_at_end="hand_in", iters=1)
+    prior = run_agent(task(2), ScriptedModel(outputs[:2]), sandbox(), cfg)
+    assert prior.passed and prior.handed_in == [0, 0]
+    cont = run_agent(task(2), ScriptedModel(outputs[2:]), sandbox(), tuned(cfg, iters=2), prior=prior)
+    assert seen(cont) == seen(long)
+    # the results row keeps the per-budget verdicts, and every reader of "passed by budget k" takes them from there
+    row = next(_result_rows([long]))
+    assert row["passed_by_budget"] == [True, True, False] and row_outcome(row) == [True, True, False]
+    assert [passed_at(row_outcome(row), k) for k in (0, 1, 2, None)] == [True, True, False, False]
+    assert "passed_by_budget" not in next(_result_rows([across(outputs, iters=2)]))  # hold: monotone as before
+
+
+def test_held_at_end_is_checked():
+    check_config(agent(strategy="single_shot", candidates=1, self_check=2, self_check_scope="task", held_at_end="hand_in"))
+    with pytest.raises(ValueError, match="held_at_end=hand_in needs self_check_scope=task"):
+        check_config(agent(strategy="single_shot", candidates=2, self_check=2, held_at_end="hand_in"))
+    with pytest.raises(ValueError, match="unknown held_at_end 'give'"):
+        check_config(agent(strategy="single_shot", candidates=1, self_check=2, self_check_scope="task", held_at_end="give"))
+
+
 def test_across_rounds_a_resumed_run_counts_the_earlier_rounds_votes():
     cfg = agent(strategy="single_shot", protocol="hidden", candidates=1, self_check=2, self_check_scope="task", iters=1)
     prior = run_agent(task(2), ScriptedModel([fenced(FIX), fenced(WRONG)]), sandbox(), cfg)
