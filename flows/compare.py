@@ -125,17 +125,24 @@ def table(result: dict) -> str:
     fixed_by_some = [k for k in keys if any(passed_at(r["first_pass_round"][k]) for r in runs)]
     firsts = [[k.split("#")[0], *(first_cell(r["first_pass_round"][k]) for r in runs)]
               for k in sorted(fixed_by_some, key=lambda k: (task_order(k.split("#")[0]), k))]
-    lines += ["", "first passing round per task (- = never), tasks some run fixed:",
+    lines += ["", "first passing round per task (- = never; \"at\": the budgets at which it passed, where the verdict is "
+              "not monotone), tasks some run fixed:",
               *md_table(["task", *(r["label"] for r in runs)], firsts)]
     return "\n".join(lines)
 
 
 def first_cell(outcome) -> str:
-    """A task's first passing round as the table shows it; a verdict per budget (held_at_end=hand_in) as the
-    budgets that passed."""
+    """A task's first passing round as the table shows it; a verdict per budget (held_at_end=hand_in, not monotone)
+    as the budgets at which it passed, in runs: "at 0-1,5-23"."""
     if isinstance(outcome, list):
-        ok = [str(k) for k, v in enumerate(outcome) if v]
-        return "-" if not outcome[-1] else "at " + ",".join(ok)
+        runs, start = [], None
+        for k, v in enumerate([*outcome, False]):
+            if v and start is None:
+                start = k
+            elif not v and start is not None:
+                runs.append(str(start) if k - 1 == start else f"{start}-{k - 1}")
+                start = None
+        return "at " + ",".join(runs) if runs else "-"
     return "-" if outcome is None else str(outcome)
 
 

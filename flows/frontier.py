@@ -66,7 +66,8 @@ class Record:
     passed: int
     total: int
     cost: dict[str, float]  # per task: prompt_tokens, completion_tokens, model_calls, sandbox_runs
-    outcomes: dict[str, int | None] | None  # "task#sample" -> first passing round (None: never); None: not kept
+    # "task#sample" -> first passing round (None: never), or a verdict per budget (agents/types.py Outcome); None: not kept
+    outcomes: dict[str, int | list[bool] | None] | None
     seconds: float | None  # per task: the tasks' own seconds cut to the budget, summed, / tasks; None: not known
     machine: str
     machine_source: str  # "tag", "recorder" (where fullsize ran), "file text", "unknown"

@@ -161,7 +161,7 @@ class Run:
     iters: int
     by_round: list[int]  # tasks passed after each round
     total: int
-    outcomes: dict | None  # task#sample -> first passing round (None: never); None: not recorded
+    outcomes: dict | None  # task#sample -> first passing round (None: never) or a verdict per budget; None: not recorded
     cost: dict
     tuning: tuple[int, int] | None = None  # (passed, total) on Python/0-23
     other: tuple[int, int] | None = None

@@ -316,5 +316,5 @@ def test_a_verdict_per_budget_is_cut_and_counted_as_it_is(tmp_path):
     base = {"label": "none", "iters": 2, "first_pass_round": {k: None for k in outcomes}}
     verdict = paired_verdicts([base, mine])[0]
     assert verdict["only_a"] == 1 and [r["only_a"] for r in verdict["by_round"]] == [1, 2, 1]
-    assert [first_cell(outcomes[k]) for k in sorted(outcomes)] == ["-", "1", "-"]
-    assert first_cell([False, True, True]) == "at 1,2"
+    assert [first_cell(outcomes[k]) for k in sorted(outcomes)] == ["at 0-1", "1", "-"]
+    assert first_cell([True, False, True, True, False, True]) == "at 0,2-3,5" and first_cell([False]) == "-"
