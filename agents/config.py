@@ -185,7 +185,7 @@ class AgentConfig:
     protocol: str = "tests"  # tests | docs | hidden: what the agent sees (agents/README.md)
     temperature: float = 0.0  # round 0's temperature (constant schedule: every round's); 0 = greedy
     max_new_tokens: int = 512
-    seed: int = 0  # seeds sampling; greedy is not bit-reproducible on real packs (flows/neutral.py)
+    seed: int = 0  # seeds sampling; on a path that repeats (serving.deterministic) a rerun gives the same answers
     timeout_s: float = SandboxConf.timeout_s  # per program
     audit_passes: bool = SandboxConf.audit  # re-run a pass with its return values checked (sandboxes/audit.py)
     strict: bool = SandboxConf.strict  # a pass the audit flags counts as a failure

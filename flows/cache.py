@@ -57,6 +57,9 @@ def model_identity(model: ModelConf) -> dict:
 
         from agents.serving.runtime import recorded
 
+        from agents.serving import NUMERICS
+
+        ident["numerics"] = NUMERICS  # trajectories from an older engine arithmetic are not this one's
         chosen = recorded(model)
         if chosen is not None:  # the path this process's model took (weights, dtype, runtime: measured when auto)
             ident["serving"] = without_neutral("serving", chosen)

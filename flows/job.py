@@ -99,6 +99,9 @@ def _model_up_front(settings: JobSettings):
     if choice is not None:
         # a recorded parameter: runs that took different paths (different answers) are not one configuration
         settings.raw["serving"] = choice.record()
+    else:
+        # a server (hosted, OpenAI-compatible) promises no repeat across batches; the oracle doubles have no numerics
+        settings.raw["serving"] = {"deterministic": settings.model.backend == "oracle"}
     return model
 
 

@@ -74,6 +74,9 @@ class ServingParams:
     weights: str  # int8 | float32 | bfloat16 | gguf
     dtype: str  # the activations' dtype (gguf under llama.cpp)
     int8_kernel: str | None = field(default=None, metadata={"neutral": "bit-equal: which kernel, same products"})
+    # whether the path repeats its answers bit for bit whatever else is in flight (batch size, order, prefix hits,
+    # drafts): true for fixlab's engine on its batch-invariant kernels, false for llama.cpp, bf16 and every server
+    deterministic: bool | None = field(default=None, metadata={"neutral": "a property of the path, not a setting"})
 
 
 # Knobs removed from the records, with the default they had, as run params wrote it. None was ever switched on, so a
@@ -110,7 +113,7 @@ class JobConf:
     # Answers per task instead of iters: iters = answers / strategy.candidates - 1. The grid
     # `strategy.candidates=1,2,4,8 answers=8 -m` (single_shot) costs one run: flows/stream.py
     answers: int | None = None
-    seed: int = AgentConfig.seed  # seeds sampling; greedy is not bit-reproducible on real packs (flows/neutral.py)
+    seed: int = AgentConfig.seed  # seeds sampling; on a path that repeats (serving.deterministic) so does the run
     temperature: float = AgentConfig.temperature  # first attempt's temperature (0 = greedy)
     max_new_tokens: int = AgentConfig.max_new_tokens
     protocol: str = AgentConfig.protocol  # tests | docs | hidden: what the agent sees (agents/README.md)

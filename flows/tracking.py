@@ -120,12 +120,45 @@ def open_client(uri: str):
     os.environ["MLFLOW_ENABLE_ASYNC_TRACE_LOGGING"] = "false"
     db = sqlite_path(uri)
     if db is None:
-        return MlflowClient(uri)
+        return reachable(MlflowClient(_with_driver(uri)), uri)
     db.parent.mkdir(parents=True, exist_ok=True)
     lock = store_lock(db)
     with _holding(lock, "creating the MLflow store"):
         client = MlflowClient(uri)
     _serialize_writes(client._tracking_client.store, lock)
+    return client
+
+
+# database stores MLflow reaches through SQLAlchemy, and the Python driver each needs (the extra that brings it)
+DRIVERS = {"postgresql": ("psycopg2", "postgres"), "mysql": ("pymysql", None), "mssql": ("pyodbc", None)}
+
+
+def _with_driver(uri: str) -> str:
+    """`uri` when its database driver is importable; else one line naming the extra that brings it."""
+    import importlib.util
+
+    scheme = uri.split(":", 1)[0].lower()
+    db, _, driver = scheme.partition("+")
+    if db not in DRIVERS:
+        return uri
+    module, extra = DRIVERS[db]
+    module = {"psycopg": "psycopg", "pg8000": "pg8000"}.get(driver, module) if driver else module
+    if importlib.util.find_spec(module) is None:
+        fix = f"pip install 'fixlab[{extra}]'" if extra else f"pip install {module}"
+        raise ConfigError(f"tracking.uri is a {db} store but its driver {module} is not installed; fix: {fix}")
+    return uri
+
+
+def reachable(client, uri: str):
+    """The client, once its store answered one read; else one line naming the store and the fix (a database or
+    tracking server that is down, a wrong host or password), instead of MLflow's retries and tracebacks."""
+    shown = re.sub(r"//([^:/@]+):[^@/]+@", r"//\1:***@", uri)  # no password in the message
+    try:
+        client.search_experiments(max_results=1)
+    except Exception as e:  # noqa: BLE001 - SQLAlchemy, requests and MLflow each raise their own
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:200]
+        raise ConfigError(f"cannot reach the MLflow store {shown}: {first}; fix: start the database or `mlflow "
+                          "server` it names, or point tracking.uri elsewhere") from None
     return client
 
 

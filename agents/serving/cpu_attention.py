@@ -20,10 +20,13 @@ attention 63 ms a step against 97 here (decode-profile-20261127T190040Z / 190227
 portable loops (decode-profile-20261128T001528Z / 001644Z; the kernels alone, side by side: 31.8 ms against 62.9,
 attention-20261128T001409Z). Prefill (more query tokens) widens the cache and keeps SDPA.
 
-Only fp32 steps with at most SMALL_QUERY query tokens take this path (decode, prompt-lookup drafts); prefill and
-other dtypes go to transformers' SDPA. bf16 scores would be rounded before the softmax (8 bits of mantissa on
-logits up to ~30), so bf16 stays on SDPA. Numerics: fp32 results agree with SDPA to about 1e-6
-(tests/test_models_engine.py: against SDPA, and greedy answers with this path on and off).
+With the float16 KV cache every fp32 step takes the compiled kernel, prefill included (a long prompt in blocks of
+query positions): one kernel for prefill, decode and draft checks, whose sums per query are fixed by the row's own
+tokens, so a row's answer does not depend on its batch, its padding or a prefix hit (kernels.c section 2; a prefill
+of 900 tokens on the 1.5B pack took 1.9 s against 2.1 with SDPA here). Other dtypes go to transformers' SDPA. bf16
+scores would be rounded before the softmax (8 bits of mantissa on logits up to ~30), so bf16 stays on SDPA.
+Numerics: fp32 results agree with SDPA to about 1e-6 (tests/test_models_engine.py: against SDPA, and greedy answers
+with this path on and off).
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from . import native
 
 NAME = "fixlab_cpu"
-SMALL_QUERY = 16  # query tokens per row up to which the matmul path wins (decode: 1; drafts: up to 16)
+SMALL_QUERY = 16  # without the float16 cache: query tokens per row up to which the matmul path wins over SDPA
 
 
 def grouped_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -49,7 +52,7 @@ def grouped_attention(module, query, key, value, attention_mask, dropout: float 
     plain = not (query.device.type != "cpu" or query.dtype != torch.float32 or H % KV or dropout
                  or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None)
     scale = scaling if scaling is not None else D ** -0.5
-    if (plain and Q <= SMALL_QUERY and key.dtype == value.dtype == torch.float16
+    if (plain and key.dtype == value.dtype == torch.float16
             and key.stride(-1) == value.stride(-1) == 1 and native.available()
             and (attention_mask is None or attention_mask.dtype == torch.bool)):
         causal = attention_mask is None and Q > 1 and (is_causal if is_causal is not None

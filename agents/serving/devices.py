@@ -52,7 +52,9 @@ def resolve_dtype(name: str | None, device, weights: str = "dtype"):
     """auto: bf16 on CUDA (fp16 where bf16 is unsupported). On CPU with int8 weights fp32: the int8 matmuls do the
     heavy work, and the rest (attention, norms, lm_head) ran slower in bf16 (decode attention over a padded batch:
     SDPA 906 ms a step in bf16 against 146 in fp32 and 100 on fixlab's fp32 path, agents/serving/cpu_attention.py).
-    Otherwise on CPU bf16 where the CPU has bf16 instructions, else fp32 (emulated bf16 is several times slower)."""
+    Otherwise on CPU fp32 where fixlab's compiled kernels build: its answers repeat whatever shares the batch, and a
+    bf16 row's last bits depend on its batch (batch-invariant serving: bf16 only when asked for). Without the kernels,
+    bf16 where the CPU has bf16 instructions, else fp32 (emulated bf16 is several times slower)."""
     import torch
 
     name = (name or "auto").strip().lower()
@@ -60,6 +62,10 @@ def resolve_dtype(name: str | None, device, weights: str = "dtype"):
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         if device.type == "cpu" and weights == "int8":
+            return torch.float32
+        from .native import available
+
+        if device.type == "cpu" and available():
             return torch.float32
         return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else torch.float32
     if name not in DTYPES:

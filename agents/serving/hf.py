@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|EOT|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 
 
+from .native import available as native_kernels  # noqa: E402
 from .devices import (DTYPES, KV_DTYPES, WEIGHTS, BadModelConfig, cpu_has_native_bf16,  # noqa: E402,F401
                       resolve_device, resolve_dtype, resolve_kv_dtype, resolve_weights, weights_source)
 
@@ -58,6 +59,8 @@ class TransformersModel:
             if self._cores is not None:
                 self._cores.release()
             raise
+        self.choice.why_not = self._why_not_repeatable()
+        self.choice.deterministic = not self.choice.why_not
         if not getattr(self.tokenizer, "chat_template", None):
             raise ModelUnavailable(f"model {self.name!r} has no chat template: use an instruct/chat checkpoint")
         self.eos_ids = self._eos_ids()
@@ -108,6 +111,13 @@ class TransformersModel:
 
             quantize_int8(self.model, skip=tuple(cfg.int8_skip),  # []: lm_head in int8 too
                           native=bool(cfg.int8_native), plan=self.choice.plan())
+        self.packed_linears = 0
+        if self.device.type == "cpu" and self.dtype == torch.float32 and native_kernels():
+            # what stays float32 (the lm_head beside int8 weights, or every linear): one chain per output, the same
+            # at any number of rows (f32.py); BLAS's sums depend on the batch
+            from .f32 import pack_float_linears
+
+            self.packed_linears = pack_float_linears(self.model)
         if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.skinny_matmul:
             # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
             from .engine import use_skinny_matmul
@@ -123,6 +133,26 @@ class TransformersModel:
             from .cpu_attention import use_grouped_attention
 
             use_grouped_attention(self.model)  # decode steps in fp32: grouped heads as batched matmuls
+
+    def _why_not_repeatable(self) -> str:
+        """'' when a request's answer depends only on its own prompt, seed and temperature (what shares its batch,
+        arrival order, prefix hits and drafts change no bit: benchmarks/invariance.py, tests/test_determinism.py);
+        else what breaks that."""
+        import torch
+
+        if self.device.type != "cpu":
+            return f"on {self.device.type}, torch's matmul and attention kernels depend on the batch"
+        if not self.cfg.batching:
+            return ""  # one request at a time through transformers' generate: nothing shares its forward
+        if not native_kernels():
+            return "fixlab's compiled kernels did not build (gcc), so attention and matmuls are torch's"
+        if self.dtype != torch.float32:
+            return f"{str(self.dtype).replace('torch.', '')} activations round differently at each batch size"
+        if self.kv_dtype != torch.float16 or getattr(self.model.config, "_attn_implementation", None) != "fixlab_cpu":
+            return "attention runs in torch's kernels, whose sums depend on the padding"
+        if any(type(m) is torch.nn.Linear for m in self.model.modules()):
+            return "a float matmul runs in BLAS, whose sums depend on the number of rows"
+        return ""
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

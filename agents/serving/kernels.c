@@ -3,7 +3,9 @@
    threads as torch uses (`threads`: the process's fair share of the cores, agents/serving/cores.py).
 
    1. Int8Linear's rounding of its input rows and scaling of its int32 products, one pass each (int8.py).
-   2. Decode attention over a KV cache kept in float16 (cpu_attention.py).
+   2. Attention over a KV cache kept in float16, prefill, decode and draft checks alike, each query's sums in an order
+      fixed by its row's own tokens (cpu_attention.py).
+   4. A float32 matmul over packed weights whose rows do not depend on the batch (f32.py).
 
    1. is bit-equal to the eager torch ops they replace (test: tests/test_models_int8.py), so answers do not move:
    - the scale is absmax / 127.0f clamped to 1e-12f, as `rows.abs().amax(1) / 127.0` then `.clamp(min=1e-12)`;
@@ -83,7 +85,7 @@ void fixlab_scale_products(int32_t *acc, int64_t rows, int64_t n, const float *x
     }
 }
 
-/* ---- 2. decode attention ------------------------------------------------------------------------------------------
+/* ---- 2. attention (decode, draft checks and prefill) --------------------------------------------------------------
 
    out[b, q, h, :] = softmax_l(scale * q[b, h, q, :] . k[b, h / G, l, :]) @ v[b, h / G, l, :]
    over the columns l the mask lets query q of row b see (a NULL mask: all of them, or causally with `causal`).
@@ -92,7 +94,9 @@ void fixlab_scale_products(int32_t *acc, int64_t rows, int64_t n, const float *x
    One work item is a row and a K/V head: its G query heads (and Q query positions) share each K/V read.
    Where the CPU has AVX-512 (or AVX2 with FMA) the products and sums take the register-blocked paths below (AVX-512:
    2x the portable loops on a 2-core EPYC, benchmarks/attention.py); results agree with exact attention to about 3e-6
-   on every path (the test: tests/test_kv_float16.py, every block shape, every build this CPU runs). */
+   on every path (the test: tests/test_kv_float16.py, every block shape, every build this CPU runs), and every build
+   gives the same bits for D a multiple of 16 (canon_dot's sums, fused multiply-adds in token order for the values,
+   seen_sum's fixed lanes: tests/test_determinism.py). */
 
 typedef _Float16 half;
 
@@ -130,8 +134,8 @@ static inline void widen(const half *s, int64_t d, float *dst) { /* exact: every
 /* The values' driver of either vector path: the item's rows in blocks of VR, the dimensions in steps of DSTEP, one
    values_block specialisation per (rows, vectors) pair, so that its loops unroll into registers. */
 #define VALUES_DRIVER(NAME, DSTEP, NC_OF)                                                                          \
-    static void NAME(const float *scores, int64_t L, const uint8_t *any, const half *vb, int64_t vsl, int64_t GQ, \
-                     int64_t D, float *acc) {                                                                      \
+    static void NAME(const float *scores, int64_t L, int64_t Lb, const uint8_t *any, const half *vb, int64_t vsl,  \
+                     int64_t GQ, int64_t D, float *acc) {                                                          \
         for (int64_t r0 = 0; r0 < GQ; r0 += VR)                                                                    \
             for (int64_t d0 = 0; d0 < D; d0 += DSTEP) {                                                            \
                 const int nr = GQ - r0 < VR ? (int)(GQ - r0) : VR, nc = NC_OF(D - d0);                             \
@@ -148,17 +152,18 @@ static inline void widen(const half *s, int64_t d, float *dst) { /* exact: every
 /* The AVX-512 path, for D a multiple of 16 up to 256 (Qwen2.5: 64 and 128): the same sums with fused multiply-adds
    and the work laid out for registers. Scores: one K row widened once, then the dot with each of the item's query
    rows (two accumulator chains each). Values: the item's probability rows in blocks of up to 6, each block's running
-   sums kept in registers over every column, 64 dimensions (4 vectors) at a time. Rounding differs from the portable
-   loops below in the last bits only (fused multiply-adds, another summation order). */
+   sums kept in registers over every column, 64 dimensions (4 vectors) at a time. The same bits as the AVX2 path and
+   the portable loops (canon_dot). */
 #define VR 6 /* query rows whose sums stay in registers: 6 x 4 vectors + 4 for V, of 32 */
 
-static inline __attribute__((always_inline)) void values_block(const float *scores, int64_t L, const uint8_t *any,
-                                                                const half *vb, int64_t vsl, int64_t d0, const int nr,
-                                                                const int nc, float *acc, int64_t D) {
+static inline __attribute__((always_inline)) void values_block(const float *scores, int64_t L, int64_t Lb,
+                                                                const uint8_t *any, const half *vb, int64_t vsl,
+                                                                int64_t d0, const int nr, const int nc, float *acc,
+                                                                int64_t D) {
     __m512 a[VR][4];
     for (int r = 0; r < VR; r++)
         for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
-    for (int64_t l = 0; l < L; l++) {
+    for (int64_t l = 0; l < Lb; l++) {
         if (!any[l]) continue;
         const half *vr = vb + l * vsl + d0;
         __m512 x[4];
@@ -179,7 +184,7 @@ static inline __attribute__((always_inline)) void values_block(const float *scor
 }
 
 /* one specialisation per (rows, vectors) pair, so that the loops above unroll into registers */
-#define VB(NR, NC) values_block(s, L, any, vb, vsl, d0, NR, NC, out, D)
+#define VB(NR, NC) values_block(s, L, Lb, any, vb, vsl, d0, NR, NC, out, D)
 #define VB_NC(NR) switch (nc) { case 1: VB(NR, 1); break; case 2: VB(NR, 2); break; \
                                 case 3: VB(NR, 3); break; default: VB(NR, 4); } break
 #define NC16(left) ((left) < 64 ? (int)((left) / 16) : 4) /* vectors of 16 in what is left, up to 4 */
@@ -188,11 +193,20 @@ VALUES_DRIVER(values_avx512, 64, NC16)
 #undef VB_NC
 #undef VB
 
+/* The 16 lanes' sum in the fixed tree every build uses (canon_dot below): lane i + lane i+8, then j + j+4, then
+   k + k+2, then the two. Written out, not _mm512_reduce_add_ps, whose tree is the compiler's to choose. */
+static inline float tree16(__m512 t) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(t), _mm512_extractf32x8_ps(t, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+}
+
 static void scores_avx512(const float *const *qrows, const uint8_t *sees, const uint8_t *any, int64_t Q, int64_t GQ,
-                          const half *kb, int64_t ksl, int64_t L, int64_t D, float scale, float *scores) {
+                          const half *kb, int64_t ksl, int64_t Lb, int64_t L, int64_t D, float scale, float *scores) {
     const int64_t nc = D / 16;
     __m512 k[16];
-    for (int64_t l = 0; l < L; l++) {
+    for (int64_t l = 0; l < Lb; l++) {
         if (!any[l]) continue;
         const half *kr = kb + l * ksl;
         for (int64_t c = 0; c < nc; c++) k[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + 16 * c)));
@@ -206,7 +220,7 @@ static void scores_avx512(const float *const *qrows, const uint8_t *sees, const 
                 s0 = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * (c + 1)), k[c + 1], s0);
             }
             if (nc % 2 == 0) s1 = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * (nc - 1)), k[nc - 1], s1);
-            srow[l] = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) * scale;
+            srow[l] = tree16(_mm512_add_ps(s0, s1)) * scale;
         }
     }
 }
@@ -214,20 +228,21 @@ static void scores_avx512(const float *const *qrows, const uint8_t *sees, const 
 #define FAST_SCORES scores_avx512
 #define FAST_VALUES values_avx512
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-/* The AVX2 path (AMD Zen 2/3, Intel before Ice Lake), for D a multiple of 8: the same layout with 8-float vectors and
-   16 registers. Values: blocks of up to 6 probability rows x 16 dimensions (12 sums + 2 V vectors + 1 broadcast).
-   Scores: one K row widened once into a buffer, its dot with each query row by fused multiply-adds in two chains. */
+/* The AVX2 path (AMD Zen 2/3, Intel before Ice Lake), for D a multiple of 16: the same layout with 8-float vectors
+   and 16 registers. Values: blocks of up to 6 probability rows x 16 dimensions (12 sums + 2 V vectors + 1 broadcast).
+   Scores: one K row widened once into a buffer, its dot with each query row as the AVX-512 path's 16 lanes. */
 #define VR 6
 
-static inline __attribute__((always_inline)) void values_block(const float *scores, int64_t L, const uint8_t *any,
-                                                                const half *vb, int64_t vsl, int64_t d0, const int nr,
-                                                                const int nc, float *acc, int64_t D) {
+static inline __attribute__((always_inline)) void values_block(const float *scores, int64_t L, int64_t Lb,
+                                                                const uint8_t *any, const half *vb, int64_t vsl,
+                                                                int64_t d0, const int nr, const int nc, float *acc,
+                                                                int64_t D) {
     __m256 a[VR][2];
 #pragma GCC unroll 6
     for (int r = 0; r < VR; r++)
 #pragma GCC unroll 2
         for (int c = 0; c < 2; c++) a[r][c] = _mm256_setzero_ps();
-    for (int64_t l = 0; l < L; l++) {
+    for (int64_t l = 0; l < Lb; l++) {
         if (!any[l]) continue;
         const half *vr = vb + l * vsl + d0;
         const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)vr));
@@ -248,7 +263,7 @@ static inline __attribute__((always_inline)) void values_block(const float *scor
             if (r < nr && c < nc) _mm256_storeu_ps(acc + r * D + d0 + 8 * c, a[r][c]);
 }
 
-#define VB(NR, NC) values_block(s, L, any, vb, vsl, d0, NR, NC, out, D)
+#define VB(NR, NC) values_block(s, L, Lb, any, vb, vsl, d0, NR, NC, out, D)
 #define VB_NC(NR) if (nc == 1) VB(NR, 1); else VB(NR, 2); break
 #define NC8(left) ((left) < 16 ? 1 : 2) /* vectors of 8 in what is left, up to 2 */
 VALUES_DRIVER(values_avx2, 16, NC8)
@@ -257,34 +272,103 @@ VALUES_DRIVER(values_avx2, 16, NC8)
 #undef VB
 
 static void scores_avx2(const float *const *qrows, const uint8_t *sees, const uint8_t *any, int64_t Q, int64_t GQ,
-                        const half *kb, int64_t ksl, int64_t L, int64_t D, float scale, float *scores) {
+                        const half *kb, int64_t ksl, int64_t Lb, int64_t L, int64_t D, float scale, float *scores) {
+    /* the AVX-512 path's sums lane for lane (canon_dot): each 16-float block as two 8-float halves, the same
+       chains and the same tree, so both builds give the same bits */
     float k[256];
-    for (int64_t l = 0; l < L; l++) {
+    const int64_t nc = D / 16;
+    for (int64_t l = 0; l < Lb; l++) {
         if (!any[l]) continue;
         widen(kb + l * ksl, D, k);
         for (int64_t r = 0; r < GQ; r++) {
             float *srow = scores + r * L;
             if (!sees[(r % Q) * L + l]) { srow[l] = -INFINITY; continue; }
             const float *qv = qrows[r];
-            __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(qv), _mm256_loadu_ps(k)), s1 = _mm256_setzero_ps();
-            int64_t d = 8;
-            for (; d + 16 <= D; d += 16) {
-                s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), _mm256_loadu_ps(k + d), s1);
-                s0 = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d + 8), _mm256_loadu_ps(k + d + 8), s0);
+            __m256 s0a = _mm256_mul_ps(_mm256_loadu_ps(qv), _mm256_loadu_ps(k)),
+                   s0b = _mm256_mul_ps(_mm256_loadu_ps(qv + 8), _mm256_loadu_ps(k + 8)),
+                   s1a = _mm256_setzero_ps(), s1b = _mm256_setzero_ps();
+            for (int64_t c = 1; c + 1 < nc; c += 2) {
+                const int64_t d1 = 16 * c, d2 = 16 * (c + 1);
+                s1a = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d1), _mm256_loadu_ps(k + d1), s1a);
+                s1b = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d1 + 8), _mm256_loadu_ps(k + d1 + 8), s1b);
+                s0a = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d2), _mm256_loadu_ps(k + d2), s0a);
+                s0b = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d2 + 8), _mm256_loadu_ps(k + d2 + 8), s0b);
             }
-            if (d < D) s1 = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d), _mm256_loadu_ps(k + d), s1);
-            const __m256 t = _mm256_add_ps(s0, s1);
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            h = _mm_add_ss(h, _mm_movehdup_ps(h));
-            srow[l] = _mm_cvtss_f32(h) * scale;
+            if (nc % 2 == 0) {
+                const int64_t d1 = 16 * (nc - 1);
+                s1a = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d1), _mm256_loadu_ps(k + d1), s1a);
+                s1b = _mm256_fmadd_ps(_mm256_loadu_ps(qv + d1 + 8), _mm256_loadu_ps(k + d1 + 8), s1b);
+            }
+            const __m256 h = _mm256_add_ps(_mm256_add_ps(s0a, s1a), _mm256_add_ps(s0b, s1b));
+            __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+            q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+            srow[l] = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q))) * scale;
         }
     }
 }
-#define FAST_D(D) ((D) % 8 == 0 && (D) <= 256)
+#define FAST_D(D) ((D) % 16 == 0 && (D) <= 256)
 #define FAST_SCORES scores_avx2
 #define FAST_VALUES values_avx2
 #endif
+
+/* q . k as every build computes it, so that the AVX-512, AVX2 and portable builds give the same bits: D in blocks of
+   16 lanes; lane i of chain 0 starts with block 0's product and takes the even blocks, chain 1 the odd ones (and the
+   last block when their count is even), one fused multiply-add each; then the two chains add, and the 16 lanes in a
+   fixed tree (tree16). D not a multiple of 16: one chain in order. */
+static float canon_dot(const float *q, const float *k, int64_t D) {
+    if (D % 16) {
+        float s = 0.0f;
+        for (int64_t d = 0; d < D; d++) s = fmaf(q[d], k[d], s);
+        return s;
+    }
+    const int64_t nc = D / 16;
+    float s0[16], s1[16], t[16];
+    for (int i = 0; i < 16; i++) { s0[i] = q[i] * k[i]; s1[i] = 0.0f; }
+    for (int64_t c = 1; c + 1 < nc; c += 2)
+        for (int i = 0; i < 16; i++) {
+            s1[i] = fmaf(q[16 * c + i], k[16 * c + i], s1[i]);
+            s0[i] = fmaf(q[16 * (c + 1) + i], k[16 * (c + 1) + i], s0[i]);
+        }
+    if (nc % 2 == 0)
+        for (int i = 0; i < 16; i++) s1[i] = fmaf(q[16 * (nc - 1) + i], k[16 * (nc - 1) + i], s1[i]);
+    for (int i = 0; i < 16; i++) t[i] = s0[i] + s1[i];
+    float h[8], qq[4];
+    for (int i = 0; i < 8; i++) h[i] = t[i] + t[i + 8];
+    for (int i = 0; i < 4; i++) qq[i] = h[i] + h[i + 4];
+    return (qq[0] + qq[2]) + (qq[1] + qq[3]);
+}
+
+/* A row's softmax sum over the columns its query sees, in a fixed order: the i-th seen column (= the i-th token of the
+   row's sequence) goes to lane i % 16, and the 16 lanes add up in one fixed tree. So the sum, and the answer, depend
+   on the row's own tokens only: not on its left padding, rejected drafts' columns, the batch's width, the other query
+   positions computed beside it (prefill, drafts, decode), or the build (the lanes are plain floats, the same on every
+   instruction set). */
+static float seen_sum(const float *e, const uint8_t *sees, int64_t L) {
+    float lane[16] = {0};
+    int64_t first = 0, last = L - 1, n = 0;
+    while (first < L && !sees[first]) first++;
+    while (last >= first && !sees[last]) last--;
+    for (int64_t l = first; l <= last; l++) n += sees[l];
+    if (n == last - first + 1) { /* contiguous (left padding only): the lanes as a vector loop */
+        const float *x = e + first;
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            for (int c = 0; c < 16; c++) lane[c] += x[i + c];
+        for (int c = 0; i + c < n; c++) lane[c] += x[i + c];
+    } else {
+        int64_t j = 0;
+        for (int64_t l = first; l <= last; l++)
+            if (sees[l]) { lane[j & 15] += e[l]; j++; }
+    }
+    float h[8], q[4];
+    for (int c = 0; c < 8; c++) h[c] = lane[c] + lane[c + 8];
+    for (int c = 0; c < 4; c++) q[c] = h[c] + h[c + 4];
+    return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+/* Query positions per work item: a long prefill splits into blocks, so threads share it and the scores buffer stays
+   small; every query's numbers are the same whichever block it is in. */
+#define QBLOCK 16
 
 void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, int64_t D,
                              int64_t qsb, int64_t qsh, int64_t qsq,
@@ -292,90 +376,86 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                              int64_t ksb, int64_t ksh, int64_t ksl, int64_t vsb, int64_t vsh, int64_t vsl,
                              const uint8_t *mask, int64_t msb, int64_t msq, int causal, float scale, float *out,
                              int threads) {
-    const int64_t G = H / KV, GQ = G * Q;
+    const int64_t G = H / KV, QB = Q < QBLOCK ? Q : QBLOCK, nqb = (Q + QB - 1) / QB, GQB = G * QB;
 #if defined(FAST_D)
     const int fast = FAST_D(D);
 #endif
 #pragma omp parallel num_threads(threads)
     {
-        const float **qrows = malloc((size_t)GQ * sizeof(float *));
-        float *scores = malloc((size_t)(GQ * L) * sizeof(float));
-        float *acc = malloc((size_t)(GQ * D) * sizeof(float));
+        const float **qrows = malloc((size_t)GQB * sizeof(float *));
+        float *scores = malloc((size_t)(GQB * L) * sizeof(float));
+        float *acc = malloc((size_t)(GQB * D) * sizeof(float));
         float *kv = malloc((size_t)D * sizeof(float));
-        uint8_t *seen = malloc((size_t)(Q * L + L));
-        float *sum = malloc((size_t)GQ * sizeof(float));
+        uint8_t *seen = malloc((size_t)(QB * L + L));
+        float *sum = malloc((size_t)GQB * sizeof(float));
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < B * KV; item++) {
-            const int64_t b = item / KV, kh = item % KV;
-            /* which query sees which column; any[l]: some query does */
-            uint8_t *sees = seen, *any = seen + Q * L;
-            for (int64_t l = 0; l < L; l++) any[l] = 0;
-            for (int64_t qi = 0; qi < Q; qi++)
-                for (int64_t l = 0; l < L; l++) {
-                    uint8_t s = mask ? mask[b * msb + qi * msq + l] != 0 : (!causal || l <= L - Q + qi);
+        for (int64_t item = 0; item < B * KV * nqb; item++) {
+            const int64_t b = item / (KV * nqb), kh = (item / nqb) % KV, q0 = (item % nqb) * QB;
+            const int64_t Qn = Q - q0 < QB ? Q - q0 : QB, GQ = G * Qn;
+            /* which query sees which column; any[l]: some query does. A causal block sees nothing past its last
+               query, so the columns after it are never read */
+            uint8_t *sees = seen, *any = seen + Qn * L;
+            const int64_t Lb = mask || !causal ? L : L - Q + q0 + Qn;
+            for (int64_t l = 0; l < Lb; l++) any[l] = 0;
+            for (int64_t qi = 0; qi < Qn; qi++)
+                for (int64_t l = 0; l < Lb; l++) {
+                    uint8_t s = mask ? mask[b * msb + (q0 + qi) * msq + l] != 0 : (!causal || l <= L - Q + q0 + qi);
                     sees[qi * L + l] = s;
                     any[l] |= s;
                 }
             const half *kb = k + b * ksb + kh * ksh, *vb = v + b * vsb + kh * vsh;
+            const float *qbase = q + b * qsb + q0 * qsq;
 #if defined(FAST_D)
             if (fast) {
-                for (int64_t r = 0; r < GQ; r++) qrows[r] = q + b * qsb + (kh * G + r / Q) * qsh + (r % Q) * qsq;
-                FAST_SCORES(qrows, sees, any, Q, GQ, kb, ksl, L, D, scale, scores);
+                for (int64_t r = 0; r < GQ; r++) qrows[r] = qbase + (kh * G + r / Qn) * qsh + (r % Qn) * qsq;
+                FAST_SCORES(qrows, sees, any, Qn, GQ, kb, ksl, Lb, L, D, scale, scores);
             } else
 #endif
-            for (int64_t l = 0; l < L; l++) {
+            for (int64_t l = 0; l < Lb; l++) {
                 if (!any[l]) continue;
                 widen(kb + l * ksl, D, kv);
                 for (int64_t g = 0; g < G; g++)
-                    for (int64_t qi = 0; qi < Q; qi++) {
-                        float *srow = scores + (g * Q + qi) * L;
+                    for (int64_t qi = 0; qi < Qn; qi++) {
+                        float *srow = scores + (g * Qn + qi) * L;
                         if (!sees[qi * L + l]) { srow[l] = -INFINITY; continue; }
-                        const float *qv = q + b * qsb + (kh * G + g) * qsh + qi * qsq;
-                        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                        for (int64_t d = 0; d < D; d++) dot += qv[d] * kv[d];
-                        srow[l] = dot * scale;
+                        const float *qv = qbase + (kh * G + g) * qsh + qi * qsq;
+                        srow[l] = canon_dot(qv, kv, D) * scale;
                     }
             }
             for (int64_t r = 0; r < GQ; r++) {
                 float *srow = scores + r * L;
-                const int64_t qi = r % Q;
+                const uint8_t *sr = sees + (r % Qn) * L;
                 float m = -INFINITY;
-                for (int64_t l = 0; l < L; l++)
-                    if (sees[qi * L + l] && srow[l] > m) m = srow[l];
-                float t = 0.0f;
+                for (int64_t l = 0; l < Lb; l++)
+                    if (sr[l] && srow[l] > m) m = srow[l];
                 if (m == -INFINITY) { /* sees nothing: zeros out, not NaN */
-                    for (int64_t l = 0; l < L; l++) srow[l] = 0.0f;
-                } else {
-#pragma omp simd reduction(+ : t)
-                    for (int64_t l = 0; l < L; l++) {
-                        float e = sees[qi * L + l] ? exp_neg(srow[l] - m) : 0.0f;
-                        srow[l] = e;
-                        t += e;
-                    }
+                    for (int64_t l = 0; l < Lb; l++) srow[l] = 0.0f;
+                    sum[r] = 0.0f;
+                    continue;
                 }
-                sum[r] = t;
+#pragma omp simd
+                for (int64_t l = 0; l < Lb; l++) srow[l] = sr[l] ? exp_neg(srow[l] - m) : 0.0f;
+                sum[r] = seen_sum(srow, sr, Lb);
             }
 #if defined(FAST_D)
-            if (fast) FAST_VALUES(scores, L, any, vb, vsl, GQ, D, acc); /* writes every sum: nothing to clear */
+            if (fast) FAST_VALUES(scores, L, Lb, any, vb, vsl, GQ, D, acc); /* writes every sum: nothing to clear */
             else
 #endif
             {
                 for (int64_t i = 0; i < GQ * D; i++) acc[i] = 0.0f;
-                for (int64_t l = 0; l < L; l++) {
+                for (int64_t l = 0; l < Lb; l++) {
                     if (!any[l]) continue;
                     widen(vb + l * vsl, D, kv);
                     for (int64_t r = 0; r < GQ; r++) {
                         const float p = scores[r * L + l];
                         float *a = acc + r * D;
-#pragma omp simd
-                        for (int64_t d = 0; d < D; d++) a[d] += p * kv[d];
+                        for (int64_t d = 0; d < D; d++) a[d] = fmaf(p, kv[d], a[d]); /* as the vector paths */
                     }
                 }
             }
             for (int64_t r = 0; r < GQ; r++) {
-                const int64_t g = r / Q, qi = r % Q;
-                float *o = out + ((b * Q + qi) * H + kh * G + g) * D;
+                const int64_t g = r / Qn, qi = r % Qn;
+                float *o = out + ((b * Q + q0 + qi) * H + kh * G + g) * D;
                 const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
                 for (int64_t d = 0; d < D; d++) o[d] = acc[r * D + d] * inv;
             }
@@ -627,4 +707,141 @@ void fixlab_int8_matmul(const int8_t *x, int64_t m, int64_t k, int64_t ldx, cons
             }
     }
     free(xc);
+}
+
+/* ---- 4. float32 matmul over packed weights, the same sums at any number of rows ----------------------------------
+
+   y[m, n] = (sum over k in order of x[m, k] * w[n, k], one fused multiply-add a step, from 0) + bias[n].
+   Every output is that one chain whatever the number of rows, the row's place in its tile, the tile shapes, the
+   threads or the instruction set (fmaf in the portable loops rounds as the vector instruction does), so a row's
+   result does not depend on its batch: BLAS libraries block K and choose kernels by the number of rows, so theirs do
+   (a logit moved by ~3e-5 between 1 and 2 rows here, enough to flip a greedy tie or a sample).
+   Weights are packed once into panels of FPANEL columns: [panel][k][FPANEL], the last panel's missing columns zero. */
+
+#if defined(__AVX512F__)
+#define FPANEL 32
+#define FMR 12
+#define FISA "avx512"
+#elif defined(__AVX2__) && defined(__FMA__)
+#define FPANEL 16
+#define FMR 6
+#define FISA "avx2"
+#else
+#define FPANEL 16
+#define FMR 4
+#define FISA "portable"
+#endif
+
+const char *fixlab_f32_isa(void) { return FISA; }
+
+int64_t fixlab_f32_packed_size(int64_t n, int64_t k) { return (n + FPANEL - 1) / FPANEL * FPANEL * k; }
+
+void fixlab_f32_pack(const float *w, int64_t n, int64_t k, int64_t ldw, float *packed, int threads) {
+    const int64_t panels = (n + FPANEL - 1) / FPANEL;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < panels; p++) {
+        float *dst = packed + p * FPANEL * k;
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int64_t c = 0; c < FPANEL; c++) {
+                const int64_t col = p * FPANEL + c;
+                dst[kk * FPANEL + c] = col < n ? w[col * ldw + kk] : 0.0f;
+            }
+    }
+}
+
+static inline __attribute__((always_inline)) void ftile(const float *x, int64_t ldx, const int mr, const float *wp,
+                                                        int64_t k, float *acc) {
+#if defined(__AVX512F__)
+    __m512 a[FMR][2];
+#pragma GCC unroll 12
+    for (int r = 0; r < FMR; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < k; kk++) {
+        const __m512 w0 = _mm512_loadu_ps(wp + kk * FPANEL), w1 = _mm512_loadu_ps(wp + kk * FPANEL + 16);
+#pragma GCC unroll 12
+        for (int r = 0; r < FMR; r++) {
+            if (r < mr) {
+                const __m512 b = _mm512_set1_ps(x[r * ldx + kk]);
+                a[r][0] = _mm512_fmadd_ps(b, w0, a[r][0]);
+                a[r][1] = _mm512_fmadd_ps(b, w1, a[r][1]);
+            }
+        }
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < FMR; r++)
+        if (r < mr) { _mm512_storeu_ps(acc + r * FPANEL, a[r][0]); _mm512_storeu_ps(acc + r * FPANEL + 16, a[r][1]); }
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 a[FMR][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < FMR; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (int64_t kk = 0; kk < k; kk++) {
+        const __m256 w0 = _mm256_loadu_ps(wp + kk * FPANEL), w1 = _mm256_loadu_ps(wp + kk * FPANEL + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < FMR; r++) {
+            if (r < mr) {
+                const __m256 b = _mm256_set1_ps(x[r * ldx + kk]);
+                a[r][0] = _mm256_fmadd_ps(b, w0, a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(b, w1, a[r][1]);
+            }
+        }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < FMR; r++)
+        if (r < mr) { _mm256_storeu_ps(acc + r * FPANEL, a[r][0]); _mm256_storeu_ps(acc + r * FPANEL + 8, a[r][1]); }
+#else
+    for (int r = 0; r < mr; r++) {
+        float s[FPANEL] = {0};
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int c = 0; c < FPANEL; c++) s[c] = fmaf(x[r * ldx + kk], wp[kk * FPANEL + c], s[c]);
+        for (int c = 0; c < FPANEL; c++) acc[r * FPANEL + c] = s[c];
+    }
+#endif
+}
+
+/* x: M x K rows `ldx` apart; packed: from fixlab_f32_pack; bias: N or NULL; y: M x N rows `ldy` apart. */
+void fixlab_f32_matmul(const float *x, int64_t m, int64_t k, int64_t ldx, const float *packed, int64_t n,
+                       const float *bias, float *y, int64_t ldy, int threads) {
+    const int64_t panels = (n + FPANEL - 1) / FPANEL, row_blocks = (m + FMR - 1) / FMR;
+    const int64_t split = panels >= 4 * threads || row_blocks < 2 ? 1 : (row_blocks < threads ? row_blocks : threads);
+#pragma omp parallel num_threads(threads) if (m * n * k >= 262144)
+    {
+        float acc[FMR * FPANEL];
+#pragma omp for schedule(static) collapse(2)
+        for (int64_t s = 0; s < split; s++)
+            for (int64_t p = 0; p < panels; p++) {
+                const float *wp = packed + p * FPANEL * k;
+                const int64_t n0 = p * FPANEL, cols = n - n0 < FPANEL ? n - n0 : FPANEL;
+                const int64_t b0 = row_blocks * s / split, b1 = row_blocks * (s + 1) / split;
+                for (int64_t rb = b0; rb < b1; rb++) {
+                    const int64_t m0 = rb * FMR;
+                    const int mr = m - m0 < FMR ? (int)(m - m0) : FMR;
+                    const float *xr = x + m0 * ldx;
+                    switch (mr) { /* one specialisation per row count, so the tile's loops unroll into registers */
+                        case 1: ftile(xr, ldx, 1, wp, k, acc); break;
+                        case 2: ftile(xr, ldx, 2, wp, k, acc); break;
+                        case 3: ftile(xr, ldx, 3, wp, k, acc); break;
+                        case 4: ftile(xr, ldx, 4, wp, k, acc); break;
+#if FMR > 4
+                        case 5: ftile(xr, ldx, 5, wp, k, acc); break;
+#endif
+#if FMR > 6
+                        case 6: ftile(xr, ldx, 6, wp, k, acc); break;
+                        case 7: ftile(xr, ldx, 7, wp, k, acc); break;
+                        case 8: ftile(xr, ldx, 8, wp, k, acc); break;
+                        case 9: ftile(xr, ldx, 9, wp, k, acc); break;
+                        case 10: ftile(xr, ldx, 10, wp, k, acc); break;
+                        case 11: ftile(xr, ldx, 11, wp, k, acc); break;
+#endif
+                        default: ftile(xr, ldx, FMR, wp, k, acc);
+                    }
+                    for (int r = 0; r < mr; r++) {
+                        float *yr = y + (m0 + r) * ldy + n0;
+                        const float *ar = acc + r * FPANEL;
+                        if (bias)
+                            for (int64_t c = 0; c < cols; c++) yr[c] = ar[c] + bias[n0 + c];
+                        else
+                            for (int64_t c = 0; c < cols; c++) yr[c] = ar[c];
+                    }
+                }
+            }
+    }
 }

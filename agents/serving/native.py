@@ -95,6 +95,14 @@ def _build(isa: str) -> ctypes.CDLL | None:
     lib.fixlab_int8_pack.restype = None
     lib.fixlab_int8_matmul.argtypes = [p, i64, i64, i64, p, p, i64, p, p, p, p, i64, ctypes.c_int]
     lib.fixlab_int8_matmul.restype = None
+    lib.fixlab_f32_isa.restype = ctypes.c_char_p
+    lib.fixlab_f32_isa.argtypes = []
+    lib.fixlab_f32_packed_size.restype = i64
+    lib.fixlab_f32_packed_size.argtypes = [i64, i64]
+    lib.fixlab_f32_pack.argtypes = [p, i64, i64, i64, p, ctypes.c_int]
+    lib.fixlab_f32_pack.restype = None
+    lib.fixlab_f32_matmul.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, ctypes.c_int]
+    lib.fixlab_f32_matmul.restype = None
     return lib
 
 
@@ -164,6 +172,28 @@ class PackedInt8:
                                     self.colsum.data_ptr(), self.n, xs.data_ptr(), ws.data_ptr(),
                                     None if bias is None else bias.data_ptr(), y.data_ptr(), self.n,
                                     torch.get_num_threads())
+        return y
+
+
+class PackedF32:
+    """An N x K float32 matrix packed for fixlab's float32 matmul (kernels.c section 4): every output is one fused
+    multiply-add chain over K in order, so a row's result is the same at any number of rows (BLAS's is not)."""
+
+    def __init__(self, w: torch.Tensor, isa: str | None = None):
+        self.lib = library(isa)
+        n, k = w.shape
+        w = w.detach().float().contiguous()
+        self.n, self.k = n, k
+        self.data = torch.empty(self.lib.fixlab_f32_packed_size(n, k), dtype=torch.float32)
+        self.lib.fixlab_f32_pack(w.data_ptr(), n, k, k, self.data.data_ptr(), torch.get_num_threads())
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """float32 (M, N) = x @ w.T + bias for x (M, K) float32 with unit column stride."""
+        m = x.shape[0]
+        y = torch.empty((m, self.n), dtype=torch.float32)
+        self.lib.fixlab_f32_matmul(x.data_ptr(), m, self.k, x.stride(0), self.data.data_ptr(), self.n,
+                                   None if bias is None else bias.data_ptr(), y.data_ptr(), self.n,
+                                   torch.get_num_threads())
         return y
 
 

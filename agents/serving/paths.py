@@ -58,6 +58,10 @@ class Choice:
     reason: str = ""
     matmul_ms: dict = field(default_factory=dict)  # path -> {rows: ms of a decode step's matmuls}
     decode_tok_s: dict = field(default_factory=dict)  # runtime -> decode tokens/s of 32 real requests (step 2)
+    # whether a row's answer depends only on its own prompt, seed and temperature (set by the model once loaded:
+    # TransformersModel.repeats; llama.cpp's does not, measured: agents/serving/README.md)
+    deterministic: bool = False
+    why_not: str = ""  # what keeps it from repeating, when it does not
 
     def plan(self):
         from .int8 import Int8Plan
@@ -78,7 +82,13 @@ class Choice:
                "dtype": self.dtype if self.runtime == "engine" else "gguf"}
         if self.runtime == "engine" and self.weights == "int8":
             out["int8_kernel"] = self.plan().describe()
+        out["deterministic"] = bool(self.deterministic)
         return out
+
+    def repeat_words(self) -> str:
+        """The path line's last words: whether a rerun gives the same answers."""
+        return ("answers repeat bit for bit (batch-invariant kernels)" if self.deterministic
+                else f"answers may differ between reruns ({self.why_not or 'not batch-invariant'})")
 
 
 # ---- the model's shapes ---------------------------------------------------------------------------------------------
@@ -98,6 +108,7 @@ def model_shapes(config) -> dict:
 # Timed for the record by benchmarks/paths.py, never chosen: FBGEMM's dynamic int8 linear rounds each input tensor
 # with one scale and zero point (and 7-bit activations on x86), so a row's answer would depend on what shares its batch.
 REFERENCE_PATHS = ("int8:fbgemm",)
+UNREPEATABLE_PATHS = ("bfloat16",)
 
 
 def matmul_paths(cpu: dict | None = None) -> list[str]:
@@ -124,6 +135,7 @@ def _linears(path: str, shapes: list[tuple[int, int]], copies: int) -> list[list
     weight the way `path` does in the engine (the int8 ones with the engine's Int8Linear)."""
     import torch
 
+    from . import native
     from .engine import _skinny_linear
     from .int8 import Int8Linear, Int8Plan
 
@@ -160,6 +172,10 @@ def _linears(path: str, shapes: list[tuple[int, int]], copies: int) -> list[list
             lin.weight = torch.nn.Parameter(first[i].clone(), requires_grad=False)
             if path == "bfloat16":
                 mods.append((lambda m: lambda x: m(x.to(torch.bfloat16)))(lin.to(torch.bfloat16)))
+            elif native.available():  # the engine's float32 linears: fixlab's packed, batch-invariant kernel (f32.py)
+                from .f32 import PackedLinear
+
+                mods.append(PackedLinear(lin, first[i]))
             else:
                 mods.append((lambda m: lambda x: _skinny_linear(m, x))(lin))
             del lin
@@ -273,13 +289,19 @@ def choose(table: dict, decode_rows: int = DECODE_ROWS, prefill_rows: int = PREF
             return int8[k].get(m)
         return table[path].get(m)
 
+    # bf16's answers do not repeat across batches (a row's last bits depend on its batch): timed and shown, chosen
+    # only when asked for (dtype=bfloat16)
     ranked = {p: step_ms(p, decode_rows) for p in (["int8"] if int8 else []) + [p for p in table
-                                                                              if not p.startswith("int8:")]}
+                                                                              if not p.startswith("int8:")]
+              if p not in UNREPEATABLE_PATHS}
     ranked = {p: ms for p, ms in ranked.items() if ms is not None}
     if not ranked:
         raise ValueError(f"no matmul path was timed at {decode_rows} rows")
     win = min(ranked, key=ranked.get)
-    figures = ", ".join(f"{p} {decode_rows * 1000 / ms:.0f}" for p, ms in sorted(ranked.items(), key=lambda kv: kv[1]))
+    shown = {**ranked, **{p: step_ms(p, decode_rows) for p in UNREPEATABLE_PATHS if p in table
+                          and step_ms(p, decode_rows) is not None}}
+    figures = ", ".join(f"{p}{' (does not repeat)' if p in UNREPEATABLE_PATHS else ''} {decode_rows * 1000 / ms:.0f}"
+                        for p, ms in sorted(shown.items(), key=lambda kv: kv[1]))
     reason = f"matmuls alone at {decode_rows} rows, tokens/s: {figures}"
     return Choice(weights="int8" if win == "int8" else "dtype", dtype="float32" if win in ("int8", "float32")
                   else win, int8=plan if win == "int8" else None, reason=reason, matmul_ms=table)

@@ -108,14 +108,19 @@ def _build_local(cfg: TransformersModelConf):
         return _llamacpp(cfg, None, "runtime=llamacpp as configured")
     if not runtime_eligible(cfg):
         model = TransformersModel(cfg)
-        say(f"path: {model.choice.label()}: {model.choice.reason}")
+        say(f"path: {model.choice.label()}: {model.choice.reason}; {model.choice.repeat_words()}")
         return model
     shapes = shapes_for(cfg)
     key, ident = cache_key(shapes, "runtime", {"engine": _engine_ident(cfg)})
     cached = read_cached(key)
-    if cached is not None and cached.get("runtime") == "llamacpp":
-        return _llamacpp(cfg, cached, _runtime_reason(cached))
     model = TransformersModel(cfg)
+    if model.choice.deterministic:
+        # the engine repeats its answers and llama.cpp does not (its sums depend on which slots share a batch:
+        # benchmarks/results/invariance-*-llamacpp.json), so auto never picks it and need not race it
+        model.choice.reason = (f"{model.choice.reason}; runtime: the engine (llama.cpp not raced: its answers do not "
+                               "repeat across slots; runtime=llamacpp serves it when asked)")
+        say(f"path: {model.choice.label()}: {model.choice.reason}; {model.choice.repeat_words()}")
+        return model
     if cached is None:
         say("measuring fixlab's engine against llama.cpp on the same pack (once; cached)")
         rates = {"engine": _rates(model, int(cfg.max_batch), 24)}
@@ -137,13 +142,13 @@ def _build_local(cfg: TransformersModelConf):
                   "job_mix": job_mix(), "engine_path": model.choice.label(), "rows": int(cfg.max_batch),
                   **({"llamacpp_error": error} if error else {})}
         write_cached(key, ident, cached)
-        if cached["runtime"] == "llamacpp":
-            model.close()
-            return _llamacpp(cfg, cached, _runtime_reason(cached))
+    if cached["runtime"] == "llamacpp":
+        model.close()
+        return _llamacpp(cfg, cached, _runtime_reason(cached))
     model.choice.runtime = "engine"
     model.choice.decode_tok_s = {k: r["decode"] for k, r in cached["rates"].items()}
     model.choice.reason = f"{_runtime_reason(cached)}; {model.choice.reason}"
-    say(f"path: {model.choice.label()}: {model.choice.reason}")
+    say(f"path: {model.choice.label()}: {model.choice.reason}; {model.choice.repeat_words()}")
     return model
 
 
@@ -171,6 +176,8 @@ def _llamacpp(cfg: TransformersModelConf, cached: dict | None, reason: str):
 
     model = LlamaCppModel(llamacpp_conf(cfg))
     model.choice = Choice(weights="gguf", dtype="gguf", int8=None, runtime="llamacpp", reason=reason,
+                          why_not="llama.cpp's sums depend on which slots share a batch (measured: "
+                                  "agents/serving/README.md)",
                           decode_tok_s={k: r["decode"] for k, r in (cached or {}).get("rates", {}).items()})
-    say(f"path: {model.choice.label()}: {reason}")
+    say(f"path: {model.choice.label()}: {reason}; {model.choice.repeat_words()}")
     return model

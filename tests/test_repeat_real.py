@@ -1,0 +1,90 @@
+"""Readings that repeat where users rely on them, with a real model (the SmolLM2 pack in float32 through fixlab's
+engine, whose path repeats): a job stopped by SIGTERM and resumed at another batch limit gives the answers of one
+that ran through, and two nightly runs of unchanged code flag nothing and differ in no answer."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, base_env, needs_data
+
+pytestmark = [pytest.mark.slow, needs_data]
+
+JOB = ("model=smollm2-135m", "dataset.limit=8", "iters=1", "cache=false", "temperature=0.7", "runner.workers=8")
+
+
+def _cmd(tmp: Path, *args: str, module: str = "flows.evaluate") -> list[str]:
+    return [sys.executable, "-m", module, f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+            f"tracking.artifacts={tmp}/artifacts", f"hydra.run.dir={tmp}/outputs", *args]
+
+
+def _answers(tmp: Path) -> dict[str, list]:
+    """Every task's attempts (code, verdict, tokens) from the run's state files."""
+    out = {}
+    for f in sorted((tmp / "state").glob("*/tasks/*.json")):
+        t = json.loads(f.read_text())
+        out[t["task_id"]] = [(a.get("code"), a.get("passed"), a.get("completion_tokens")) for a in t["attempts"]]
+    return out
+
+
+def test_a_job_stopped_by_sigterm_and_resumed_gives_the_answers_of_one_that_ran_through(tmp_path, prefect_api):
+    env = base_env(tmp_path)
+    env["PREFECT_API_URL"] = prefect_api
+    through = tmp_path / "through"
+    p = subprocess.run(_cmd(through, *JOB), cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "answers repeat bit for bit" in p.stderr  # the path line says so
+    assert json.loads(p.stdout.strip().splitlines()[-1])["total"] == 8
+
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen(_cmd(stopped, *JOB, "model.max_batch=3"), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while len(list((stopped / "state").glob("*/tasks/*.json"))) < 2:
+        assert proc.poll() is None, proc.stderr.read()[-2000:]
+        assert time.monotonic() < deadline, "no task finished in time"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 130
+    done = len(list((stopped / "state").glob("*/tasks/*.json")))
+    assert done < 8, "the job finished before it could be stopped"
+    p = subprocess.run(_cmd(stopped, *JOB, "model.max_batch=5", "resume=last"), cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert _answers(stopped) == _answers(through)
+
+
+def test_two_nightly_runs_of_unchanged_code_flag_nothing(tmp_path, prefect_api):
+    env = base_env(tmp_path)
+    env["PREFECT_API_URL"] = prefect_api
+    common = ("model=smollm2-135m", "dataset.limit=6")
+    reports = []
+    for extra in ((), ("model.max_batch=2",)):  # the second at another batch limit: a neutral knob
+        p = subprocess.run(_cmd(tmp_path, "run", *common, *extra, module="flows.nightly"), cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-2000:]
+        reports.append(p.stdout)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("humanevalfix-nightly")
+    runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+    assert len(runs) == 2 and runs[1].data.tags["fixlab.nightly.verdict"] == "ok"
+    assert runs[1].data.params["serving.deterministic"] == "True"
+    report = json.loads(Path(client.download_artifacts(runs[1].info.run_id, "nightly/regression_report.json",
+                                                       str(tmp_path))).read_text())
+    assert report["baseline"]["run_id"] == runs[0].info.run_id
+    assert report["pass_to_fail"] == [] and report["fail_to_pass"] == [] and report["pass@1_delta"] == 0
+    # not only the verdicts: every answer of every task
+    states = sorted((tmp_path / "state").iterdir(), key=lambda d: d.stat().st_mtime)
+    answers = []
+    for d in states:
+        trajs = [json.loads(f.read_text()) for f in d.glob("tasks/*.json")]
+        answers.append({t["task_id"]: [a.get("code") for a in t["attempts"]] for t in trajs})
+    assert len(answers) == 2 and answers[0] == answers[1] and len(answers[0]) == 6
