@@ -194,7 +194,7 @@ def builds(a) -> list[dict]:
         for phase, calls in d["calls"].items():
             for src in compare(ref["calls"][phase], calls):
                 agg[kind(src["module"])] = max(agg[kind(src["module"])], src["max_abs"])
-        rows.append({"layout": f"build {name} against native", "sources": dict(agg),
+        rows.append({"layout": f"build {name} against native", "sources": dict(agg) or "none",
                      "tokens_equal": d["tokens"] == ref["tokens"]})
         print(f"{rows[-1]['layout']:28s} tokens {'same' if rows[-1]['tokens_equal'] else 'DIFFER'}; sources: "
               + ", ".join(f"{k} {v:.2g}" for k, v in sorted(agg.items(), key=lambda kv: -kv[1])))
@@ -354,7 +354,7 @@ def main() -> None:
         if a.verbose:
             for ph, d in phases.items():
                 print("   ", ph, {k: f"{v:.2g}" for k, v in d.items()})
-        row = {"layout": label, "batch": len(order), "position": at, "sources": dict(agg),
+        row = {"layout": label, "batch": len(order), "position": at, "sources": dict(agg) or "none",
                "logits_max_abs": logit_diff, "tokens_equal": r["tokens"] == alone["tokens"]}
         results.append(row)
         print(f"{label:28s} logits max|d| {logit_diff:.3g} tokens {'same' if row['tokens_equal'] else 'DIFFER'}; "

@@ -120,7 +120,8 @@ def open_client(uri: str):
     os.environ["MLFLOW_ENABLE_ASYNC_TRACE_LOGGING"] = "false"
     db = sqlite_path(uri)
     if db is None:
-        return reachable(MlflowClient(_with_driver(uri)), uri)
+        probe(_with_driver(uri))  # before MLflow, which retries a dead store for a minute, a traceback a try
+        return MlflowClient(uri)
     db.parent.mkdir(parents=True, exist_ok=True)
     lock = store_lock(db)
     with _holding(lock, "creating the MLflow store"):
@@ -149,17 +150,33 @@ def _with_driver(uri: str) -> str:
     return uri
 
 
-def reachable(client, uri: str):
-    """The client, once its store answered one read; else one line naming the store and the fix (a database or
-    tracking server that is down, a wrong host or password), instead of MLflow's retries and tracebacks."""
+def probe(uri: str, timeout_s: float = 5.0) -> None:
+    """One connection to a database store or one request to a tracking server's /health; on failure one line naming
+    the store and the fix (down, wrong host or password), instead of MLflow's retries and tracebacks."""
     shown = re.sub(r"//([^:/@]+):[^@/]+@", r"//\1:***@", uri)  # no password in the message
+    scheme = uri.split(":", 1)[0].lower()
     try:
-        client.search_experiments(max_results=1)
-    except Exception as e:  # noqa: BLE001 - SQLAlchemy, requests and MLflow each raise their own
+        if scheme in ("http", "https"):
+            import urllib.error
+            import urllib.request
+
+            try:
+                urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s)
+            except urllib.error.HTTPError:
+                pass  # it answered: a server, if not on /health
+        elif scheme.partition("+")[0] in DRIVERS:
+            import sqlalchemy
+
+            args = {"connect_timeout": int(timeout_s)} if scheme.startswith("postgresql") else {}
+            engine = sqlalchemy.create_engine(uri, connect_args=args)
+            try:
+                engine.connect().close()
+            finally:
+                engine.dispose()
+    except Exception as e:  # noqa: BLE001 - urllib, SQLAlchemy and the drivers each raise their own
         first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:200]
         raise ConfigError(f"cannot reach the MLflow store {shown}: {first}; fix: start the database or `mlflow "
                           "server` it names, or point tracking.uri elsewhere") from None
-    return client
 
 
 def _serialize_writes(store, lock) -> None:

@@ -168,6 +168,14 @@ def test_a_rows_logits_are_bit_identical_alone_and_in_padded_batches(folder):
         alone = logits([0], 0)
         for order, at in (([0, 1], 0), ([3, 0], 1), ([2, 3, 0], 2), ([1, 2, 3, 0, 1, 2, 3, 0], 3)):
             assert all(torch.equal(a, b) for a, b in zip(alone, logits(order, at))), (order, at)
+        # nor on how many threads share the work (a job's fair share of the cores depends on what else runs)
+        threads = torch.get_num_threads()
+        try:
+            for n in {1, 2, 3} - {threads}:
+                torch.set_num_threads(n)
+                assert all(torch.equal(a, b) for a, b in zip(alone, logits([2, 3, 0], 2))), n
+        finally:
+            torch.set_num_threads(threads)
     finally:
         m.close()
 

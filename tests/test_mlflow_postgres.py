@@ -3,6 +3,7 @@ runner=dask), each run FINISHED with every task's artifact; a store that cannot 
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -100,8 +101,12 @@ def test_four_jobs_at_once_log_to_an_mlflow_server_on_postgresql(mlflow_server, 
         assert len(tasks) == 4, (r.info.run_name, tasks)
 
 
-@pytest.mark.parametrize("uri", ["postgresql://postgres@127.0.0.1:{port}/mlflow", "http://127.0.0.1:{port}"])
-def test_a_store_that_cannot_be_reached_is_one_line(uri, tmp_path):
+@pytest.mark.parametrize("uri,says", [("postgresql://postgres@127.0.0.1:{port}/mlflow", "cannot reach the MLflow store"),
+                                      ("http://127.0.0.1:{port}", "cannot reach the MLflow store"),
+                                      ("mysql://u@127.0.0.1:{port}/mlflow", "its driver pymysql is not installed"
+                                       if importlib.util.find_spec("pymysql") is None
+                                       else "cannot reach the MLflow store")])
+def test_a_store_that_cannot_be_reached_is_one_line(uri, says, tmp_path):
     uri = uri.format(port=free_port())  # nothing listens there
     p = subprocess.run([sys.executable, "-m", "flows.evaluate", "model=canonical", "dataset.limit=1",
                         f"tracking.uri={uri}", f"tracking.artifacts={tmp_path}/artifacts",
@@ -110,4 +115,4 @@ def test_a_store_that_cannot_be_reached_is_one_line(uri, tmp_path):
     assert p.returncode != 0
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert "Traceback" not in p.stderr, p.stderr[-2000:]
-    assert "cannot reach the MLflow store" in lines[-1] and "fix:" in lines[-1], lines[-3:]
+    assert says in lines[-1] and "fix:" in lines[-1], lines[-3:]

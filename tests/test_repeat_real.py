@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.slow, needs_data]
 JOB = ("model=smollm2-135m", "dataset.limit=8", "iters=1", "cache=false", "temperature=0.7", "runner.workers=8")
 
 
-def _cmd(tmp: Path, *args: str, module: str = "flows.evaluate") -> list[str]:
-    return [sys.executable, "-m", module, f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+def _cmd(tmp: Path, *args: str, module: str = "flows.evaluate", command: tuple = ()) -> list[str]:
+    return [sys.executable, "-m", module, *command, f"tracking.uri=sqlite:///{tmp}/mlflow.db",
             f"tracking.artifacts={tmp}/artifacts", f"hydra.run.dir={tmp}/outputs", *args]
 
 
@@ -66,7 +66,7 @@ def test_two_nightly_runs_of_unchanged_code_flag_nothing(tmp_path, prefect_api):
     common = ("model=smollm2-135m", "dataset.limit=6")
     reports = []
     for extra in ((), ("model.max_batch=2",)):  # the second at another batch limit: a neutral knob
-        p = subprocess.run(_cmd(tmp_path, "run", *common, *extra, module="flows.nightly"), cwd=REPO, env=env,
+        p = subprocess.run(_cmd(tmp_path, *common, *extra, module="flows.nightly", command=("run",)), cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=900)
         assert p.returncode == 0, p.stderr[-3000:] + p.stdout[-2000:]
         reports.append(p.stdout)
