@@ -10,6 +10,7 @@ EXTRAS = {
     "llamacpp": ("xllamacpp",),  # llama.cpp embedded in the job (agents/serving/llamacpp.py)
     "e2b": ("e2b_code_interpreter",),  # sandbox=e2b
     "dask": ("prefect_dask", "distributed"),  # runner=dask
+    "postgres": ("psycopg2",),  # an MLflow store on PostgreSQL (flows/tracking.py)
 }
 
 

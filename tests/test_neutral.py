@@ -40,13 +40,17 @@ def test_what_changes_answers_changes_the_cache_key(tmp_path):
 
 def test_dtype_auto_is_keyed_by_what_it_resolves_to(tmp_path, monkeypatch):
     import agents.serving.devices as devices
+    import agents.serving.native as native
 
     keys = {}
-    for native in (True, False):
-        monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda native=native: native)
-        keys[native] = key(tmp_path, model={"dtype": "auto", "device": "cpu"})
-    assert keys[True] == key(tmp_path, model={"dtype": "bfloat16", "device": "cpu"})
-    assert keys[False] == key(tmp_path, model={"dtype": "float32", "device": "cpu"})
+    for kernels in (True, False):  # fixlab's compiled kernels: float32, whose answers repeat; else bf16 if native
+        monkeypatch.setattr(native, "available", lambda kernels=kernels: kernels)
+        for bf16 in (True, False):
+            monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda bf16=bf16: bf16)
+            keys[kernels, bf16] = key(tmp_path, model={"dtype": "auto", "device": "cpu"})
+    fp32 = key(tmp_path, model={"dtype": "float32", "device": "cpu"})
+    assert keys[True, True] == keys[True, False] == keys[False, False] == fp32
+    assert keys[False, True] == key(tmp_path, model={"dtype": "bfloat16", "device": "cpu"})
 
 
 def test_sweep_labels_name_jobs_by_what_changes_answers():
