@@ -51,6 +51,9 @@ def load_tasks(cfg: DatasetConf) -> list[Task]:
             raise DatasetError(f"{source}: task_id {t.task_id!r} appears twice; each task must be unique")
         seen.add(t.task_id)
     wanted = cfg.task_ids
+    if wanted is not None and not wanted:  # [] selects nothing: not "every task"
+        raise DatasetError("dataset.task_ids=[] selects no task; fix: name some (dataset.task_ids=[Python/0]) or "
+                           "drop it (null runs every task)")
     if wanted:
         wanted = [str(w) for w in wanted]
         by_id = {t.task_id: t for t in tasks}

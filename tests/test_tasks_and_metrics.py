@@ -21,6 +21,8 @@ def test_selection_by_limit_and_task_ids():
     assert "encode_cyclic" in got[0].declaration  # helpers stay with the task
     with pytest.raises(DatasetError, match="Python/999"):
         load_tasks(DatasetConf(path=str(DATA), task_ids=["Python/999"]))
+    with pytest.raises(DatasetError, match=r"task_ids=\[\] selects no task"):  # not silently all 164
+        load_tasks(DatasetConf(path=str(DATA), task_ids=[]))
 
 
 @needs_data

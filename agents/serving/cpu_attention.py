@@ -22,8 +22,8 @@ attention-20261128T001409Z). Prefill (more query tokens) widens the cache and ke
 
 With the float16 KV cache every fp32 step takes the compiled kernel, prefill included (a long prompt in blocks of
 query positions): one kernel for prefill, decode and draft checks, whose sums per query are fixed by the row's own
-tokens, so a row's answer does not depend on its batch, its padding or a prefix hit (kernels.c section 2; a prefill
-of 900 tokens on the 1.5B pack took 1.9 s against 2.1 with SDPA here). Other dtypes go to transformers' SDPA. bf16
+tokens, so a row's answer does not depend on its batch, its padding or a prefix hit (kernels.c section 2; make eval's
+job took no longer with it: benchmarks/results/repeat-*.json). Other dtypes go to transformers' SDPA. bf16
 scores would be rounded before the softmax (8 bits of mantissa on logits up to ~30), so bf16 stays on SDPA.
 Numerics: fp32 results agree with SDPA to about 1e-6 (tests/test_models_engine.py: against SDPA, and greedy answers
 with this path on and off).
