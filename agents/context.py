@@ -17,7 +17,7 @@ from sandboxes.base import Sandbox
 from .config import PROTOCOLS, AgentConfig, round_seed, round_temperature
 from .extract import code_blocks, extract_candidate, normalise
 from .feedback import raw_feedback, shape_feedback
-from .models.base import GenRequest, Model
+from .models.base import GenRequest, Model, ModelUnreachable
 from .patch import OPEN, answers_as_patches, apply_patch, closed
 from .types import Attempt, ModelCall, Task
 
@@ -85,6 +85,8 @@ class Context:
         t0 = time.perf_counter()
         try:
             gen = self.model.generate(req)
+        except ModelUnreachable:  # no answer at all (the server is down): the task ends in an error, resumable
+            raise
         except Exception as e:  # one failed request fails this round, not the run
             return ModelCall(messages=req.messages, output="", seconds=round(time.perf_counter() - t0, 3),
                              temperature=temperature, seed=seed, error=f"{type(e).__name__}: {e}")

@@ -121,6 +121,20 @@ def test_model_error_costs_the_round_only():
     assert "ran out" in traj.attempts[1].calls[0].error and traj.error is None
 
 
+def test_a_model_that_cannot_be_reached_ends_the_task_in_an_error_not_a_wrong_answer():
+    """A server that died gave no answer: the task is an error (resume runs it again), not a failed round."""
+    from agents.models.base import ModelUnreachable
+
+    class DiesAfterOne(ScriptedModel):
+        def generate(self, request):
+            if self.requests:
+                raise ModelUnreachable("http://127.0.0.1:8000/v1/chat/completions failed after 2 attempts")
+            return super().generate(request)
+
+    traj = run_agent(task(2), DiesAfterOne([fenced(WRONG_A)]), sandbox(), agent(strategy="reflection", iters=1))
+    assert traj.error is not None and "ModelUnreachable" in traj.error and len(traj.attempts) == 1
+
+
 def test_syntax_path_off_runs_the_code_and_shows_the_error():
     traj, model = run([fenced(SIG + "    return number %% 1.0 +\n"), fenced(FIX)], strategy="reflection", iters=1,
                       syntax_path=False)

@@ -45,6 +45,12 @@ class ModelUnavailable(RuntimeError):
 
 
 # Shared by every backend: one request's context check and stop-string trimming.
+class ModelUnreachable(RuntimeError):
+    """The model's server could not be reached, or kept failing through every retry (refused connections, timeouts,
+    5xx, rate limits): no answer was given, so the task ends in an error that `resume=last` runs again; it is not a
+    wrong answer of the model's (agents/context.py lets it through; other request errors cost the round only)."""
+
+
 class RequestError(RuntimeError):
     """This request cannot be generated (too long for the context, failed forward). One line."""
 

@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from .base import Generation, GenRequest, ModelUnavailable, cut_at_stop
+from .base import Generation, GenRequest, ModelUnavailable, ModelUnreachable, cut_at_stop
 from .config import OpenAIModelConf
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,10 @@ RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529}
 
 class OpenAIError(RuntimeError):
     """The endpoint refused or kept failing this request. One line."""
+
+
+class OpenAIUnreachable(OpenAIError, ModelUnreachable):
+    """The endpoint kept failing (transport errors or retryable statuses) through every retry."""
 
 
 class OpenAIModel:
@@ -117,7 +121,7 @@ class OpenAIModel:
                 self.stats["retries"] += 1
                 log.warning("%s: %s; retry %d/%d in %.1fs", self.name, last, attempt + 1, self.max_retries, wait)
                 time.sleep(min(wait, self.backoff_max_s))
-        raise OpenAIError(f"{url} failed after {self.max_retries + 1} attempts (last: {last})")
+        raise OpenAIUnreachable(f"{url} failed after {self.max_retries + 1} attempts (last: {last})")
 
     def _parse(self, r: httpx.Response, req: GenRequest, seconds: float) -> Generation:
         try:
