@@ -110,9 +110,6 @@ def _build_local(cfg: TransformersModelConf):
         model = TransformersModel(cfg)
         say(f"path: {model.choice.label()}: {model.choice.reason}; {model.choice.repeat_words()}")
         return model
-    shapes = shapes_for(cfg)
-    key, ident = cache_key(shapes, "runtime", {"engine": _engine_ident(cfg)})
-    cached = read_cached(key)
     model = TransformersModel(cfg)
     if model.choice.deterministic:
         # the engine repeats its answers and llama.cpp does not (its sums depend on which slots share a batch:
@@ -121,6 +118,8 @@ def _build_local(cfg: TransformersModelConf):
                                "repeat across slots; runtime=llamacpp serves it when asked)")
         say(f"path: {model.choice.label()}: {model.choice.reason}; {model.choice.repeat_words()}")
         return model
+    key, ident = cache_key(shapes_for(cfg), "runtime", {"engine": _engine_ident(cfg)})
+    cached = read_cached(key)
     if cached is None:
         say("measuring fixlab's engine against llama.cpp on the same pack (once; cached)")
         rates = {"engine": _rates(model, int(cfg.max_batch), 24)}
