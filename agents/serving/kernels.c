@@ -721,18 +721,13 @@ void fixlab_int8_matmul(const int8_t *x, int64_t m, int64_t k, int64_t ldx, cons
 #if defined(__AVX512F__)
 #define FPANEL 32
 #define FMR 12
-#define FISA "avx512"
 #elif defined(__AVX2__) && defined(__FMA__)
 #define FPANEL 16
 #define FMR 6
-#define FISA "avx2"
 #else
 #define FPANEL 16
 #define FMR 4
-#define FISA "portable"
 #endif
-
-const char *fixlab_f32_isa(void) { return FISA; }
 
 int64_t fixlab_f32_packed_size(int64_t n, int64_t k) { return (n + FPANEL - 1) / FPANEL * FPANEL * k; }
 

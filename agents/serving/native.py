@@ -95,8 +95,6 @@ def _build(isa: str) -> ctypes.CDLL | None:
     lib.fixlab_int8_pack.restype = None
     lib.fixlab_int8_matmul.argtypes = [p, i64, i64, i64, p, p, i64, p, p, p, p, i64, ctypes.c_int]
     lib.fixlab_int8_matmul.restype = None
-    lib.fixlab_f32_isa.restype = ctypes.c_char_p
-    lib.fixlab_f32_isa.argtypes = []
     lib.fixlab_f32_packed_size.restype = i64
     lib.fixlab_f32_packed_size.argtypes = [i64, i64]
     lib.fixlab_f32_pack.argtypes = [p, i64, i64, i64, p, ctypes.c_int]

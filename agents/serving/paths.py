@@ -59,7 +59,7 @@ class Choice:
     matmul_ms: dict = field(default_factory=dict)  # path -> {rows: ms of a decode step's matmuls}
     decode_tok_s: dict = field(default_factory=dict)  # runtime -> decode tokens/s of 32 real requests (step 2)
     # whether a row's answer depends only on its own prompt, seed and temperature (set by the model once loaded:
-    # TransformersModel.repeats; llama.cpp's does not, measured: agents/serving/README.md)
+    # TransformersModel._why_not_repeatable; llama.cpp's does not, measured: agents/serving/README.md)
     deterministic: bool = False
     why_not: str = ""  # what keeps it from repeating, when it does not
 
@@ -289,19 +289,17 @@ def choose(table: dict, decode_rows: int = DECODE_ROWS, prefill_rows: int = PREF
             return int8[k].get(m)
         return table[path].get(m)
 
+    timed = {p: step_ms(p, decode_rows) for p in (["int8"] if int8 else []) + [p for p in table
+                                                                             if not p.startswith("int8:")]}
+    timed = {p: ms for p, ms in timed.items() if ms is not None}
     # bf16's answers do not repeat across batches (a row's last bits depend on its batch): timed and shown, chosen
     # only when asked for (dtype=bfloat16)
-    ranked = {p: step_ms(p, decode_rows) for p in (["int8"] if int8 else []) + [p for p in table
-                                                                              if not p.startswith("int8:")]
-              if p not in UNREPEATABLE_PATHS}
-    ranked = {p: ms for p, ms in ranked.items() if ms is not None}
+    ranked = {p: ms for p, ms in timed.items() if p not in UNREPEATABLE_PATHS}
     if not ranked:
         raise ValueError(f"no matmul path was timed at {decode_rows} rows")
     win = min(ranked, key=ranked.get)
-    shown = {**ranked, **{p: step_ms(p, decode_rows) for p in UNREPEATABLE_PATHS if p in table
-                          and step_ms(p, decode_rows) is not None}}
     figures = ", ".join(f"{p}{' (does not repeat)' if p in UNREPEATABLE_PATHS else ''} {decode_rows * 1000 / ms:.0f}"
-                        for p, ms in sorted(shown.items(), key=lambda kv: kv[1]))
+                        for p, ms in sorted(timed.items(), key=lambda kv: kv[1]))
     reason = f"matmuls alone at {decode_rows} rows, tokens/s: {figures}"
     return Choice(weights="int8" if win == "int8" else "dtype", dtype="float32" if win in ("int8", "float32")
                   else win, int8=plan if win == "int8" else None, reason=reason, matmul_ms=table)
