@@ -156,6 +156,54 @@ def hf_continuous(model, prompts, new_tokens, device, one_at_a_time=False):
     return {"tokens": sum(len(i) for i in ids), "wall_s": wall, "prefill_s": None, "decode_s": None, "ids": ids}
 
 
+def kept_run(kind, model, tok, prompts, new_tokens, batch, max_context, decode_ids=True):
+    """What fixlab serves through on a GPU (agents/serving/kept.py): transformers' continuous batching or its static
+    cache (compiled on a GPU), fed from `batch` threads at once as a job's workers feed it. Every batch width is run
+    once untimed first (a static cache compiles per width)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agents.serving.kept import ContinuousServer, StaticServer
+
+    kw = dict(eos_ids=set(), pad_id=0, max_context=max_context, max_batch=batch)
+    srv = ContinuousServer(model, tok, **kw) if kind == "continuous" else StaticServer(model, tok, gather_ms=200, **kw)
+    req = GenRequest(messages=(), max_new_tokens=new_tokens)
+    try:
+        with ThreadPoolExecutor(batch) as pool:
+            list(pool.map(lambda p: srv.generate(GenRequest(messages=(), max_new_tokens=2), p), prompts[:batch]))
+            _sync(model.device)
+            t0 = time.perf_counter()
+            gens = list(pool.map(lambda p: srv.generate(req, p), prompts) if batch > 1 else
+                        [srv.generate(req, p) for p in prompts])
+            _sync(model.device)
+            wall = time.perf_counter() - t0
+    finally:
+        srv.close()
+    ids = [[int(w[1:]) for w in g.text.split()] if decode_ids else g.text for g in gens]
+    return {"tokens": sum(g.completion_tokens for g in gens), "wall_s": wall, "prefill_s": None, "decode_s": None,
+            "ids": ids}
+
+
+def vllm_run(model, tok, prompts, new_tokens, batch, dtype):
+    """vLLM's offline engine on the same architecture and weights (saved to a folder), where vLLM is installed."""
+    import tempfile
+
+    from vllm import LLM, SamplingParams
+
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        tok.save_pretrained(d)
+        llm = LLM(model=d, dtype=str(dtype).replace("torch.", ""), max_num_seqs=batch, enforce_eager=False)
+        sp = SamplingParams(max_tokens=new_tokens, ignore_eos=True, temperature=0.0)
+        inputs = [{"prompt_token_ids": p} for p in prompts]
+        llm.generate(inputs[:batch], SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0))  # warm
+        t0 = time.perf_counter()
+        outs = llm.generate(inputs, sp) if batch > 1 else [llm.generate([i], sp)[0] for i in inputs]
+        wall = time.perf_counter() - t0
+        del llm
+    ids = [list(o.outputs[0].token_ids) for o in outs]
+    return {"tokens": sum(len(i) for i in ids), "wall_s": wall, "prefill_s": None, "decode_s": None, "ids": ids}
+
+
 BUGGY = '''from typing import List
 
 
@@ -250,6 +298,14 @@ def measure(model, tok, prompts, args, device, ctx, record, decode_ids=True):
     if args.hf_cb:
         record("transformers generate_batch 1", 1, _guarded(hf_continuous, model, prompts[: args.seq_prompts],
                                                              args.new_tokens, device, one_at_a_time=True))
+    kept = [("static", "fixlab's static cache + compile server"), ("continuous", "fixlab's continuous batching server")]
+    for b in (args.batches if args.kept or args.vllm else []):
+        group = prompts[: args.seq_prompts] if b == 1 else prompts[:b]
+        for kind, label in (kept if args.kept else []):
+            record(f"{label} {b}", b, _guarded(kept_run, kind, model, tok, group, args.new_tokens, b, ctx,
+                                               decode_ids))
+        if args.vllm:
+            record(f"vLLM {b}", b, _guarded(vllm_run, model, tok, group, args.new_tokens, b, model.dtype))
     for b in [b for b in args.batches if b > 1]:
         set_tuning(model, tune)
         record(f"engine batch {b}", b, _guarded(engine_run, model, tok, prompts[:b], args.new_tokens, b, ctx,
@@ -340,6 +396,9 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the cores we may use)")
     ap.add_argument("--hf-cb", action="store_true", help="also time transformers' generate_batch")
+    ap.add_argument("--kept", action="store_true", help="also time fixlab's servers on transformers' static cache "
+                    "(+ compile on a GPU) and continuous batching (agents/serving/kept.py), at every --batches width")
+    ap.add_argument("--vllm", action="store_true", help="also time vLLM's offline engine, where it is installed")
     ap.add_argument("--hf-batched", action="store_true", help="also time transformers generate on each batch as "
                     "one left-padded batch")
     ap.add_argument("--no-skinny", action="store_true", help="CPU: engine runs without skinny_matmul/sdpa_gqa")

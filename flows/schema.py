@@ -70,7 +70,7 @@ RUNNER_CONFS: dict[str, type[RunnerConf]] = {"threads": ThreadsRunnerConf, "dask
 # int8 kernel, which computes the same integer products either way.
 @dataclass
 class ServingParams:
-    runtime: str  # engine | llamacpp
+    runtime: str  # engine | llamacpp | continuous | static (transformers' batching, on a GPU)
     weights: str  # int8 | float32 | bfloat16 | gguf
     dtype: str  # the activations' dtype (gguf under llama.cpp)
     int8_kernel: str | None = field(default=None, metadata={"neutral": "bit-equal: which kernel, same products"})

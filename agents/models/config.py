@@ -45,7 +45,10 @@ class TransformersModelConf(ModelConf):
     # which kernel multiplies int8 weights: auto = measured on this machine per number of rows (agents/serving/
     # paths.py); torch = torch._int_mm; fixlab = fixlab's own (AVX-512 VNNI, AVX2 or portable)
     int8_kernel: str = field(default="auto", metadata={"neutral": "bit-equal: exact integer products either way"})
-    # engine = fixlab's engine; llamacpp = llama.cpp on a pack's GGUF; auto = the one measured faster here (packs)
+    # engine = fixlab's engine; llamacpp = llama.cpp on a pack's GGUF; continuous / static = transformers' continuous
+    # batching / static cache (+ torch.compile on a GPU; agents/serving/kept.py); auto = measured here: on a GPU the
+    # faster of continuous and static, on a CPU the engine (or, for a pack, llama.cpp where it is faster and the
+    # engine's answers would not repeat)
     runtime: str = "engine"
     # torch CPU threads; null = the cores this process may use (agents/serving/cores.py)
     threads: int | None = field(default=None, metadata={"neutral": SPEED})

@@ -26,7 +26,9 @@ from .devices import (DTYPES, KV_DTYPES, WEIGHTS, BadModelConfig, cpu_has_native
 
 
 class TransformersModel:
-    def __init__(self, cfg: TransformersModelConf):
+    def __init__(self, cfg: TransformersModelConf, runtime: str = "engine"):
+        """`runtime`: what batches the requests: fixlab's engine (engine.py) or transformers' own (kept.py:
+        continuous, static); runtime.py decides it."""
         import torch
 
         self.cfg = cfg
@@ -48,6 +50,7 @@ class TransformersModel:
             from .paths import resolve
 
             self.choice = resolve(cfg, self.device, self._cores.threads if self._cores else 1)
+            self.choice.runtime = runtime
             self.weights = self.choice.weights
             self.dtype = (resolve_dtype(cfg.dtype, self.device, self.weights) if self.weights == "int8"
                           else getattr(torch, self.choice.dtype))
@@ -59,8 +62,6 @@ class TransformersModel:
             if self._cores is not None:
                 self._cores.release()
             raise
-        self.choice.why_not = self._why_not_repeatable()
-        self.choice.deterministic = not self.choice.why_not
         if not getattr(self.tokenizer, "chat_template", None):
             raise ModelUnavailable(f"model {self.name!r} has no chat template: use an instruct/chat checkpoint")
         self.eos_ids = self._eos_ids()
@@ -72,17 +73,50 @@ class TransformersModel:
             torch.set_num_threads(self._cores.threads)
         self._lock = threading.Lock()  # the unbatched path runs one request at a time
         self.engine = None
-        if cfg.batching:
-            from .engine import BatchEngine
+        try:
+            self.use_runtime(runtime)
+        except BaseException:
+            if self._cores is not None:
+                self._cores.release()
+            raise
 
-            self.engine = BatchEngine(
-                self.model, self.tokenizer, eos_ids=self.eos_ids, max_context=self.max_context,
-                max_batch=int(cfg.max_batch), gather_ms=float(cfg.gather_ms),
-                max_prefill_tokens=int(cfg.max_prefill_tokens), pad_id=self.pad_id,
-                name=f"engine-{self.name}", prefix_cache_mib=float(cfg.prefix_cache_mib or 0),
-                draft_tokens=int(cfg.draft_tokens or 0), draft_ngram=int(cfg.draft_ngram),
-                draft_step_tokens=int(cfg.draft_step_tokens), kv_cache_mib=float(cfg.kv_cache_mib or 0),
-                heap_trim=bool(cfg.heap_trim), kv_dtype=self.kv_dtype)
+    def use_runtime(self, runtime: str) -> None:
+        """Serve through `runtime` (engine | continuous | static) from now on, on the weights already loaded (the
+        GPU race times each in turn); what served before is closed."""
+        from .kept import KEPT_RUNTIMES, ContinuousServer, StaticServer
+
+        cfg = self.cfg
+        if runtime not in ("engine",) + KEPT_RUNTIMES:
+            raise BadModelConfig(f"unknown runtime {runtime!r}: use auto, engine, llamacpp, continuous or static")
+        if runtime != "engine" and not cfg.batching:
+            raise BadModelConfig(f"runtime={runtime} batches requests itself: drop batching=false, or use "
+                                 "runtime=engine")
+        if (runtime == "engine") != (self.choice.runtime == "engine"):
+            # the engine's CPU kernels are installed at load (_load) and transformers' batching cannot run on them
+            raise ValueError(f"runtime {runtime} needs the model loaded for it, not for {self.choice.runtime}")
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        if cfg.batching:
+            kw = dict(eos_ids=self.eos_ids, max_context=self.max_context, max_batch=int(cfg.max_batch),
+                      pad_id=self.pad_id)
+            if runtime == "continuous":
+                self.engine = ContinuousServer(self.model, self.tokenizer, **kw)
+            elif runtime == "static":
+                self.engine = StaticServer(self.model, self.tokenizer, gather_ms=float(cfg.gather_ms), **kw)
+            else:
+                from .engine import BatchEngine
+
+                self.engine = BatchEngine(
+                    self.model, self.tokenizer, gather_ms=float(cfg.gather_ms),
+                    max_prefill_tokens=int(cfg.max_prefill_tokens), name=f"engine-{self.name}",
+                    prefix_cache_mib=float(cfg.prefix_cache_mib or 0), draft_tokens=int(cfg.draft_tokens or 0),
+                    draft_ngram=int(cfg.draft_ngram), draft_step_tokens=int(cfg.draft_step_tokens),
+                    kv_cache_mib=float(cfg.kv_cache_mib or 0), heap_trim=bool(cfg.heap_trim),
+                    kv_dtype=self.kv_dtype, **kw)
+        self.choice.runtime = runtime
+        self.choice.why_not = self._why_not_repeatable()
+        self.choice.deterministic = not self.choice.why_not
 
     def _load(self, cfg: TransformersModelConf) -> None:
         """Tokenizer and weights onto the device, with the CPU kernels' settings; one line when they cannot load."""
@@ -112,6 +146,8 @@ class TransformersModel:
             quantize_int8(self.model, skip=tuple(cfg.int8_skip),  # []: lm_head in int8 too
                           native=bool(cfg.int8_native), plan=self.choice.plan())
         self.packed_linears = 0
+        if self.choice.runtime != "engine":
+            return  # transformers' own batching (kept.py) runs its own attention and torch's linears
         if self.device.type == "cpu" and self.dtype == torch.float32 and native_kernels():
             # what stays float32 (the lm_head beside int8 weights, or every linear): one chain per output, the same
             # at any number of rows (f32.py); BLAS's sums depend on the batch
@@ -142,6 +178,9 @@ class TransformersModel:
 
         if self.device.type != "cpu":
             return f"on {self.device.type}, torch's matmul and attention kernels depend on the batch"
+        if self.cfg.batching and self.choice.runtime != "engine":
+            return (f"transformers' {self.choice.runtime} batching runs torch's kernels, whose sums depend on what "
+                    "shares the batch")
         if not self.cfg.batching:
             return ""  # one request at a time through transformers' generate: nothing shares its forward
         if not native_kernels():

@@ -54,7 +54,7 @@ class Choice:
     weights: str  # int8 | dtype
     dtype: str  # float32 | bfloat16: the dtype of everything that is not an int8 matmul
     int8: dict | None  # the Int8Plan's fields (weights int8)
-    runtime: str = "engine"  # engine | llamacpp
+    runtime: str = "engine"  # engine | llamacpp | continuous | static (transformers' own batching: kept.py)
     reason: str = ""
     matmul_ms: dict = field(default_factory=dict)  # path -> {rows: ms of a decode step's matmuls}
     decode_tok_s: dict = field(default_factory=dict)  # runtime -> decode tokens/s of 32 real requests (step 2)
@@ -72,14 +72,18 @@ class Choice:
         """`int8 (fixlab avx2)`, `float32`, `llama.cpp`: the first words of the job's path line."""
         if self.runtime == "llamacpp":
             return "llama.cpp (the pack's GGUF)"
+        if self.runtime in ("continuous", "static"):
+            return (f"transformers {'continuous batching' if self.runtime == 'continuous' else 'static cache'} "
+                    f"({self.dtype})")
         if self.weights == "int8":
             return f"int8 ({self.plan().describe()})"
         return self.dtype
 
     def record(self) -> dict:
         """The run's `serving` parameter: what changes answers (runtime, weights, dtype) and the int8 kernels."""
-        out = {"runtime": self.runtime, "weights": self.weights if self.runtime == "engine" else "gguf",
-               "dtype": self.dtype if self.runtime == "engine" else "gguf"}
+        gguf = self.runtime == "llamacpp"
+        out = {"runtime": self.runtime, "weights": "gguf" if gguf else self.weights,
+               "dtype": "gguf" if gguf else self.dtype}
         if self.runtime == "engine" and self.weights == "int8":
             out["int8_kernel"] = self.plan().describe()
         out["deterministic"] = bool(self.deterministic)
