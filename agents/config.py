@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 
 from sandboxes.config import SandboxConf
 
-from .feedback import STYLES as FEEDBACK_STYLES
-
 PROTOCOLS = ("tests", "docs", "hidden")
 SCHEDULES = ("auto", "constant", "resample", "rising", "falling")
 TOOL_FORMATS = ("auto", "native", "text")
@@ -26,35 +24,15 @@ HELD_AT_END = ("hold", "hand_in")  # DraftsConf.held_at_end
 
 @dataclass
 class StrategyConf:
-    """What every strategy reads: the temperature schedule, how an answer is checked, how feedback is made."""
+    """What every strategy reads: the temperature schedule. How an answer is checked and how feedback is made are
+    fixed (agents/context.py, agents/feedback.py: never varied in a full-size run)."""
 
     name: str  # single_shot | reflection | react | portfolio: set by each record below
     # Temperature per round, seeded per task, sample and round: constant | resample (round 0 at `temperature`, later
-    # rounds at resample_temperature) | rising (temperature + step * round, up to temperature_max) | falling
-    # (temperatures[round]) | auto (resample for single_shot and portfolio, else constant). Rising by default: greedy
-    # revisions of a small model tend to hand back the same code round after round.
+    # rounds at RESAMPLE_TEMPERATURE) | rising (temperature + TEMPERATURE_STEP * round, up to TEMPERATURE_MAX) |
+    # falling (FALLING_TEMPERATURES[round]) | auto (resample for single_shot and portfolio, else constant). Rising by
+    # default: greedy revisions of a small model tend to hand back the same code round after round.
     temperature_schedule: str = "rising"
-    resample_temperature: float = 0.8  # greedy would only repeat round 0
-    temperature_step: float = 0.2
-    temperature_max: float = 1.0
-    temperatures: list[float] = field(default_factory=lambda: [0.7, 0.5, 0.3])
-    keep_task_context: bool = True  # add back the task's imports and helper functions the answer leaves out
-    check_signature: bool = True  # a wrong/missing signature takes the syntax path instead of a test run
-    syntax_path: bool = True  # invalid code gets its own short prompt instead of a test run (off: it is run)
-    detect_repeats: bool = True  # an answer equal to an earlier one (modulo layout/comments) is not run again
-    flag_unchanged: bool = True  # the feedback says so when the answer is the buggy code unchanged (still run)
-    feedback_style: str = "shaped"  # shaped | raw (traceback tail, the baseline) | verdict (pass/fail only)
-    feedback_chars: int = 1200  # feedback budget (about 4 characters per token)
-    compute_actual: bool = True  # re-run the failing call to show the value it actually returned
-    # Execution-trace feedback (LDB): the failing call run once more, each line of the candidate with the values it
-    # set, first and last steps within this many characters (agents/trace.py; shaped feedback only). 0 = off.
-    # Off by default (it costs prompt tokens and a sandbox run per failure); kept as the one lever a full-size
-    # measurement of feedback quality still has to judge.
-    trace_chars: int = 0
-    stop_after_code: bool = True  # end each answer at its closing ``` (what follows is thrown away; saves decode)
-    # Drafts that should differ from the round's own answer: reflection's candidates 2..k, redraws (single_shot,
-    # reflection), the turn after a repeat (react).
-    candidate_temperature: float = 0.8
 
 
 @dataclass
@@ -70,16 +48,13 @@ class DraftsConf(StrategyConf):
     # a fraction of the tokens; agents/patch.py), or one corrected line, the line chosen by a localisation call
     # first (line: agents/lines.py). patch, line: single_shot only (the revise prompts ask for a function).
     answer_format: str = field(default="function", metadata={"before": "function"})  # runs logged before it
-    # answer_format=line: every this-many-th answer of the stream, from answer 0 on, is a whole function (the answer
-    # a small model is best at; its changed lines lead the localisation); 0 = corrected lines only.
-    function_every: int = 4
     # The fix prompt also shows how the buggy code fails the visible tests: one run of the shown code before the
-    # first answer, its shaped feedback (expected vs actual; with trace_chars, the LDB trace) under the tests. A small
+    # first answer, its shaped feedback (expected vs actual) under the tests. A small
     # model that sees only the code often hands it back unchanged; the failing call says where to look. Costs one
     # sandbox run (counted on round 0) and the feedback's prompt tokens per task, no completion tokens.
     show_failure: bool = field(default=False, metadata={"before": False})
     # An answer known to fail before it runs (a repeat of a tested one, or the bug handed back) is drawn again from
-    # the same prompt at candidate_temperature, up to this many times, before it spends the round. candidates=1 only.
+    # the same prompt at CANDIDATE_TEMPERATURE, up to this many times, before it spends the round. candidates=1 only.
     redraws: int = 0
     # docs/hidden: a round's candidates that pass the visible tests are run on probe inputs and the largest group that
     # agrees is kept; the agent is satisfied only when at least this many agree, else it stops unsure
@@ -88,17 +63,13 @@ class DraftsConf(StrategyConf):
     # With self_check: the model first writes this many assertions of its own from the docstring (once a task,
     # greedy; agents/prompts/self_tests.txt), the passing answers run them beside the probes, groups rank by size
     # times assertions passed (CodeT's dual agreement), and the agent is satisfied only when the kept answer also
-    # passes more than `self_tests_pass` of those it could run. 0 = off.
+    # passes more than agents/selfcheck.py's SELF_TESTS_PASS of those it could run. 0 = off.
     self_tests: int = 0
     # With self_check: the model first writes this many inputs of its own (calls of the function, no expected values;
     # once a task, greedy; agents/prompts/self_inputs.txt), and the passing answers are grouped on them too, after
     # the examples' own calls (CodeT's input side: the probes next to the examples often miss the inputs where the
     # bug shows). 0 = off.
     self_inputs: int = field(default=0, metadata={"before": 0})
-    # The kept answer must pass more than this share of its own assertions (0: at least one; 0.5: more than half).
-    # Only the stop label depends on it (satisfied or unsure), never an answer. 0 because a small model's own
-    # assertions are often wrong themselves: a right answer that passes only a few of them is common.
-    self_tests_pass: float = 0.0
     # Whose answers the self-check counts: one round's candidates (round: the round where one passes what the agent
     # sees ends the task, satisfied or unsure), or every answer of the task so far (task, single_shot only:
     # self_check answers in all, any candidates; an answer that passes with too few agreeing is held, not handed
@@ -151,22 +122,18 @@ class ReactConf(RevisesConf):
     # cost far past the other strategies' at the same budget.
     max_turns: int = 4
     tool_format: str = "auto"  # auto: the chat template's own tool calls when it has them (Qwen2.5) | native | text
-    # A run_tests of code already known to fail is dropped from the conversation and the next turn is drawn at
-    # candidate_temperature. Kept in, a small model copies its own answer turn after turn, each copy making the next
-    # more likely.
-    repeat_redraw: bool = True
 
 
 @dataclass
 class PortfolioConf(ReflectionConf):
-    """Fresh drafts and revisions in turn: a draft (round 0 greedy, later drafts at resample_temperature, each its
-    own seed), then `revisions` rounds revising it from its feedback, then a fresh draft again: reflection gains most
-    from its first revision and single_shot from fresh samples, so the mix takes both."""
+    """Fresh drafts and revisions in turn: a draft (round 0 greedy, later drafts at RESAMPLE_TEMPERATURE, each its
+    own seed), then `revisions` rounds revising it from its feedback (at strategies/portfolio.py's
+    REVISE_TEMPERATURE), then a fresh draft again: reflection gains most from its first revision and single_shot
+    from fresh samples, so the mix takes both."""
 
     name: str = "portfolio"
-    temperature_schedule: str = "resample"  # the drafts' temperatures; revisions use revise_temperature
+    temperature_schedule: str = "resample"  # the drafts' temperatures; revisions use REVISE_TEMPERATURE
     revisions: int = 1  # revisions of each draft before the next fresh draft (0: every round a fresh draft)
-    revise_temperature: float = 0.2  # reflection's round-1 temperature (its rising schedule)
 
 
 # The strategies by name, each named once (its record's `name` default); agents/strategies/<name>.py runs each.
@@ -203,6 +170,17 @@ def round_seed(cfg: AgentConfig, task_id: str, rnd: int, turn: int = 0) -> int:
     return zlib.crc32(f"{cfg.seed}|{task_id}|{cfg.sample}|{rnd}|{turn}".encode()) % (2**31)
 
 
+# Settings no full-size run ever varied: constants beside the code that reads them, each with its reason (#51; runs
+# logged while they were knobs read as before: flows/schema.py RETIRED).
+RESAMPLE_TEMPERATURE = 0.8  # a resampled round's temperature: greedy would only repeat round 0
+TEMPERATURE_STEP = 0.2  # rising: each round this much hotter, so a stuck revision is drawn differently ...
+TEMPERATURE_MAX = 1.0  # ... up to this (hotter answers of a small model stop being code)
+FALLING_TEMPERATURES = (0.7, 0.5, 0.3)  # falling: explore first, then settle
+# Drafts that should differ from the round's own answer: reflection's candidates 2..k, redraws (single_shot,
+# reflection), the turn after a repeat (react)
+CANDIDATE_TEMPERATURE = 0.8
+
+
 def round_temperature(cfg: AgentConfig, rnd: int) -> float:
     s = cfg.strategy
     sched = s.temperature_schedule
@@ -211,12 +189,11 @@ def round_temperature(cfg: AgentConfig, rnd: int) -> float:
     if sched == "constant":
         return cfg.temperature
     if sched == "resample":
-        return cfg.temperature if rnd == 0 else s.resample_temperature
+        return cfg.temperature if rnd == 0 else RESAMPLE_TEMPERATURE
     if sched == "rising":
-        return round(min(s.temperature_max, cfg.temperature + s.temperature_step * rnd), 6)
+        return round(min(TEMPERATURE_MAX, cfg.temperature + TEMPERATURE_STEP * rnd), 6)
     if sched == "falling":
-        temps = list(s.temperatures)
-        return float(temps[min(rnd, len(temps) - 1)])
+        return float(FALLING_TEMPERATURES[min(rnd, len(FALLING_TEMPERATURES) - 1)])
     raise ValueError(f"unknown temperature_schedule {sched!r}: use one of {', '.join(SCHEDULES)}")
 
 
@@ -226,8 +203,6 @@ def check_config(cfg: AgentConfig) -> None:
         raise ValueError(f"unknown strategy {s.name!r} ({type(s).__name__}): use one of {', '.join(STRATEGIES)}")
     if cfg.protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {cfg.protocol!r}: use one of {', '.join(PROTOCOLS)}")
-    if s.feedback_style not in FEEDBACK_STYLES:
-        raise ValueError(f"unknown feedback_style {s.feedback_style!r}: use one of {', '.join(FEEDBACK_STYLES)}")
     if isinstance(s, ReactConf) and s.tool_format not in TOOL_FORMATS:
         raise ValueError(f"unknown tool_format {s.tool_format!r}: use {', '.join(TOOL_FORMATS)}")
     round_temperature(cfg, 0)
@@ -262,16 +237,11 @@ def check_config(cfg: AgentConfig) -> None:
         if s.self_inputs < 0 or (s.self_inputs and not s.self_check):
             raise ValueError(f"self_inputs={s.self_inputs} needs self_check >= 1 (the inputs group the answers the "
                              "self-check counts): set strategy.self_check=2, or self_inputs=0")
-        if not 0 <= s.self_tests_pass < 1:
-            raise ValueError(f"self_tests_pass={s.self_tests_pass} is a share of the own assertions: use 0 (at least "
-                             "one passed) up to below 1 (e.g. 0.5: more than half)")
         if s.answer_format not in ANSWER_FORMATS:
             raise ValueError(f"unknown answer_format {s.answer_format!r}: use one of {', '.join(ANSWER_FORMATS)}")
         if s.answer_format != "function" and s.name != "single_shot":
             raise ValueError(f"answer_format={s.answer_format} is for single_shot (the {s.name} prompts ask for the "
                              "whole function): set strategy=single_shot or strategy.answer_format=function")
-        if s.function_every < 0:
-            raise ValueError(f"function_every must be >= 0 (0: line answers only), got {s.function_every}")
         if s.redraws and s.candidates > 1:
             raise ValueError("redraws is for one answer per round (candidates=1): set redraws=0 or candidates=1")
     if cfg.sample > 0 and round_temperature(cfg, 0) == 0:

@@ -14,7 +14,8 @@ from sandboxes import build_program
 from sandboxes.audit import audit_program, suspicion
 from sandboxes.base import Sandbox
 
-from .config import PROTOCOLS, AgentConfig, round_seed, round_temperature
+from . import feedback, selfcheck
+from .config import CANDIDATE_TEMPERATURE, PROTOCOLS, AgentConfig, round_seed, round_temperature
 from .extract import code_blocks, extract_candidate, normalise
 from .feedback import raw_feedback, shape_feedback
 from .models.base import GenRequest, Model, ModelUnreachable
@@ -25,6 +26,9 @@ PROMPTS = Path(__file__).parent / "prompts"
 # A closing fence followed by a newline. An opening fence carries a language tag (```python) in practice, so it
 # does not match; a bare opening fence after prose would end the answer early (it then counts as no_code).
 CODE_STOP = ("\n```\n",)
+# Invalid code (or a wrong signature) gets its own short prompt instead of a test run; off, the sandbox reports it.
+# Always on (never varied at full size); a test turns it off to check the other side.
+SYNTAX_PATH = True
 OWN_TESTS_TURN = 1000  # the own-tests call's seed slot: apart from every candidate's turn (it is greedy anyway)
 OWN_INPUTS_TURN = OWN_TESTS_TURN + 2  # the own-inputs call's (+1 is single_shot's localisation call)
 
@@ -64,8 +68,7 @@ class Context:
         self.view = visibility(task, cfg.protocol)
         # The buggy code as shown, read as a candidate would be (the program show_failure runs), and keyed: an answer
         # equal to it is "unchanged".
-        read = {shown: extract_candidate("```python\n" + shown + "\n```", task, cfg.strategy.keep_task_context,
-                                         False).code or shown for shown in {task.buggy_code, self.view.code}}
+        read = {shown: extract_candidate("```python\n" + shown + "\n```", task, True, False).code or shown for shown in {task.buggy_code, self.view.code}}
         self.shown_code = read[self.view.code]
         self.buggy_keys = {normalise(code) for code in read.values()}
         self.own_tests: list[str] | None = None  # self_tests: the model's own assertions, written once a task
@@ -103,12 +106,12 @@ class Context:
     def calls(self, messages: list[dict], rnd: int, k: int, stop: tuple = (),
               temperature: float | None = None) -> list[ModelCall]:
         """k answers to the same prompt, in flight together so a batching backend decodes them as one batch.
-        The first follows `temperature` (None: the round's); the others use candidate_temperature, each its own seed."""
+        The first follows `temperature` (None: the round's); the others use CANDIDATE_TEMPERATURE, each its own seed."""
         if k == 1:
             return [self.call(messages, rnd, stop=stop, temperature=temperature)]
         from concurrent.futures import ThreadPoolExecutor
 
-        temps = [temperature] + [self.cfg.strategy.candidate_temperature] * (k - 1)
+        temps = [temperature] + [CANDIDATE_TEMPERATURE] * (k - 1)
         with ThreadPoolExecutor(k) as pool:
             return list(pool.map(lambda i: self.call(messages, rnd, turn=i, stop=stop, temperature=temps[i]),
                                  range(k)))
@@ -199,7 +202,7 @@ class Context:
             report["own_tests"] = len(checks)
             report["own_passed"] = [own_passed(seen[g[0]]) if g else 0 for g in order]
         ok = satisfied(len(grouped[0]), knobs.self_check, (report.get("own_passed") or [0])[0], len(checks),
-                       knobs.self_tests_pass)
+                       selfcheck.SELF_TESTS_PASS)
         if across:
             mine = [i for r, i in grouped[0] if r == rnd]  # this round's answers in the best group
             report["scope"], report["behaviours"] = "task", added
@@ -239,16 +242,16 @@ class Context:
         return [] if call.error else parse(call.output, task.entry_point, self.view.feedback_test, n)
 
     def buggy_failure(self) -> str | None:
-        """show_failure: how the shown buggy code fails the visible tests (shaped feedback, trace with trace_chars),
+        """show_failure: how the shown buggy code fails the visible tests (shaped feedback),
         run once a task; None when it passes them (a bug the visible tests do not reach) or cannot be read."""
         if self._failure is None:
-            knobs, task, code = self.cfg.strategy, self.task, self.shown_code
+            task, code = self.task, self.shown_code
             run = self.sandbox.run(build_program(code, self.view.feedback_test), self.cfg.timeout_s)
             self.side_runs += 1
             self._failure = "" if run.passed else shape_feedback(
                 run, code, self.view.feedback_test, self.sandbox, timeout_s=self.cfg.timeout_s,
-                max_chars=knobs.feedback_chars, compute_actual=knobs.compute_actual, entry_point=task.entry_point,
-                trace_chars=knobs.trace_chars).strip()
+                max_chars=feedback.FEEDBACK_CHARS, compute_actual=True, entry_point=task.entry_point,
+                trace_chars=feedback.TRACE_CHARS).strip()
         return self._failure or None
 
     def take_side_calls(self) -> list[ModelCall]:
@@ -260,23 +263,23 @@ class Context:
         visible = attempt.visible
         if attempt.feedback is not None or visible is None or visible.passed or attempt.code is None:
             return
-        cfg, knobs = self.cfg, self.cfg.strategy
+        cfg, style = self.cfg, feedback.FEEDBACK_STYLE
         if attempt.unchanged:
             attempt.feedback = render("unchanged.txt").strip()
-            if knobs.feedback_style == "verdict":
+            if style == "verdict":
                 return
             attempt.feedback += "\n"
         else:
             attempt.feedback = ""
-        if knobs.feedback_style == "raw":
-            attempt.feedback += raw_feedback(visible, cfg.timeout_s, knobs.feedback_chars)
-        elif knobs.feedback_style == "verdict":
+        if style == "raw":
+            attempt.feedback += raw_feedback(visible, cfg.timeout_s, feedback.FEEDBACK_CHARS)
+        elif style == "verdict":
             attempt.feedback += "The tests failed." if visible.status != "timeout" else "The tests timed out."
         else:
             attempt.feedback += shape_feedback(
                 visible, attempt.code, self.view.feedback_test, self.sandbox, timeout_s=cfg.timeout_s,
-                max_chars=knobs.feedback_chars, compute_actual=knobs.compute_actual, entry_point=self.task.entry_point,
-                trace_chars=knobs.trace_chars)
+                max_chars=feedback.FEEDBACK_CHARS, compute_actual=True, entry_point=self.task.entry_point,
+                trace_chars=feedback.TRACE_CHARS)
 
     def judge(self, attempt: Attempt, text: str, state: "State", run: bool = True) -> str:
         """Extract a candidate from `text` into `attempt` and decide: no_code | syntax_error | repeat | tested."""
@@ -290,9 +293,9 @@ class Context:
                 attempt.feedback = patched.problem
                 return attempt.decision
             text = "```python\n" + patched.code + "```"
-        ex = extract_candidate(text, task, keep_context=cfg.keep_task_context, check_signature=cfg.check_signature)
+        ex = extract_candidate(text, task, keep_context=True, check_signature=True)
         attempt.code = ex.code
-        if ex.problem == "no_code" or (ex.problem and cfg.syntax_path):
+        if ex.problem == "no_code" or (ex.problem and SYNTAX_PATH):
             attempt.decision = "no_code" if ex.problem == "no_code" else "syntax_error"
             attempt.problem = ex.detail
             attempt.feedback = ex.detail
@@ -300,9 +303,9 @@ class Context:
         if ex.problem:
             attempt.problem = ex.detail  # syntax path off: the sandbox reports it
         key = normalise(ex.code)
-        if cfg.flag_unchanged and key in self.buggy_keys:
+        if key in self.buggy_keys:
             attempt.unchanged = True  # still run (it fails by construction), but the feedback says so
-        if cfg.detect_repeats and key in state.seen:
+        if key in state.seen:
             attempt.decision = "repeat"
             attempt.same_as_round = state.seen[key]
             return "repeat"

@@ -19,6 +19,13 @@ from .trace import before_assertion, format_trace, trace_call
 
 _ACTUAL_TAG = "__FIXLAB_VALUE__"
 STYLES = ("shaped", "raw", "verdict")
+# The feedback an agent gets, fixed since no full-size run varied them (#51): shaped (raw, the traceback tail, and
+# verdict, pass/fail only, stay as the baselines an ablation would set here) ...
+FEEDBACK_STYLE = "shaped"
+FEEDBACK_CHARS = 1200  # ... within about 300 tokens ...
+# ... and without the execution trace (LDB, agents/trace.py), which costs a sandbox run and prompt tokens per failure
+# and was never measured to pay at full size: this many characters of it, 0 = off
+TRACE_CHARS = 0
 
 
 def program_frames(frames: list[Frame], program: str) -> list[Frame]:
@@ -163,9 +170,8 @@ def _not_run_feedback(result: ExecResult, timeout_s: float, max_chars: int) -> s
 
 def shape_feedback(result: ExecResult, candidate: str, test: str, sandbox: Sandbox | None, *, timeout_s: float,
                    max_chars: int, compute_actual: bool, entry_point: str | None = None, trace_chars: int = 0) -> str:
-    """Short feedback text for a failed run of `candidate` against `test` (the program build_program makes). The knobs
-    are the strategy record's (agents/config.py: feedback_chars, compute_actual, trace_chars) and the
-    sandbox's timeout_s, passed in, not defaulted here. trace_chars > 0 adds the failing call's execution trace
+    """Short feedback text for a failed run of `candidate` against `test` (the program build_program makes). The
+    budgets are this module's FEEDBACK_CHARS and TRACE_CHARS and the sandbox's timeout_s, passed in, not defaulted here. trace_chars > 0 adds the failing call's execution trace
     (agents/trace.py) within that many characters of its own, after the rest."""
     if result.status in ("timeout", "error"):
         return _not_run_feedback(result, timeout_s, max_chars)

@@ -2,7 +2,7 @@
 
 A HumanEvalFix bug is nearly always one wrong line (21 of the 24 tuning tasks: one line replaced), and a small model
 shown the whole function often hands it back unchanged: it does not see the bug. So answers 0, n, 2n... of a task's
-stream stay whole functions (n = `function_every`), and the others each ask for the corrected version of one line,
+stream stay whole functions (n = FUNCTION_EVERY), and the others each ask for the corrected version of one line,
 the j-th line answer the j-th line of a ranking made once: the lines answer 0 changed, then the lines one greedy
 localisation call quotes (`prompts/locate.txt`, most likely first), then the rest in source order; each line once
 greedy, then again sampled. A line answer is a line or a few (an insertion), a fraction of a whole function's
@@ -16,6 +16,9 @@ import textwrap
 
 from .extract import code_blocks
 
+# every this-many-th answer of the stream, from answer 0 on, is a whole function: the answer a small model is best
+# at, whose changed lines lead the localisation (never varied at full size)
+FUNCTION_EVERY = 4
 LOCATE_LINES = 3  # lines the localisation call names (a longer list costs tokens and is rarely right past the third)
 
 

@@ -12,8 +12,8 @@ round's passing answers is kept.
 With `self_tests` the model also writes assertions of its own (once a task, from what the agent sees: the buggy
 code and the visible examples). They run beside the probes; a group's score is its size times one plus the
 assertions its answer passes (CodeT's dual agreement: answers that agree and tests that answers pass vouch for each
-other), and the agent is satisfied only when the kept answer passes more than `self_tests_pass` of them (by
-default at least one: the model's assertions are often wrong themselves).
+other), and the agent is satisfied only when the kept answer passes more than SELF_TESTS_PASS of them (at
+least one: the model's assertions are often wrong themselves).
 
 With `self_inputs` the model writes inputs of its own (calls of the function, once a task, from what the agent
 sees; no expected values: CodeT's input side). They join the probes after the examples' own calls: the probes next
@@ -27,6 +27,9 @@ import itertools
 PROBES = 16  # probe calls per task, the examples' own first
 PROBE_RUN_S = 3.0  # one answer's probe run: every probe together (the examples' own calls take milliseconds)
 MARKER = "__fixlab_probe__"
+# The kept answer must pass more than this share of its own assertions to be labelled satisfied (0: at least one).
+# Only the label depends on it, never an answer; 0 because a small model's own assertions are often wrong themselves.
+SELF_TESTS_PASS = 0.0
 
 
 def _mutants(value) -> list:

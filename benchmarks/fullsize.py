@@ -22,8 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agents.config import SingleShotConf  # noqa: E402
-from agents.selfcheck import satisfied  # noqa: E402
+from agents.selfcheck import SELF_TESTS_PASS, satisfied  # noqa: E402
 from agents.types import Attempt, passed_at, row_outcome  # noqa: E402
 from flows.compare import compare, load_runs, paired_verdicts  # noqa: E402
 from flows.frontier import cost_by_round, run_machine, task_seconds  # noqa: E402
@@ -105,7 +104,7 @@ def overfit_gap(client, run: dict) -> dict | None:
         need = int(run["params"].get("strategy.self_check", 1))
         out["without_own_tests"] = without_own_tests(trajs, hid, need)
         # the label at today's default share (runs before the knob judged at more than half): same answers
-        ran, today = float(run["params"].get("strategy.self_tests_pass", 0.5)), SingleShotConf().self_tests_pass
+        ran, today = float(run["params"].get("strategy.self_tests_pass", 0.5)), SELF_TESTS_PASS
         if ran != today:
             out["at_default_pass"] = at_own_tests_pass(trajs, hid, need, today)
     return out

@@ -76,8 +76,7 @@ def settings_from(cfg: dict) -> JobSettings:
     for label, v, lo, hi in (("iters", iters, 0, None), ("temperature", job.temperature, 0.0, 5.0),
                              ("max_new_tokens", job.max_new_tokens, 1, None), ("seed", job.seed, 0, None),
                              ("samples", job.samples, 1, None), ("runner.workers", job.runner.workers, 1, None),
-                             ("sandbox.timeout_s", job.sandbox.timeout_s, 0.001, None),
-                             ("strategy.resample_temperature", job.strategy.resample_temperature, 0.0, 5.0)):
+                             ("sandbox.timeout_s", job.sandbox.timeout_s, 0.001, None)):
         _in_range(label, v, lo, hi)
     agent = AgentConfig(strategy=job.strategy, iters=iters, protocol=job.protocol, temperature=job.temperature,
                         max_new_tokens=job.max_new_tokens, seed=job.seed, timeout_s=job.sandbox.timeout_s,

@@ -83,7 +83,15 @@ class ServingParams:
 # run logged before the removal that carries one at this value is the same configuration as a run without it
 # (`without_retired`: the frontier, resume's config check, sweep labels and the nightly diff read old runs through it).
 RETIRED = {"model.int8_fuse": "False", "strategy.diagnose": "False", "strategy.edge_case_hint": "False",
-           "strategy.few_shot": "0", "strategy.show_diff": "False"}
+           "strategy.few_shot": "0", "strategy.show_diff": "False",
+           # never varied in a full-size run: constants beside the code that reads them since #51
+           "strategy.resample_temperature": "0.8", "strategy.temperature_step": "0.2", "strategy.temperature_max": "1.0",
+           "strategy.temperatures": "[0.7, 0.5, 0.3]", "strategy.keep_task_context": "True",
+           "strategy.check_signature": "True", "strategy.syntax_path": "True", "strategy.detect_repeats": "True",
+           "strategy.flag_unchanged": "True", "strategy.feedback_style": "shaped", "strategy.feedback_chars": "1200",
+           "strategy.compute_actual": "True", "strategy.trace_chars": "0", "strategy.stop_after_code": "True",
+           "strategy.candidate_temperature": "0.8", "strategy.function_every": "4", "strategy.self_tests_pass": "0.0",
+           "strategy.repeat_redraw": "True", "strategy.revise_temperature": "0.2"}
 
 
 def without_retired(params: dict) -> dict:
@@ -339,6 +347,9 @@ def describe(e: BaseException, prefix: str = "", source: str | None = None) -> s
     full = f"{prefix}.{full}" if prefix and not full.startswith(prefix + ".") else full
     key = full.rsplit(".", 1)[-1]
     if re.search(r"Key '[^']+' (?:not in|is not in struct)", str(cause) + text):
+        if full in RETIRED:
+            return (f"{full} is not a knob any more: it is fixed at {RETIRED[full]} (never varied in a full-size run; "
+                    f"the constant beside the code that reads it: grep its name in capitals){where}")
         return f"unknown key {full}: {_nearest(record, key)}{where}"[:400]
     lines = [l for l in (str(cause) + "\n" + text).splitlines() if l.strip() and not l.startswith("In '")]
     msg = lines[0] if lines else text

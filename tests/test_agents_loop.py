@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 
+from agents import context
 from agents.config import PROTOCOLS, STRATEGIES, round_seed, round_temperature
 from agents.loop import run_agent, truncate
 from agents.models.doubles import ScriptedModel
@@ -39,8 +40,6 @@ def test_answers_end_at_the_closing_fence_which_is_put_back():
     traj, model = run(["```python\n" + FIX.rstrip("\n")], strategy="single_shot", iters=0)
     assert model.requests[0].stop == ("\n```\n",)
     assert traj.attempts[0].calls[0].output.endswith(FIX.rstrip("\n") + "\n```") and traj.passed
-    _, model = run([fenced(FIX)], strategy="single_shot", iters=0, stop_after_code=False)
-    assert model.requests[0].stop == ()
 
 
 def test_public_names():
@@ -135,16 +134,16 @@ def test_a_model_that_cannot_be_reached_ends_the_task_in_an_error_not_a_wrong_an
     assert traj.error is not None and "ModelUnreachable" in traj.error and len(traj.attempts) == 1
 
 
-def test_syntax_path_off_runs_the_code_and_shows_the_error():
-    traj, model = run([fenced(SIG + "    return number %% 1.0 +\n"), fenced(FIX)], strategy="reflection", iters=1,
-                      syntax_path=False)
+def test_syntax_path_off_runs_the_code_and_shows_the_error(monkeypatch):
+    monkeypatch.setattr(context, "SYNTAX_PATH", False)
+    traj, model = run([fenced(SIG + "    return number %% 1.0 +\n"), fenced(FIX)], strategy="reflection", iters=1)
     assert traj.attempts[0].decision == "tested" and traj.attempts[0].result.status == "failed"
     assert "SyntaxError" in last_user(model.requests[1])
 
 
 def test_temperature_schedules_and_seeds():
-    rising = agent(temperature_schedule="rising", temperature=0.0, temperature_step=0.3, temperature_max=0.8)
-    assert [round_temperature(rising, r) for r in range(5)] == [0.0, 0.3, 0.6, 0.8, 0.8]
+    rising = agent(temperature_schedule="rising", temperature=0.5)
+    assert [round_temperature(rising, r) for r in range(5)] == [0.5, 0.7, 0.9, 1.0, 1.0]
     falling = agent(temperature_schedule="falling")
     assert [round_temperature(falling, r) for r in range(5)] == [0.7, 0.5, 0.3, 0.3, 0.3]
     assert [round_temperature(agent(temperature=0.4), r) for r in range(3)] == [0.4, 0.4, 0.4]
@@ -406,12 +405,11 @@ def test_sweep_budgets_are_read_from_the_iters_override():
 
 def test_redraws_replace_answers_known_to_fail_before_they_spend_the_round():
     # round 0 hands the bug back: drawn again at once (not run), the new answer passes in round 0
-    traj, model = run([fenced(BUGGY), fenced(FIX)], strategy="reflection", iters=2, redraws=2,
-                      candidate_temperature=0.9)
+    traj, model = run([fenced(BUGGY), fenced(FIX)], strategy="reflection", iters=2, redraws=2)
     a = traj.attempts[0]
     assert traj.first_pass_round == 0 and len(traj.attempts) == 1 and len(model.requests) == 2
     assert model.requests[1].messages == model.requests[0].messages  # same prompt, another draw
-    assert model.requests[1].temperature == 0.9 and model.requests[1].seed != model.requests[0].seed
+    assert model.requests[1].temperature == 0.8 and model.requests[1].seed != model.requests[0].seed
     assert a.candidate == 1 and a.calls[-1].output == fenced(FIX) and a.sandbox_runs == 1
     assert a.rejected == [{"call": 0, "decision": "unchanged", "code": a.rejected[0]["code"], "status": None,
                            "same_as": None}]

@@ -7,6 +7,7 @@ import json
 from agents.loop import run_agent, truncate
 from agents.models.base import Generation
 from agents.models.doubles import ScriptedModel
+from agents.strategies import react
 from agents.strategies.react import parse_action, supports_tools
 from agents.types import ModelCall
 from agents_fixtures import agent, sandbox, task
@@ -56,13 +57,14 @@ def test_a_visible_pass_ends_the_task():
     assert len(model.requests) == 1 and traj.first_pass_round == 0
 
 
-def test_thoughts_bad_code_and_repeats_cost_turns_not_rounds():
+def test_thoughts_bad_code_and_repeats_cost_turns_not_rounds(monkeypatch):
     outputs = ["Thought: let me think about the modulo first.",  # no action
                act("run_tests", SIG + "    return number %% 1.0 +\n"),  # syntax error
                act("run_tests", WRONG_A),  # round 0
                act("run_tests", "# again\n" + WRONG_A),  # repeat
                act("run_tests", FIX)]  # round 1
-    traj, model = run(outputs, iters=3, repeat_redraw=False)
+    monkeypatch.setattr(react, "REPEAT_REDRAW", False)
+    traj, model = run(outputs, iters=3)
     assert steps(traj) == [(None, "no_action"), ("run_tests", "syntax_error"), ("run_tests", "tested"),
                            ("run_tests", "repeat"), ("run_tests", "tested")]
     assert [a.round for a in traj.attempts] == [0, 1] and traj.first_pass_round == 1
@@ -76,14 +78,14 @@ def test_thoughts_bad_code_and_repeats_cost_turns_not_rounds():
 def test_a_repeat_is_dropped_and_the_next_turn_drawn_hotter():
     outputs = [act("run_tests", WRONG_A), act("run_tests", "# again\n" + WRONG_A),
                act("run_tests", "# and again\n" + WRONG_A), act("run_tests", FIX)]
-    traj, model = run(outputs, iters=3, temperature_schedule="rising")  # repeat_redraw is on by default
+    traj, model = run(outputs, iters=3, temperature_schedule="rising")  # REPEAT_REDRAW is on
     assert steps(traj) == [("run_tests", "tested"), ("run_tests", "repeat"), ("run_tests", "repeat"),
                            ("run_tests", "tested")]
     assert traj.first_pass_round == 1 and traj.attempts[1].steps[0]["dropped"]
     # the repeats leave no trace: turns 2 and 3 see exactly the conversation turn 1 saw
     assert model.requests[2].messages == model.requests[1].messages == model.requests[3].messages
     assert not any("already ran" in m["content"] for m in model.requests[3].messages)
-    # rising schedule: round 1 is 0.2; after a repeat the turn draws at candidate_temperature
+    # rising schedule: round 1 is 0.2; after a repeat the turn draws at CANDIDATE_TEMPERATURE
     assert [r.temperature for r in model.requests] == [0.0, 0.2, 0.8, 0.8]
     assert len({r.seed for r in model.requests}) == 4
     # the next round's conversation holds the tested answer and its observation, not the repeats

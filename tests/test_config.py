@@ -44,9 +44,9 @@ def test_every_option_composes_and_its_yaml_holds_only_what_differs_from_its_rec
     (["strategy=react", "strategy.candidates=2"], "strategy=react has no candidates (single_shot and reflection"),
     (["strategy=reflection", "strategy.rewrite_when_stuck=3"],
      "strategy.rewrite_when_stuck must be true or false, got 3"),
-    (["strategy=reflection", "strategy.temperature_step=abc"], "strategy.temperature_step must be a number, got 'abc'"),
+    (["strategy=reflection", "strategy.history_rounds=abc"], "strategy.history_rounds must be an integer, got 'abc'"),
+    (["strategy=reflection", "strategy.temperature_step=0.3"], "strategy.temperature_step is not a knob any more"),
     (["strategy.redraws=1,true", "-m"], "strategy.redraws must be an integer, got True"),  # a later value of a sweep
-    (["strategy.temperatures=[0.1,x]"], "strategy.temperatures[1] must be a number, got 'x'"),
     (["model=nope"], "model=nope is unknown: use one of buggy, canonical"),
     (["iters=-1"], "iters must be an integer >= 0, got -1"),
 ])

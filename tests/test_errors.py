@@ -22,8 +22,8 @@ def test_bad_config_value_is_one_line(evaluate):
 
 
 def test_wrong_type_of_strategy_knob_is_one_line(evaluate):
-    _one_line_error(evaluate("model=canonical", "strategy=reflection", "strategy.temperature_step=abc"),
-                    "strategy.temperature_step", "a number", "'abc'")
+    _one_line_error(evaluate("model=canonical", "strategy=reflection", "strategy.history_rounds=abc"),
+                    "strategy.history_rounds", "an integer", "'abc'")
     _one_line_error(evaluate("model=canonical", "strategy=reflection", "strategy.rewrite_when_stuck=3"),
                     "strategy.rewrite_when_stuck", "true or false")
 

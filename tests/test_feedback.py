@@ -2,7 +2,7 @@
 timeouts named, a budget."""
 from __future__ import annotations
 
-from agents.config import SingleShotConf
+from agents import feedback
 from agents.feedback import raw_feedback, split_assertion, statement_at
 from agents.feedback import shape_feedback as shape
 from agents_fixtures import sandbox, task
@@ -13,9 +13,8 @@ from sandboxes.config import SandboxConf
 
 def shape_feedback(res, code, test, sb, **kw):
     """shape_feedback with the knobs a strategy passes by default (its record's), unless a test sets one."""
-    k = SingleShotConf()
-    return shape(res, code, test, sb, **{"timeout_s": SandboxConf.timeout_s, "max_chars": k.feedback_chars,
-                                         "compute_actual": k.compute_actual, **kw})
+    return shape(res, code, test, sb, **{"timeout_s": SandboxConf.timeout_s, "max_chars": feedback.FEEDBACK_CHARS,
+                                         "compute_actual": True, **kw})
 
 
 def _fail(code: str, test: str, timeout: float = 10.0):

@@ -100,8 +100,12 @@ def test_retired_knobs_at_their_old_default_read_as_absent():
     assert param_values(old) == {"strategy.name": "reflection", "strategy.answer_format": "function",
                                  "strategy.show_failure": "False", "strategy.self_check_scope": "round",
                                  "strategy.self_inputs": "0", "strategy.held_at_end": "hold"}
-    assert set(RETIRED) == {"model.int8_fuse", "strategy.diagnose", "strategy.edge_case_hint", "strategy.few_shot",
-                            "strategy.show_diff"}
+    assert {"model.int8_fuse", "strategy.diagnose", "strategy.edge_case_hint", "strategy.few_shot",
+            "strategy.show_diff", "strategy.feedback_style", "strategy.candidate_temperature"} <= set(RETIRED)
+    # a run logged while they were knobs, at their defaults, reads as the same configuration as one after
+    then = {"strategy.name": "reflection", "strategy.feedback_style": "shaped", "strategy.temperatures": "[0.7, 0.5, 0.3]",
+            "strategy.candidate_temperature": "0.8", "strategy.stop_after_code": "True"}
+    assert without_retired(then) == {"strategy.name": "reflection"}
     # switched on (no run did): a difference that stays
     assert without_retired({"strategy.few_shot": "2"}) == {"strategy.few_shot": "2"}
     # for every retired knob, the record no longer has it

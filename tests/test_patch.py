@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agents import lines
 from agents.config import AgentConfig, ReflectionConf, SingleShotConf, check_config
 from agents.loop import run_agent
 from agents.models.doubles import ScriptedModel
@@ -81,8 +82,6 @@ def test_patch_answers_are_for_single_shot_only_and_the_format_is_checked():
         check_config(AgentConfig(strategy=SingleShotConf(answer_format="diff")))
     with pytest.raises(ValueError, match="answer_format=line is for single_shot"):
         check_config(AgentConfig(strategy=ReflectionConf(answer_format="line")))
-    with pytest.raises(ValueError, match="function_every must be >= 0"):
-        check_config(AgentConfig(strategy=SingleShotConf(answer_format="line", function_every=-1)))
 
 
 # answer_format=line: a localisation call ranks the lines, each answer corrects one (agents/lines.py)
@@ -106,11 +105,12 @@ def test_a_corrected_line_takes_the_replaced_lines_indentation_and_an_insertion_
 
 
 @needs_data
-def test_single_shot_with_line_answers_locates_first_then_fixes_the_ranked_lines_greedily():
+def test_single_shot_with_line_answers_locates_first_then_fixes_the_ranked_lines_greedily(monkeypatch):
+    monkeypatch.setattr(lines, "FUNCTION_EVERY", 0)  # line answers only
     t = task(3)  # below_zero: `if balance == 0:` should be `if balance < 0:`
     model = ScriptedModel(["```python\nbalance += op\nif balance == 0:\n```",  # the localisation call
                            "```python\nbalance -= op\n```", "```python\n    if balance < 0:\n```"])
-    traj = run_agent(t, model, sandbox(), agent("single_shot", iters=3, answer_format="line", function_every=0))
+    traj = run_agent(t, model, sandbox(), agent("single_shot", iters=3, answer_format="line"))
     assert traj.error is None and traj.passed and traj.first_pass_round == 1
     assert [len(a.calls) for a in traj.attempts] == [2, 1]  # round 0 holds the localisation call: its tokens count
     asked = [r.messages[-1]["content"].split("```python\n")[-1].split("\n")[0] for r in model.requests[1:]]
@@ -124,7 +124,7 @@ def test_whole_function_answers_come_first_and_the_lines_they_changed_lead_the_r
     wrong = "```python\ndef below_zero(operations):\n    balance = 0\n    for op in operations:\n        balance += op\n" \
             "        if balance <= 0:\n            return True\n    return False\n```"
     model = ScriptedModel([wrong, "```python\nbalance += op\n```", "```python\nif balance < 0:\n```"])
-    traj = run_agent(t, model, sandbox(), agent("single_shot", iters=3, answer_format="line", function_every=4))
+    traj = run_agent(t, model, sandbox(), agent("single_shot", iters=3, answer_format="line"))  # FUNCTION_EVERY 4
     assert traj.passed and traj.first_pass_round == 1 and [a.line for a in traj.attempts] == [None, 9]
     code = t.buggy_code.strip("\n").split("\n")
     assert code[traj.attempts[1].located[0] - 1].strip() == "if balance == 0:"  # what answer 0 changed, first

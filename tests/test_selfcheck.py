@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from agents import selfcheck
 from agents.config import check_config
 from agents.loop import run_agent
 from agents.models.doubles import ScriptedModel
@@ -154,12 +155,15 @@ def test_the_record_reads_back_what_agreement_alone_would_have_kept():
     assert off["satisfied_but_rejected"] == 2 and off["own_tests_vs_none"]["only_with"] == 1
 
 
-def test_the_share_of_own_assertions_to_pass_moves_the_label_never_the_answer():
+def test_the_share_of_own_assertions_to_pass_moves_the_label_never_the_answer(monkeypatch):
     """FIX passes 3 of the 4 assertions: satisfied when more than half must pass, unsure when more than three quarters
     must; the same answer is kept and scored either way. The record reads the other label back exactly."""
     fullsize = _fullsize()
-    strict, half = (run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(FIX), OWN], self_check=1, self_tests=6,
-                        self_tests_pass=share) for share in (0.75, 0.5))
+    def at(share):
+        monkeypatch.setattr(selfcheck, "SELF_TESTS_PASS", share)
+        return run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(FIX), OWN], self_check=1, self_tests=6)
+
+    strict, half = at(0.75), at(0.5)
     for traj in (strict, half):
         assert traj.attempts[0].candidate == 2 and traj.attempts[0].self_check["own_passed"] == [3, 0]
         assert traj.first_pass_round == 0
@@ -169,8 +173,6 @@ def test_the_share_of_own_assertions_to_pass_moves_the_label_never_the_answer():
     assert fullsize.at_own_tests_pass(trajs, hid, 1, 0.75)["satisfied"] == 0  # its own label, read back
     back = fullsize.at_own_tests_pass(trajs, hid, 1, 0.5)
     assert back["satisfied"] == 1 and back["gap"] == 0 and back["satisfied_and_passed"] == 1
-    with pytest.raises(ValueError, match="self_tests_pass=1 is a share"):
-        check_config(agent(strategy="single_shot", candidates=2, self_check=1, self_tests=4, self_tests_pass=1))
 
 
 # self_check_scope=task: agreement is counted among every answer of the task, one answer a round

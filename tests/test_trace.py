@@ -1,8 +1,9 @@
-"""Execution-trace feedback (agents/trace.py, knob trace_chars): the failing call's steps with the values each line
+"""Execution-trace feedback (agents/trace.py, agents/feedback.py TRACE_CHARS): the failing call's steps with the values each line
 set, its outcome, within a budget; the rewritten candidate behaves as the original; reflection's revision prompt
 carries it."""
 from __future__ import annotations
 
+from agents import feedback as feedback_module
 from agents.feedback import shape_feedback
 from agents.loop import run_agent
 from agents.models.doubles import ScriptedModel
@@ -100,11 +101,12 @@ def test_every_canonical_and_buggy_solution_behaves_the_same_rewritten():
 
 
 @needs_data
-def test_reflection_revises_from_the_trace():
+def test_reflection_revises_from_the_trace(monkeypatch):
     sig = "def truncate_number(number: float) -> float:\n"
     wrong = sig + "    whole = int(number)\n    return number - whole + 1.0\n"
     model = ScriptedModel([fenced(wrong), fenced(sig + "    return number % 1.0\n")])
-    traj = run_agent(task(2), model, sandbox(), agent("reflection", iters=1, trace_chars=700))
+    monkeypatch.setattr(feedback_module, "TRACE_CHARS", 700)
+    traj = run_agent(task(2), model, sandbox(), agent("reflection", iters=1))
     assert traj.passed and traj.first_pass_round == 1
     revision = model.requests[1].messages[-1]["content"]
     assert "How `truncate_number(3.5)` ran in your code (2 steps" in revision

@@ -2,6 +2,7 @@
 The default opening prompt is the system prompt and the fix prompt."""
 from __future__ import annotations
 
+from ..config import CANDIDATE_TEMPERATURE
 from ..context import CODE_STOP, Context, State, render
 from ..extract import normalise
 from ..patch import STOP as PATCH_STOP, answers_as_patches
@@ -26,7 +27,7 @@ class Strategy:
 
     def produce(self, state: State, rnd: int) -> Attempt:
         knobs = self.ctx.cfg.strategy
-        stop = CODE_STOP if knobs.stop_after_code else ()
+        stop = CODE_STOP
         if answers_as_patches(knobs):
             stop += PATCH_STOP  # an edit ends at its REPLACE marker
         messages = self.messages(state)
@@ -48,7 +49,7 @@ class Strategy:
 
     def _redrawn(self, call, messages: list[dict], rnd: int, state: State, stop: tuple) -> Attempt:
         """`redraws`: an answer known to fail before it runs (a repeat, the bug handed back) teaches nothing and
-        would spend the round: draw again from the same prompt (candidate_temperature, its own seed; the prompt's
+        would spend the round: draw again from the same prompt (CANDIDATE_TEMPERATURE, its own seed; the prompt's
         KV is reused) and keep the first other answer. Every call counts in the tokens; calls[-1] is the kept one."""
         cfg, drawn = self.ctx.cfg.strategy, []
         while True:
@@ -57,7 +58,7 @@ class Strategy:
             if not known or len(drawn) == cfg.redraws:
                 break
             drawn.append(attempt)
-            call = self.ctx.call(messages, rnd, turn=len(drawn), stop=stop, temperature=cfg.candidate_temperature)
+            call = self.ctx.call(messages, rnd, turn=len(drawn), stop=stop, temperature=CANDIDATE_TEMPERATURE)
         if attempt.decision == "tested":
             self.ctx.execute(attempt)
         if drawn:

@@ -8,10 +8,13 @@ from ..types import Attempt
 from .reflection import Reflection
 
 
+REVISE_TEMPERATURE = 0.2  # a revision's temperature: reflection's round 1 under its rising schedule (never varied)
+
+
 class Portfolio(Reflection):
     """Reflection whose conversation starts over from the opening prompt after every `revisions` revisions. A draft
-    is round 0 (greedy), a fresh draft (resample_temperature, the round's seed) or a rewrite after a stuck answer
-    (`rewrite_when_stuck`); a revision answers the previous round's feedback at revise_temperature. What a round is
+    is round 0 (greedy), a fresh draft (RESAMPLE_TEMPERATURE, the round's seed) or a rewrite after a stuck answer
+    (`rewrite_when_stuck`); a revision answers the previous round's feedback at REVISE_TEMPERATURE. What a round is
     depends only on the rounds before it, so budgets cut and continue as for every strategy."""
 
     def initial_state(self) -> State:
@@ -30,7 +33,7 @@ class Portfolio(Reflection):
 
     def draw(self, messages: list[dict], rnd: int, stop: tuple) -> list:
         knobs = self.ctx.cfg.strategy
-        temperature = knobs.revise_temperature if self.revision else None  # None: the draft's round temperature
+        temperature = REVISE_TEMPERATURE if self.revision else None  # None: the draft's round temperature
         return self.ctx.calls(messages, rnd, knobs.candidates, stop=stop, temperature=temperature)
 
     def absorb(self, state: State, attempt: Attempt) -> None:

@@ -8,8 +8,8 @@ skip the action line.
 
 Budgets: a round is one sandbox execution (a new candidate tested or submitted), so `iters` compares with
 the other strategies; thoughts, unusable calls and repeats cost model turns (`max_turns` per task), not rounds.
-With `repeat_redraw` a repeated run_tests leaves no trace in the conversation (the model would copy it again)
-and the next turn is drawn at `candidate_temperature`. With `rewrite_when_stuck` (as in reflection) the bug handed
+A repeated run_tests leaves no trace in the conversation (the model would copy it again) and the next turn is
+drawn at CANDIDATE_TEMPERATURE. With `rewrite_when_stuck` (as in reflection) the bug handed
 back unchanged or a repeat starts a new conversation instead, without the buggy body: write it from scratch.
 A visible pass ends the task as in the other strategies (the agent's answer is the passing code).
 """
@@ -19,7 +19,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from ..config import round_temperature
+from ..config import CANDIDATE_TEMPERATURE, round_temperature
 from ..context import CODE_STOP, Context, State, render
 from ..toolcalls import TOOL_CALL_TEXT, from_tool_json, tool_args
 from ..types import Attempt, ModelCall
@@ -27,6 +27,9 @@ from .base import Strategy, header, without_unchanged_note
 
 _ACTION = re.compile(r"^[\s*#>]*Action\s*\**\s*:\s*\**\s*`?(run_tests|submit)\b", re.I | re.M)
 TOOLS = ("run_tests", "submit")
+# A run_tests of code already known to fail is dropped and the next turn drawn hotter: kept in, a small model copies
+# its own answer turn after turn (always on: never varied; where rewrite_when_stuck is on, a restart comes first)
+REPEAT_REDRAW = True
 TEXT_STOP = ("\nObservation:",)  # the model must not write the observation itself
 
 
@@ -95,10 +98,10 @@ class ReactStrategy(Strategy):
         turn_msgs: list[dict] = []
         redraw = False  # the last turn repeated known-failing code: draw this one hotter, from the same conversation
         base = state.messages
-        stop = (() if self.native else TEXT_STOP) + (CODE_STOP if knobs.stop_after_code else ())
+        stop = (() if self.native else TEXT_STOP) + CODE_STOP
         while state.turns + len(attempt.calls) < knobs.max_turns:
             turn = state.turns + len(attempt.calls)
-            hot = max(knobs.candidate_temperature, round_temperature(ctx.cfg, rnd)) if redraw else None
+            hot = max(CANDIDATE_TEMPERATURE, round_temperature(ctx.cfg, rnd)) if redraw else None
             call = ctx.call(base + turn_msgs, rnd, turn, tools=self.tools, stop=stop, temperature=hot)
             attempt.calls.append(call)
             if call.error:
@@ -150,7 +153,7 @@ class ReactStrategy(Strategy):
                                            task=ctx.task))
             if knobs.rewrite_when_stuck:
                 step["restart"] = True
-            elif knobs.repeat_redraw:
+            elif REPEAT_REDRAW:
                 step["dropped"] = True
             return False
         if verdict == "repeat":  # submitting code already known to fail: no new run, the task ends

@@ -5,6 +5,7 @@ import difflib
 
 from ..context import CODE_STOP, OWN_TESTS_TURN, State, render
 from ..extract import extract_candidate
+from .. import lines as line_answers  # FUNCTION_EVERY read at call time (a test changes it)
 from ..lines import LOCATE_LINES, fixable_lines, rank_lines, replace_line
 from ..types import Attempt
 from .base import Strategy
@@ -17,7 +18,7 @@ class SingleShot(Strategy):
     round * candidates + candidate, with round p's seed and temperature), so every (candidates, iters) point is a
     prefix of one stream, judged `candidates` at a time (flows/stream.py cuts them from one run).
 
-    answer_format=line (agents/lines.py): answers 0, F, 2F... (F = function_every) are whole functions as above; the
+    answer_format=line (agents/lines.py): answers 0, F, 2F... (F = FUNCTION_EVERY) are whole functions as above; the
     others each correct one line, the j-th line answer the j-th line of the task's ranking (greedy the first time
     round, then at the round's temperature). The ranking is made once, before the first line answer: lines the
     earlier whole-function answers changed, then those a localisation call quotes, then the rest in source order."""
@@ -44,7 +45,7 @@ class SingleShot(Strategy):
         lines = [p for p in positions if p not in whole]
         calls = dict(zip(whole, ctx.answers(state.messages, whole, stop=CODE_STOP))) if whole else {}
         if 0 in calls and not calls[0].error:  # answer 0 leads the ranking whether or not it is judged yet
-            self._first = extract_candidate(calls[0].output, ctx.task, knobs.keep_task_context, False).code
+            self._first = extract_candidate(calls[0].output, ctx.task, True, False).code
         side, located = [], None
         if lines and self.ranking is None:
             side = [self._locate(code)]
@@ -66,7 +67,7 @@ class SingleShot(Strategy):
 
     def _line_index(self, p: int) -> int | None:
         """Which line answer stream position p is (0, 1, ...), or None for a whole-function answer."""
-        f = self.ctx.cfg.strategy.function_every
+        f = line_answers.FUNCTION_EVERY
         if (f and p % f == 0) or not self.fixable:  # no line to correct: whole functions only
             return None
         return p - (p // f + 1) if f else p
