@@ -17,7 +17,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from .frontier import FrontierError, png_bytes
+from .analysis.figures import png_bytes
+from .analysis.records import FrontierError
 from .markdown import table
 from .neutral import result_neutral
 from .results import RESULTS_DIR, ReportError, Run, Sweep, budget_pair, cell, field, load_all, machine_words, pair_runs, records
@@ -64,7 +65,7 @@ def family(m: dict) -> str:
 def differs(a: Run, b: Run) -> str:
     """What changes answers between two runs' resolved configs: result-neutral settings left out, and a knob one run
     lacks counted equal to the other's default (a run from before the knob did what its default does)."""
-    from .frontier import param_values
+    from .analysis.records import param_values
     from .schema import knob_default
 
     pa, pb = param_values(a.params or {}), param_values(b.params or {})
@@ -337,14 +338,15 @@ def section_speed(files: dict) -> list[str]:
 
 # --- the documents --------------------------------------------------------------------------------------------
 def frontier_of(results: Path, protocol: str = FRONTIER_PROTOCOL):
-    from .frontier import frontier, records_from_files
+    from .analysis.frontier import frontier
+    from .analysis.records import records_from_files
 
     return frontier(records_from_files(sorted(results.glob("fullsize-*.json"))), model=FRONTIER_MODEL,
                     protocol=protocol, paired_only=True)
 
 
 def section_frontier(results: Path, protocol: str) -> list[str]:
-    from .frontier import markdown
+    from .analysis.render import markdown
 
     return [f"## The frontier under protocol `{protocol}`", "",
             f"Every configuration of {FRONTIER_MODEL} recorded on every task under `{protocol}`, its cost per task, the "
@@ -354,7 +356,7 @@ def section_frontier(results: Path, protocol: str) -> list[str]:
 
 
 def results_document(results: Path) -> str:
-    from .frontier import verdict_words
+    from .analysis.render import verdict_words
 
     files, sweeps, cur = load_all(results)
     machines = sorted({sw.machine + ": " + sw.about["machine"].get("cpu", "") for sw in sweeps.values()})

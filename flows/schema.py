@@ -95,8 +95,18 @@ RETIRED = {"model.int8_fuse": "False", "strategy.diagnose": "False", "strategy.e
 
 
 def without_retired(params: dict) -> dict:
-    """Run params without the retired knobs that sit at their old default (one set otherwise stays: it differs)."""
-    return {k: v for k, v in params.items() if RETIRED.get(k) != str(v)}
+    """Run params without the retired knobs that sit at their old default (one set otherwise stays: it differs).
+    Numbers compare as numbers: a reader may have written 1.0 as "1"."""
+    return {k: v for k, v in params.items() if k not in RETIRED or not _same(RETIRED[k], str(v))}
+
+
+def _same(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False
 
 
 @dataclass

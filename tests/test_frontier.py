@@ -318,3 +318,46 @@ def test_a_verdict_per_budget_is_cut_and_counted_as_it_is(tmp_path):
     assert verdict["only_a"] == 1 and [r["only_a"] for r in verdict["by_round"]] == [1, 2, 1]
     assert [first_cell(outcomes[k]) for k in sorted(outcomes)] == ["at 0-1", "1", "-"]
     assert first_cell([True, False, True, True, False, True]) == "at 0,2-3,5" and first_cell([False]) == "-"
+
+
+def test_a_configurations_label_is_its_difference_from_the_defaults_whatever_else_was_loaded():
+    """Each full-size results file loaded alone labels its configurations as it does among all the others: a label
+    names what a configuration sets away from its strategy's and model's defaults, not what the other loaded runs
+    happen to set (issue #51: "single_shot iters=0" once named two different configurations)."""
+    from flows.analysis.frontier import configurations
+    from flows.analysis.records import records_from_file
+
+    files = sorted((REPO / "benchmarks" / "results").glob("fullsize-*.json"))
+    assert len(files) >= 3
+    together, order = [], 0
+    for f in files:
+        together += records_from_file(f, order)
+        order += 1
+
+    def labels(records):
+        """Labels as the frontier makes them: among one model's runs under one protocol."""
+        groups: dict[tuple, list] = {}
+        for r in records:
+            groups.setdefault((r.params.get("model.name"), r.params.get("protocol", "tests")), []).append(r)
+        out = {}
+        for group in groups.values():
+            if not any(r.status == "FINISHED" for r in group):
+                continue
+            for c in configurations(group)[0]:
+                for run in [c.run_id] + [r.split(" ")[0] for r in c.reruns]:
+                    out[(run, c.iters)] = c.label
+        return out
+
+    def knobs(label: str) -> str:
+        """The label but the recorded path (serving.*: it has no default to differ from, so it is named where loaded
+        runs took different paths)."""
+        return " ".join(w for w in label.split() if not w.startswith("serving."))
+
+    everything = labels(together)
+    compared = 0
+    for i, f in enumerate(files):
+        for key, label in labels(records_from_file(f, i)).items():
+            if key in everything:
+                assert knobs(everything[key]) == knobs(label), (f.name, key, label, everything[key])
+                compared += 1
+    assert compared > 100

@@ -1,0 +1,295 @@
+"""Finished runs as records: results files written by benchmarks/fullsize.py and job runs read back from MLflow,
+each turned into one `Record` per budget it holds, with the back-fills that let old runs compare with new ones
+(whole numbers written one way, retired knobs dropped, a strategy knob's `before` value, a local model's path) and
+the defaults of the config it ran (`Record.defaults`, what a configuration's label is the difference from)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agents.types import cut_outcome, passed_at, row_outcome
+
+from ..schema import CONF_DIR, GROUPS, JobConf, strategy_knobs, without_retired
+
+REPO = Path(__file__).resolve().parent.parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+COSTS = ("prompt_tokens", "completion_tokens", "model_calls", "sandbox_runs")
+ROUND_COSTS = ("prompt_tokens", "completion_tokens", "model_calls", "sandbox_runs")
+
+
+class FrontierError(ValueError):
+    """Input the frontier cannot be drawn from; the message is one line that names the fix."""
+
+
+@dataclass
+class Record:
+    """One finished run, as a results file or MLflow keeps it."""
+    run_id: str
+    source: str  # results file name, or "mlflow"
+    recorded: str  # when its file was written (ISO), to pick the newest of reruns
+    order: int  # position among the inputs (a later one is newer at equal `recorded`)
+    params: dict[str, str]
+    status: str
+    passed: int
+    total: int
+    cost: dict[str, float]  # per task: prompt_tokens, completion_tokens, model_calls, sandbox_runs
+    # "task#sample" -> first passing round (None: never), or a verdict per budget (agents/types.py Outcome); None: not kept
+    outcomes: dict[str, int | list[bool] | None] | None
+    seconds: float | None  # per task: the tasks' own seconds cut to the budget, summed, / tasks; None: not known
+    machine: str
+    machine_source: str  # "tag", "recorder" (where fullsize ran), "file text", "unknown"
+    commit: str | None = None  # the engine's git commit ("+dirty": uncommitted changes); None: not recorded
+    # the config's defaults for the options `params` names (config_defaults), as params write them; None: not known
+    defaults: dict[str, str] | None = field(default=None, repr=False, compare=False)
+
+
+# ---------------------------------------------------------------------------------------------------- back-fills
+
+def _as_param(v) -> str:
+    """A value as run params write it (flows/tracking.py flatten), a whole number written one way."""
+    s = json.dumps(v) if isinstance(v, (list, tuple)) else str(v)
+    return re.sub(r"^(-?\d+)\.0+$", r"\1", s)
+
+
+def param_values(params: dict) -> dict[str, str]:
+    """Params as strings, a whole number written one way: the typed config logs `10.0` where older runs logged `10`,
+    and the same setting must not read as a knob that differs. A knob retired since the run, at the default it had,
+    is dropped (flows/schema.py RETIRED): the same configuration as a newer run without it. A local model's run from
+    before the path was recorded (agents/serving/paths.py) took fixlab's engine, with int8 weights where `weights`
+    was auto or int8 (all of them ran on CPUs): filled in, so that such a run is never pooled with a run that took
+    another path."""
+    out = without_retired({k: re.sub(r"^(-?\d+)\.0+$", r"\1", str(v)) for k, v in params.items()})
+    # a run from before a strategy knob existed did what the knob's `before` value does (agents/config.py field
+    # metadata): filled in, so the older run groups with newer ones that log it
+    for key, before in strategy_knobs(out.get("strategy.name")).items():
+        out.setdefault(key, before)
+    if out.get("model.backend") == "transformers" and "serving.runtime" not in out:
+        out["serving.runtime"] = "engine"
+        out.setdefault("serving.weights", "int8" if out.get("model.weights") in ("auto", "int8") else "dtype")
+    return out
+
+
+def _fields(record: type, prefix: str) -> dict[str, str]:
+    """A config record's scalar defaults, flattened under `prefix`, as params write them."""
+    out = {}
+    for f in dataclasses.fields(record):
+        if f.default is not dataclasses.MISSING:
+            v = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            v = f.default_factory()
+        else:
+            continue
+        if v == "???" or dataclasses.is_dataclass(v):
+            continue  # a value still to be given (omegaconf MISSING), or a nested record (dataset: not a knob)
+        out[prefix + f.name] = _as_param(v)
+    return out
+
+
+@functools.cache
+def _option_defaults(group: str, record: type, option: str | None) -> tuple[tuple[str, str], ...]:
+    """The defaults of one group option: its record's, with what conf/<group>/<option>.yaml sets over them (a model's
+    yaml holds the runtime knobs it was measured faster with) where that file names this record as its schema."""
+    from omegaconf import OmegaConf
+
+    out = _fields(record, f"{group}.")
+    path = CONF_DIR / group / f"{option}.yaml"
+    if option and path.is_file():
+        raw = OmegaConf.to_container(OmegaConf.load(path))
+        schemas = raw.pop("defaults", None) or []
+        _, records = GROUPS[group]
+        if any(isinstance(s, str) and records.get(s.removesuffix("_schema")) is record for s in schemas):
+            out.update({f"{group}.{k}": _as_param(v) for k, v in raw.items() if not isinstance(v, dict)})
+    return tuple(sorted(out.items()))
+
+
+@functools.cache
+def _defaults(options: tuple[tuple[str, str | None, str | None], ...]) -> dict[str, str]:
+    out = _fields(JobConf, "")
+    for group, selected, option in options:
+        record = GROUPS[group][1].get(selected or "")
+        if record is not None:
+            out.update(_option_defaults(group, record, option))
+    return out
+
+
+def config_defaults(params: dict[str, str]) -> dict[str, str]:
+    """What the job config holds by default for the options `params` names (its strategy, model, sandbox): the
+    records' defaults (flows/schema.py) with the model's own yaml over them, flattened as run params write them.
+    A key it lacks has no default: the path a run took (`serving.*`), or a knob no record has any more. One dict per
+    set of options, shared by the records that name them."""
+    options = tuple((group, params.get(f"{group}.{sel}"), params.get("model.name") if group == "model"
+                     else params.get(f"{group}.{sel}")) for group, (sel, _) in GROUPS.items())
+    return _defaults(options)
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+def machine_from_text(text: str) -> str | None:
+    """Older results files keep no machine: their file name or command text may name its kind (EPYC / Xeon)."""
+    low = text.lower()
+    return "AMD EPYC" if "epyc" in low else "Intel Xeon" if "xeon" in low else None
+
+
+def task_seconds(rows: list[dict]) -> float | None:
+    """The sum of the tasks' own seconds (a cut trajectory's are its rounds'); None if any task lacks them."""
+    secs = [r.get("seconds") for r in rows]
+    if not secs or any(s is None for s in secs):
+        return None
+    return round(sum(secs), 3)
+
+
+def cost_by_round(rows: list[dict], iters: int) -> list[dict] | None:
+    """[cost after round 0, after round 1, ...]: each cost summed over tasks and over the rounds up to that one, and
+    the tasks' seconds the same way (a stream-cut task's seconds are apportioned: `derived_from`). None when the rows
+    keep no per-round cost (runs logged before results.jsonl kept it)."""
+    attempts = [a for r in rows for a in r.get("attempts") or ()]
+    if not attempts or any(k not in a for a in attempts for k in ROUND_COSTS):
+        return None
+    out = []
+    for k in range(iters + 1):
+        upto = [a for r in rows for a in r["attempts"] if a["round"] <= k]
+        c = {key: sum(a[key] for a in upto) for key in ROUND_COSTS}
+        # a cut (derived) trajectory's seconds are the stream's, apportioned: spread them by completion tokens
+        secs = 0.0
+        for r in rows:
+            mine = [a for a in r["attempts"] if a["round"] <= k]
+            if r.get("derived_from"):
+                total = sum(a["completion_tokens"] for a in r["attempts"]) or 1
+                secs += r["seconds"] * sum(a["completion_tokens"] for a in mine) / total
+            else:
+                secs += sum(a.get("seconds") or 0.0 for a in mine)
+        c["task_seconds"] = round(secs, 3)
+        out.append(c)
+    return out
+
+
+def commit_of(sha: str | None, dirty) -> str | None:
+    """A run's engine commit as the frontier compares it: the short sha, "+dirty" for uncommitted changes."""
+    if not sha or sha == "unknown":
+        return None
+    return sha[:12] + ("+dirty" if str(dirty).lower() == "true" else "")
+
+
+def run_machine(run) -> tuple[str, str]:
+    """The machine a run ran on: its fixlab.machine tag, else this machine (where its record is being made)."""
+    from ..tracking import machine_name
+
+    tag = run.data.tags.get("fixlab.machine")
+    return (tag, "tag") if tag else (machine_name(), "recorder")
+
+
+def _per_task_cost(rec: dict, total: int) -> dict[str, float]:
+    if rec.get("cost") and total:
+        return {k: rec["cost"][k] / total for k in COSTS if k in rec["cost"]}
+    return {k: float(v) for k, v in (rec.get("per_task_mean") or {}).items() if k in COSTS}
+
+
+def records_from_file(path: Path, order: int = 0) -> list[Record]:
+    """The runs of a results file (benchmarks/fullsize.py's format, or a file in its shape)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        runs = doc["runs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise FrontierError(f"{path}: not a results file with a 'runs' list ({type(e).__name__}); give files that "
+                            "benchmarks/fullsize.py wrote") from None
+    guess = machine_from_text(f"{Path(path).name} {doc.get('command', '')}")
+    out = []
+    for i, r in enumerate(runs):
+        try:
+            total = int(r["overall"]["total"])
+            secs = r.get("task_seconds")
+            machine, src = (r["machine"], r.get("machine_source", "recorded")) if r.get("machine") else \
+                (f"{guess} (file text)", "file text") if guess else ("unknown", "unknown")
+            params = param_values(r["params"])
+            rec = Record(
+                run_id=r["run_id"], source=Path(path).name, recorded=str(doc.get("recorded", "")), order=order * 1000 + i,
+                params=params, status=r.get("status", "FINISHED"),
+                passed=int(r["overall"]["passed"]), total=total, cost=_per_task_cost(r, total),
+                outcomes=r.get("first_pass_round"), seconds=round(secs / total, 3) if secs is not None and total
+                else None, machine=machine,
+                machine_source=src, commit=commit_of(r.get("git_commit"), r.get("git_dirty")),
+                defaults=config_defaults(params))
+            out += budgets(rec, r.get("cost_by_round"))
+        except (KeyError, TypeError, ValueError) as e:
+            raise FrontierError(f"{path}: run {i} lacks {e} (run_id, params, overall); record it with "
+                                "benchmarks/fullsize.py") from None
+    return out
+
+
+def budgets(rec: Record, cost_by_round: list[dict] | None) -> list[Record]:
+    """A run with per-round costs holds every smaller budget too (rounds never depend on the budget: agents/loop.py):
+    one record per budget, its outcomes and costs cut to that round. Without them, the run's own budget only."""
+    if not cost_by_round or not rec.outcomes:
+        return [rec]
+    out = []
+    for b, cost in enumerate(cost_by_round):
+        outcomes = {t: cut_outcome(f, b) for t, f in rec.outcomes.items()}
+        out.append(Record(
+            run_id=rec.run_id, source=rec.source, recorded=rec.recorded, order=rec.order,
+            params={**rec.params, "iters": str(b)}, status=rec.status,
+            passed=sum(passed_at(f) for f in outcomes.values()), total=rec.total,
+            cost={k: cost[k] / rec.total for k in COSTS if k in cost},
+            outcomes=outcomes, seconds=round(cost["task_seconds"] / rec.total, 3)
+            if cost.get("task_seconds") is not None else None,
+            machine=rec.machine, machine_source=rec.machine_source, commit=rec.commit, defaults=rec.defaults))
+    return out
+
+
+def records_from_files(paths: list[Path]) -> list[Record]:
+    """The runs of several results files, in order (a later file's record of the same run wins at equal dates);
+    e.g. `frontier(records_from_files(sorted(RESULTS.glob("fullsize-*.json"))), model=..., protocol=...)`."""
+    return [rec for i, f in enumerate(paths) for rec in records_from_file(f, order=i)]
+
+
+def record_from_run(run: dict, order: int = 0) -> Record:
+    """A job run read back by flows.compare.load_runs, as a Record (the fields benchmarks/fullsize.py keeps)."""
+    rows = [r for r in run["rows"] if r.get("sample", 0) == 0]
+    firsts = {f"{r['task_id']}#0": row_outcome(r) for r in rows}
+    m = run["metrics"]
+    machine, src = run_machine(run["run"])
+    total = len(rows)
+    secs = task_seconds(rows)
+    start = run["run"].info.start_time or 0
+    params = param_values(run["params"])
+    return Record(run_id=run["run_id"], source="mlflow",
+                  recorded=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start / 1000)), order=order,
+                  params=params, status=run["run"].info.status,
+                  passed=sum(passed_at(f) for f in firsts.values()), total=total,
+                  cost={k: m[k] / total for k in COSTS if k in m and total}, outcomes=firsts,
+                  seconds=None if secs is None or not total else round(secs / total, 3), machine=machine,
+                  machine_source=src, commit=commit_of(run["run"].data.tags.get("git_commit"),
+                                                       run["run"].data.tags.get("git_dirty")),
+                  defaults=config_defaults(params))
+
+
+def records_from_mlflow(client, run_ids: list[str], sweep: str | None = None, order: int = 0,
+                        uri: str = "") -> list[Record]:
+    """Job runs read back from an MLflow store (`sweep`: a sweep's parent, whose jobs are added to `run_ids`), one
+    record per budget each holds; `order` numbers them after the results files read before them."""
+    from mlflow.exceptions import MlflowException
+
+    from ..compare import load_runs
+
+    run_ids = list(run_ids)
+    try:
+        if sweep:
+            parent = client.get_run(sweep)
+            children = client.search_runs([parent.info.experiment_id],
+                                          f"tags.`mlflow.parentRunId` = '{sweep}'",
+                                          order_by=["attributes.start_time ASC"], max_results=1000)
+            run_ids += [c.info.run_id for c in children]
+            if not children:
+                raise FrontierError(f"--sweep {sweep}: that run has no jobs under it; give a sweep's parent run")
+        runs = load_runs(client, run_ids)
+    except (MlflowException, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FrontierError(f"cannot read the runs from {uri}: {first} (check the run ids and --tracking-uri)") from None
+    return [rec for i, r in enumerate(runs)
+            for rec in budgets(record_from_run(r, order=order + i),
+                               cost_by_round([x for x in r["rows"] if x.get("sample", 0) == 0],
+                                             int(r["params"].get("iters", 0))))]
