@@ -80,7 +80,7 @@ class DraftsConf(StrategyConf):
     # or hand_in (hand in the best held answer, the first of the last self-check's best group, labelled unsure, as
     # scope round does with an unsure round). Under hand_in the verdict is not monotone in the budget (an answer
     # handed in at budget 4 may give way to a wrong pair that agrees at budget 8), so a trajectory keeps a verdict
-    # for every budget (Trajectory.outcome) and every reader of "passed by budget k" takes it from there.
+    # for every budget (Trajectory.passed_by_budget) and every reader of "passed by budget k" takes it from there.
     held_at_end: str = field(default="hold", metadata={"before": "hold"})
 
 

@@ -1,36 +1,17 @@
-"""Hermes/Qwen-style <tool_call>{"name": ..., "arguments": ...}</tool_call> blocks in model text.
-
-Two readers: `parse_tool_calls` (strict JSON, OpenAI's shape) is what the transformers backend returns as
-Generation.tool_calls; `from_tool_json` is ReAct's fallback for one body the strict reader rejected.
-Imports nothing from agents.models or agents.strategies: both import this.
+"""Hermes/Qwen-style <tool_call>{"name": ..., "arguments": ...}</tool_call> blocks in model text: ReAct's tolerant
+reader. `from_tool_json` is its fallback for one body the strict reader rejected; the strict reader (strict JSON,
+OpenAI's shape), which the transformers backend returns as Generation.tool_calls, is `parse_tool_calls` in
+agents/models/toolcalls.py. Imports nothing from agents.models or agents.strategies.
 """
 from __future__ import annotations
 
 import json
 import re
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 # Any body, closed or not (the answer may have hit max_new_tokens): for the tolerant reader.
 TOOL_CALL_TEXT = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.S)
 _NAME = re.compile(r'"name"\s*:\s*"(\w+)"')
 _CODE_ARG = re.compile(r'"code"\s*:\s*"((?:[^"\\]|\\.)*)', re.S)
-
-
-def parse_tool_calls(text: str) -> list[dict]:
-    """Hermes/Qwen-style <tool_call>{"name":..., "arguments":...}</tool_call> blocks, in OpenAI's shape."""
-    calls = []
-    for i, m in enumerate(_TOOL_CALL.finditer(text)):
-        try:
-            d = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(d, dict) or "name" not in d:
-            continue
-        args = d.get("arguments", {})
-        calls.append({"id": f"call_{i}", "type": "function",
-                      "function": {"name": d["name"],
-                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    return calls
 
 
 def tool_args(raw) -> dict | None:

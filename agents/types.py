@@ -237,11 +237,9 @@ class Trajectory:
         return rnd, call, next(a for a in upto if a.round == rnd).candidate_passed(call)
 
     @property
-    def outcome(self) -> int | list[bool] | None:
-        """What a results row keeps to score every smaller budget: the first passing round (None: never), or under
-        held_at_end=hand_in, whose verdict is not monotone in the budget, the verdict at each budget 0..budget."""
-        if self.held_at_end == "hold":
-            return self.first_pass_round
+    def passed_by_budget(self) -> list[bool]:
+        """The verdict at each budget 0..budget: what a results row keeps to score every smaller budget, whatever the
+        strategy (under held_at_end=hand_in it is not monotone in the budget, so no single round could say it)."""
         return [self.passed_by_round(r) for r in range(self.budget + 1)]
 
     @property
@@ -291,27 +289,37 @@ class Trajectory:
         return cls(attempts=attempts, **kw)
 
 
-# A task's outcome as results rows and files keep it (Trajectory.outcome): the first passing round (None: never), or
-# a verdict for each budget 0..iters where the verdict is not monotone (held_at_end=hand_in).
-Outcome = int | list[bool] | None
+# A task's verdict at each budget 0..n, as trajectories (Trajectory.passed_by_budget), results rows and results files
+# keep it. A budget past the list's end keeps the last verdict, so what older runs kept (the first passing round,
+# None for never) reads as [False] * round + [True], or [False]: `verdicts` turns any stored shape into this one.
+Verdicts = list[bool]
 
 
-def passed_at(outcome: Outcome, k: int | None = None) -> bool:
-    """Passed with budget k (None: the run's own budget)."""
-    if isinstance(outcome, list):
-        return bool(outcome) and outcome[-1 if k is None else min(k, len(outcome) - 1)]
-    return outcome is not None and (k is None or outcome <= k)
+def verdicts(stored) -> Verdicts:
+    """A stored outcome as verdicts per budget: a list as it is, a first passing round, or None (never passed)."""
+    if isinstance(stored, list):
+        return [bool(v) for v in stored]
+    return [False] * int(stored) + [True] if stored is not None else [False]
 
 
-def cut_outcome(outcome: Outcome, k: int) -> Outcome:
-    """The outcome a run with budget k would keep."""
-    if isinstance(outcome, list):
-        return outcome[: k + 1]
-    return outcome if outcome is not None and outcome <= k else None
+def passed_at(v: Verdicts, k: int | None = None) -> bool:
+    """Passed with budget k (None: the run's own budget, the last verdict)."""
+    return bool(v) and v[-1 if k is None else min(k, len(v) - 1)]
 
 
-def row_outcome(row: dict) -> Outcome:
-    """A results row's outcome (flows/job.py writes "passed_by_budget" only where the verdict is not monotone)."""
+def cut(v: Verdicts, k: int) -> Verdicts:
+    """The verdicts a run with budget k keeps: the one cut every reader of a budget uses (the frontier, compare, the
+    report, resume). Round r never depends on the budget (agents/loop.py), so a prefix is a fresh run's record."""
+    return v[: k + 1]
+
+
+def first_pass(v: Verdicts) -> int | None:
+    """The first budget whose answer passed (None: none did)."""
+    return next((k for k, ok in enumerate(v) if ok), None)
+
+
+def row_verdicts(row: dict) -> Verdicts:
+    """A results row's verdicts per budget (rows from before every row kept them: from its first passing round)."""
     if row.get("passed_by_budget") is not None:
-        return row["passed_by_budget"]
-    return row.get("first_pass_round") if row.get("passed", row.get("first_pass_round") is not None) else None
+        return verdicts(row["passed_by_budget"])
+    return verdicts(row.get("first_pass_round") if row.get("passed", row.get("first_pass_round") is not None) else None)

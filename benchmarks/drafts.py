@@ -35,7 +35,7 @@ from agents.context import CODE_STOP, Context  # noqa: E402
 from agents.config import AgentConfig, SingleShotConf  # noqa: E402
 from agents.models.base import GenRequest  # noqa: E402
 from agents.serving import cpu_attention  # noqa: E402
-from agents.serving import engine as engine_mod  # noqa: E402
+from agents.serving import drafts as engine_mod  # noqa: E402 (HOLES_SHARE: the draft steps' setting)
 from agents.serving.engine import BatchEngine  # noqa: E402
 from agents.serving.hf import TransformersModel  # noqa: E402
 from agents.strategies import REGISTRY  # noqa: E402

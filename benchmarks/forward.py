@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from transformers import AttentionInterface, DynamicCache  # noqa: E402
 
 from agents.serving import cpu_attention  # noqa: E402
-from agents.serving.engine import _GrowingLayer  # noqa: E402
+from agents.serving.kvcache import _GrowingLayer  # noqa: E402
 from agents.serving.hf import TransformersModel  # noqa: E402
 from agents.serving.int8 import Int8Linear  # noqa: E402
 from decode_profile import default_model  # noqa: E402

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from agents.selfcheck import SELF_TESTS_PASS, satisfied  # noqa: E402
-from agents.types import Attempt, passed_at, row_outcome  # noqa: E402
+from agents.types import Attempt, passed_at, row_verdicts  # noqa: E402
 from flows.compare import compare, load_runs, paired_verdicts  # noqa: E402
 from flows.frontier import cost_by_round, run_machine, task_seconds  # noqa: E402
 from flows.stats import paired, wilson  # noqa: E402
@@ -37,7 +37,7 @@ COST = ("prompt_tokens", "prefill_tokens", "completion_tokens", "model_calls", "
 
 def rate(rows: list[dict], rnd: int | None = None) -> dict:
     """pass@1 (after round `rnd`, or at the end) of one sample per task, with its Wilson interval."""
-    ok = [passed_at(row_outcome(r), rnd) for r in rows]
+    ok = [passed_at(row_verdicts(r), rnd) for r in rows]
     lo, hi = wilson(sum(ok), len(ok))
     return {"passed": sum(ok), "total": len(ok), "pass@1": round(sum(ok) / len(ok), 4) if ok else 0.0,
             "ci95": [round(lo, 4), round(hi, 4)]}
@@ -70,7 +70,7 @@ def record(run: dict) -> dict:
         # outcomes only (no trajectories): what a later session needs to pair a new run against this one. Each is
         # the first passing round (null: never), or where the verdict is not monotone in the budget
         # (strategy.held_at_end=hand_in) the verdict at each budget 0..iters
-        "first_pass_round": {f"{r['task_id']}#{r.get('sample', 0)}": row_outcome(r) for r in rows},
+        "first_pass_round": {f"{r['task_id']}#{r.get('sample', 0)}": row_verdicts(r) for r in rows},
     }
 
 

@@ -45,9 +45,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, Pre
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.serving.cores import usable_cores  # noqa: E402
-from agents.serving.engine import BatchEngine, use_skinny_matmul  # noqa: E402
+from agents.serving.engine import BatchEngine  # noqa: E402
 from agents.serving.hf import resolve_device, resolve_dtype  # noqa: E402
 from agents.serving.machine import describe  # noqa: E402
+from agents.serving.skinny import use_skinny_matmul  # noqa: E402
 
 CONFIGS = ROOT / "benchmarks" / "configs"
 

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 
 from agents.models.config import ModelConf, TransformersModelConf
-from agents.serving.packs import cache_root
+from agents.serving import cache_root
 from agents.types import Task, Trajectory
 from sandboxes.config import SandboxConf
 
@@ -53,21 +53,16 @@ def model_identity(model: ModelConf) -> dict:
     or fp32 on a CPU depends on its instructions, so one config can mean two numerics on two machines)."""
     ident = without_neutral("model", dataclasses.asdict(model))
     if isinstance(model, TransformersModelConf):
-        from agents.serving.devices import resolve_device, resolve_dtype, resolve_weights
-
-        from agents.serving.runtime import recorded
-
-        from agents.serving import NUMERICS
+        from agents.serving import NUMERICS, auto_dtype, recorded_path
 
         ident["numerics"] = NUMERICS  # trajectories from an older engine arithmetic are not this one's
-        chosen = recorded(model)
+        chosen = recorded_path(model)
         if chosen is not None:  # the path this process's model took (weights, dtype, runtime: measured when auto)
             ident["serving"] = without_neutral("serving", chosen)
             return ident
-        device = resolve_device(model.device)
-        if model.dtype == "auto":
-            weights = resolve_weights(model.weights, device)
-            ident["dtype"] = str(resolve_dtype("auto", device, weights)).replace("torch.", "")
+        dtype = auto_dtype(model)  # resolves the device either way (a wrong one raises)
+        if dtype is not None:
+            ident["dtype"] = dtype
     return ident
 
 

@@ -20,7 +20,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from agents.types import passed_at, row_outcome
+from agents.types import first_pass, passed_at, row_verdicts
 
 from .core import task_order
 from .markdown import table as md_table
@@ -58,7 +58,7 @@ def compare(runs: list[dict]) -> dict:
         rows = [row for row in r["rows"] if (row["task_id"], row["sample"]) in common]
         iters = int(r["params"].get("iters", 0))
         n = len(rows) or 1
-        firsts = [row_outcome(row) for row in rows]  # first passing round, or a verdict per budget (agents/types.py)
+        firsts = [row_verdicts(row) for row in rows]  # the verdict at each budget (agents/types.py)
         decisions = Counter(a["decision"] for row in rows for a in row["attempts"])
         out["runs"].append({
             "label": labels[r["run_id"]] + ("" if r["finished"] else " (unfinished)"),
@@ -131,19 +131,20 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def first_cell(outcome) -> str:
-    """A task's first passing round as the table shows it; a verdict per budget (held_at_end=hand_in, not monotone)
-    as the budgets at which it passed, in runs: "at 0-1,5-23"."""
-    if isinstance(outcome, list):
-        runs, start = [], None
-        for k, v in enumerate([*outcome, False]):
-            if v and start is None:
-                start = k
-            elif not v and start is not None:
-                runs.append(str(start) if k - 1 == start else f"{start}-{k - 1}")
-                start = None
-        return "at " + ",".join(runs) if runs else "-"
-    return "-" if outcome is None else str(outcome)
+def first_cell(v: list[bool]) -> str:
+    """A task's verdicts per budget as the table shows them: the first passing round where they are monotone, else
+    (held_at_end=hand_in) the budgets at which it passed, in runs: "at 0-1,5-23"."""
+    first = first_pass(v)
+    if first is None or all(v[first:]):
+        return "-" if first is None else str(first)
+    runs, start = [], None
+    for k, ok in enumerate([*v, False]):
+        if ok and start is None:
+            start = k
+        elif not ok and start is not None:
+            runs.append(str(start) if k - 1 == start else f"{start}-{k - 1}")
+            start = None
+    return "at " + ",".join(runs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -171,8 +171,9 @@ def _result_rows(trajs: list[Trajectory]):
         yield {
             "task_id": t.task_id, "sample": t.sample, "bug_type": t.bug_type, "passed": t.passed,
             "first_pass_round": t.first_pass_round, "error": t.error, "seconds": t.seconds,
-            # held_at_end=hand_in: the verdict at each budget (not monotone, so first_pass_round cannot say it)
-            **({"passed_by_budget": t.outcome, "handed_in": t.handed_in} if t.held_at_end != "hold" else {}),
+            # the verdict at each budget: what every reader cuts and scores (first_pass_round derives from it)
+            "passed_by_budget": t.passed_by_budget,
+            **({"handed_in": t.handed_in} if t.held_at_end != "hold" else {}),
             "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
             "derived_from": t.derived_from,
             # what each round cost: a run's rows give every smaller budget's cost too (flows/frontier.py)

@@ -6,7 +6,7 @@ A results file is `benchmarks/results/<kind>-<UTC stamp>[-<note>].json`: the scr
     kind      what made it (weights, memory, fullsize, ...; the file name's prefix)
     utc       when, as 20261128T050431Z
     commit    the git commit of the tree that measured (`dirty`: it had uncommitted changes)
-    machine   agents/serving/machine.py describe(): CPU model and flags, cores, torch, forced instruction sets, GPU
+    machine   agents.serving.describe_machine(): CPU model and flags, cores, torch, forced instruction sets, GPU
     config    the resolved settings the figures depend on (a job's config, a script's arguments)
     command   the command line that made it
     title     one line: what was measured, in words (a table's heading)
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from agents.types import cut_outcome, passed_at
+from agents.types import cut, passed_at, verdicts
 
 from .stats import Paired, paired
 
@@ -63,7 +63,7 @@ def stamp(t: float | None = None) -> str:
 def about(kind: str, *, title: str, text: str = "", config: dict | None = None, command: str | None = None,
           machine: dict | None = None, table: dict | None = None, **extra) -> dict:
     """The `about` block of a results file being written now (machine: this one unless given)."""
-    from agents.serving.machine import describe
+    from agents.serving import describe_machine as describe
 
     commit, dirty = git_commit()
     out = {"kind": kind, "utc": stamp(), "commit": commit, "dirty": dirty, "machine": machine or describe(),
@@ -161,7 +161,7 @@ class Run:
     iters: int
     by_round: list[int]  # tasks passed after each round
     total: int
-    outcomes: dict | None  # task#sample -> first passing round (None: never) or a verdict per budget; None: not recorded
+    outcomes: dict | None  # task#sample -> the verdict at each budget (agents/types.py Verdicts); None: not recorded
     cost: dict
     tuning: tuple[int, int] | None = None  # (passed, total) on Python/0-23
     other: tuple[int, int] | None = None
@@ -178,7 +178,7 @@ class Run:
                               "record it again with benchmarks/fullsize.py")
         cost = {k: v for k, v in self.cost_by_round[iters].items() if k != "task_seconds"}
         return replace(self, iters=iters, by_round=self.by_round[:iters + 1], cost=cost, overfit=None,
-                       outcomes={t: cut_outcome(r, iters) for t, r in self.outcomes.items()})
+                       outcomes={t: cut(v, iters) for t, v in self.outcomes.items()})
 
     passed = property(lambda self: self.by_round[-1])
     short = property(lambda self: self.run_id[:8])
@@ -210,10 +210,15 @@ class Sweep:
         return self.last.cut(iters)
 
 
+def _verdicts(stored: dict | None) -> dict[str, list[bool]] | None:
+    """A results file's per-task outcomes (first passing rounds in older files) as verdicts per budget."""
+    return {t: verdicts(v) for t, v in stored.items()} if stored else None
+
+
 def _run(i: int, r: dict) -> Run:
     f = lambda d: (d["passed"], d["total"])  # noqa: E731
     return Run(r["run_id"], int(r["params"].get("iters", len(r["by_round"]) - 1)), [x["passed"] for x in r["by_round"]],
-               r["overall"]["total"], r.get("first_pass_round") or None, r.get("cost", {}), f(r["tuning_sample_0_23"]),
+               r["overall"]["total"], _verdicts(r.get("first_pass_round")), r.get("cost", {}), f(r["tuning_sample_0_23"]),
                f(r["other_tasks"]), {b: f(v) for b, v in r.get("by_bug_type", {}).items()}, r.get("overfit_gap"), i,
                r["params"], r.get("cost_by_round"))
 

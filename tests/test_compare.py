@@ -84,7 +84,7 @@ def test_fullsize_pairs_a_new_run_against_one_recorded_in_an_earlier_results_fil
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"runs": [fullsize.record(r) for r in load_runs(client, ids[:1])]}))
     assert fullsize.record(load_runs(client, ids[:1])[0])["first_pass_round"] == {
-        "Python/0#0": 0, "Python/1#0": None, "Python/2#0": None, "Python/3#0": None}
+        "Python/0#0": [True], "Python/1#0": [False], "Python/2#0": [False], "Python/3#0": [False]}
 
     base = fullsize.from_file(f"{old}:{ids[0][:8]}")
     new = fullsize.record(load_runs(client, ids[1:])[0])

@@ -258,7 +258,8 @@ def test_a_run_with_per_round_costs_holds_every_smaller_budget(tmp_path):
     recs = records_from_file(path)
     assert [(r.params["iters"], r.passed, round(r.cost["completion_tokens"], 2)) for r in recs] == \
         [("0", 1, 10.0), ("1", 1, 23.33), ("2", 2, 43.33)]
-    assert recs[1].outcomes == {"T/0#0": 0, "T/1#0": None, "T/2#0": None}
+    # an older file's first passing rounds read as verdicts per budget, cut at the round
+    assert recs[1].outcomes == {"T/0#0": [True], "T/1#0": [False, False], "T/2#0": [False]}
     assert budgets(recs[0], None) == [recs[0]]
 
 
@@ -296,6 +297,7 @@ def test_a_verdict_per_budget_is_cut_and_counted_as_it_is(tmp_path):
     per-round verdicts read those, not a first passing round."""
     from flows.compare import first_cell, paired_verdicts
     from flows.frontier import records_from_file
+    from agents.types import verdicts
     from flows.results import Run, pair_runs
 
     outcomes = {"T/0#0": [True, True, False], "T/1#0": 1, "T/2#0": None}
@@ -307,13 +309,16 @@ def test_a_verdict_per_budget_is_cut_and_counted_as_it_is(tmp_path):
     path = tmp_path / "fullsize-hand-in.json"
     path.write_text(json.dumps({"command": "x", "recorded": "2026-11-28T00:00:00Z", "runs": [rec]}))
     assert [(r.params["iters"], r.passed) for r in records_from_file(path)] == [("0", 1), ("1", 2), ("2", 1)]
+    # the file holds an older file's shapes too (a first passing round, None): read, every one is verdicts per budget
+    outcomes = {k: verdicts(v) for k, v in outcomes.items()}
+    assert outcomes == {"T/0#0": [True, True, False], "T/1#0": [False, True], "T/2#0": [False]}
     run = Run("h" * 32, 2, [1, 2, 1], 3, outcomes, {}, cost_by_round=cost)
-    assert run.cut(1).outcomes == {"T/0#0": [True, True], "T/1#0": 1, "T/2#0": None}
-    never = Run("n" * 32, 2, [0, 0, 0], 3, {k: None for k in outcomes}, {})
+    assert run.cut(1).outcomes == {"T/0#0": [True, True], "T/1#0": [False, True], "T/2#0": [False]}
+    never = Run("n" * 32, 2, [0, 0, 0], 3, {k: [False] for k in outcomes}, {})
     pr = pair_runs(run, never)
     assert (pr.result.only_a, [p.only_a for p in pr.per_round]) == (1, [1, 2, 1])
     mine = {"label": "hand_in", "iters": 2, "first_pass_round": outcomes}
-    base = {"label": "none", "iters": 2, "first_pass_round": {k: None for k in outcomes}}
+    base = {"label": "none", "iters": 2, "first_pass_round": {k: [False] for k in outcomes}}
     verdict = paired_verdicts([base, mine])[0]
     assert verdict["only_a"] == 1 and [r["only_a"] for r in verdict["by_round"]] == [1, 2, 1]
     assert [first_cell(outcomes[k]) for k in sorted(outcomes)] == ["at 0-1", "1", "-"]

@@ -1,8 +1,11 @@
 """The layout a newcomer relies on: no import cycle between fixlab's modules (top-level or inside functions),
-and an evaluation core that imports no orchestration (Prefect, Hydra, MLflow)."""
+an evaluation core that imports no orchestration (Prefect, Hydra, MLflow), and the serving stack behind one boundary:
+flows/ imports `agents.serving` (its __init__: the public surface) and never a module inside it, agents/serving
+imports no agents module but agents.models', and importing agents.serving loads no torch."""
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 
@@ -96,3 +99,80 @@ def test_the_folder_readmes_name_only_files_that_exist():
             if not any(p.exists() for p in here):
                 missing.append(f"{folder}/README.md names {name}")
     assert not missing, missing
+
+
+# ---- the serving boundary --------------------------------------------------------------------------------------------
+SERVING = REPO / "agents" / "serving"
+
+
+def _import_targets(path):
+    """(line, module) for each fixlab or other module a file imports anywhere in it (inside functions too; relative
+    imports resolved; `from pkg import name` gives pkg.name where that is a module or package here, else pkg)."""
+    mod = _module(path)
+    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield node.lineno, a.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([base] if base else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                here = REPO.joinpath(*sub.split("."))
+                yield node.lineno, sub if here.with_suffix(".py").exists() or here.is_dir() else base
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")):
+            yield node.lineno, node.args[0].value
+
+
+def _where(path, line: int) -> str:
+    return f"{path.relative_to(REPO)}:{line}"
+
+
+def test_flows_import_the_serving_package_only():
+    """flows/ reaches the serving stack through agents/serving/__init__.py (the Model protocol, build, the facts
+    the cache and the run records need), never a module inside it, so that the stack's files can change freely."""
+    bad = [f"{_where(p, line)} imports {m}: import it from agents.serving (add it to agents/serving/__init__.py)"
+           for p in sorted((REPO / "flows").rglob("*.py")) for line, m in _import_targets(p)
+           if m.startswith("agents.serving.")]
+    assert not bad, "\n".join(bad)
+
+
+def test_serving_imports_no_agents_module_but_the_models_layer():
+    """agents/serving sits under agents.models (the protocol, the configs, the shared helpers) and above nothing
+    else of fixlab's: no agent strategy, context or parser, so the stack could be a package of its own."""
+    allowed = ("agents.models", "agents.serving")
+    bad = [f"{_where(p, line)} imports {m}: agents/serving may import agents.models and agents.serving only"
+           for p in sorted(SERVING.rglob("*.py")) for line, m in _import_targets(p)
+           if m.split(".")[0] == "agents" and not any(m == a or m.startswith(a + ".") for a in allowed)]
+    assert not bad, "\n".join(bad)
+
+
+def test_importing_agents_serving_loads_no_torch():
+    """`import agents.serving` is cheap (flows/cache.py imports it at the top, hosted-model jobs too): torch and
+    transformers load inside its functions only. On failure, the fixlab frames that imported them."""
+    code = """if True:
+        import json, sys, traceback
+
+        class Spy:
+            where = {}
+
+            def find_spec(self, name, path=None, target=None):
+                top = name.split(".")[0]
+                if top in ("torch", "transformers") and top not in Spy.where:
+                    Spy.where[top] = [f"{f.filename}:{f.lineno}" for f in traceback.extract_stack()
+                                      if "/agents/" in f.filename or "/flows/" in f.filename]
+                return None
+
+        sys.meta_path.insert(0, Spy())
+        import agents.serving  # noqa: F401
+        print(json.dumps(Spy.where))
+    """
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded == {}, "import agents.serving imported " + "; ".join(
+        f"{m} from {' <- '.join(reversed(w)).replace(f'{REPO}/', '') or 'outside fixlab'}" for m, w in loaded.items())

@@ -222,7 +222,7 @@ def test_parse_tool_calls():
 
 
 def test_skinny_matmul_matches_linear():
-    from agents.serving.engine import _SKINNY_MAX_ROWS, use_skinny_matmul
+    from agents.serving.skinny import _SKINNY_MAX_ROWS, use_skinny_matmul
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(48, 96), torch.nn.Linear(96, 40, bias=False))
@@ -240,7 +240,7 @@ def test_skinny_matmul_matches_linear():
 def test_long_generation_grows_cache_in_place(tiny):
     """150 new tokens: the in-place KV buffer regrows several times; rows of different lengths, one leaving
     early, still match transformers' own greedy ids."""
-    from agents.serving.engine import _GrowingLayer
+    from agents.serving.kvcache import _GrowingLayer
 
     batched, _ = tiny
     prompts = [batched.prompt_ids(GenRequest(messages=msgs(k))) for k in (1, 3)]
@@ -315,7 +315,7 @@ def test_prefix_reuse_gives_the_same_answers_and_prefills_only_the_new_turn(tiny
 
 
 def test_prefix_store_keeps_the_longest_match_within_its_budget():
-    from agents.serving.engine import PrefixStore
+    from agents.serving.prefix import PrefixStore
 
     kv = lambda n: [(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4))]  # noqa: E731  32 bytes a token
     store = PrefixStore(max_bytes=32 * 100, min_tokens=4)
@@ -352,7 +352,7 @@ def test_prompt_lookup_drafts_keep_the_answers(tiny, monkeypatch):
 
     (plain, _), (drafted, stats) = answers(0), answers(6)
     assert [g.text for g in drafted] == [g.text for g in plain]
-    from agents.serving import engine as engine_mod  # a model whose logits need the whole forward: the same
+    from agents.serving import drafts as engine_mod  # a model whose logits need the whole forward: the same
 
     monkeypatch.setattr(engine_mod, "PLAIN_HEAD", set())
     assert [g.text for g in answers(6)[0]] == [g.text for g in plain]
@@ -506,7 +506,7 @@ def test_grouped_attention_is_on_by_default_and_keeps_greedy_answers(tiny, tmp_p
 def test_growing_cache_layer_moves_rows_and_columns_like_plain_tensors():
     """The engine's KV layer (in-place appends, row compaction, left drops, joins into spare rows) holds exactly
     what torch.cat / index_select / left padding would."""
-    from agents.serving.engine import _GrowingLayer, _left_pad
+    from agents.serving.kvcache import _GrowingLayer, _left_pad
 
     g = torch.Generator().manual_seed(0)
 

@@ -217,7 +217,7 @@ def test_only_rows_computes_the_chosen_rows_bit_equal_and_zeros_the_rest():
 def test_int8_draft_steps_of_uneven_lengths_keep_greedy_answers(tiny_int8, monkeypatch):
     """Drafts of different lengths per row in one step (padding positions the int8 matmuls skip), rejected drafts
     compacted out of the cache after every step: the tokens equal plain greedy decoding of the same engine."""
-    from agents.serving import engine as engine_mod
+    from agents.serving import drafts as engine_mod  # HOLES_SHARE: the draft steps' setting
     from agents.serving.engine import BatchEngine
 
     m = tiny_int8

@@ -232,18 +232,18 @@ def test_held_at_end_hand_in_verdicts_are_per_budget_and_a_cut_budget_equals_a_f
     are handed in, satisfied. Each budget cut from the long run (truncate) and each continued from a shorter one
     (prior=) equals a fresh run with that budget, and the outcome keeps the verdict of every budget."""
     from agents.loop import truncate
-    from agents.types import cut_outcome, passed_at, row_outcome
+    from agents.types import cut, passed_at, row_verdicts, verdicts
     from flows.job import _result_rows
 
     outputs = [fenced(FIX), fenced(OVERFIT), fenced(OVERFIT_TOO)]
     long = across(outputs, iters=2, held_at_end="hand_in")
     assert long.attempts[2].self_check["satisfied"] and not long.passed and long.stop_reason == "solved"
-    assert [long.passed_by_round(k) for k in range(3)] == [True, True, False] and long.outcome == [True, True, False]
-    seen = lambda t: (t.passed, t.first_pass_round, t.handed_in, t.stop_reason, t.budget, t.outcome)  # noqa: E731
+    assert [long.passed_by_round(k) for k in range(3)] == [True, True, False] and long.passed_by_budget == [True, True, False]
+    seen = lambda t: (t.passed, t.first_pass_round, t.handed_in, t.stop_reason, t.budget, t.passed_by_budget)  # noqa: E731
     for k in range(3):
         fresh = across(outputs[:k + 1], iters=k, held_at_end="hand_in")
         assert seen(truncate(long, k)) == seen(fresh), k
-        assert fresh.outcome == long.outcome[:k + 1] == cut_outcome(long.outcome, k)
+        assert fresh.passed_by_budget == long.passed_by_budget[:k + 1] == cut(long.passed_by_budget, k)
     cfg = agent(strategy="single_shot", protocol="hidden", candidates=1, self_check=2, self_check_scope="task",
                 held_at_end="hand_in", iters=1)
     prior = run_agent(task(2), ScriptedModel(outputs[:2]), sandbox(), cfg)
@@ -252,9 +252,14 @@ def test_held_at_end_hand_in_verdicts_are_per_budget_and_a_cut_budget_equals_a_f
     assert seen(cont) == seen(long)
     # the results row keeps the per-budget verdicts, and every reader of "passed by budget k" takes them from there
     row = next(_result_rows([long]))
-    assert row["passed_by_budget"] == [True, True, False] and row_outcome(row) == [True, True, False]
-    assert [passed_at(row_outcome(row), k) for k in (0, 1, 2, None)] == [True, True, False, False]
-    assert "passed_by_budget" not in next(_result_rows([across(outputs, iters=2)]))  # hold: monotone as before
+    assert row["passed_by_budget"] == [True, True, False] and row_verdicts(row) == [True, True, False]
+    assert [passed_at(row_verdicts(row), k) for k in (0, 1, 2, None)] == [True, True, False, False]
+    # hold: monotone, the same record; a row from before rows kept verdicts reads from its first passing round
+    held = next(_result_rows([across(outputs, iters=2)]))
+    assert held["passed_by_budget"] == [False, False, False] and row_verdicts(held) == [False, False, False]
+    old = {"first_pass_round": 1, "passed": True}
+    assert row_verdicts(old) == verdicts(1) == [False, True] and [passed_at(row_verdicts(old), k) for k in (0, 1, 5)] \
+        == [False, True, True]
 
 
 def test_held_at_end_is_checked():

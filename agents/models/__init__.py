@@ -20,14 +20,14 @@ def build_model(conf: ModelConf, dataset=None) -> Model:
     if isinstance(conf, TransformersModelConf):
         runtime = str(conf.runtime or "auto").strip().lower()
         require("llamacpp" if runtime == "llamacpp" else "local", f"model={conf.name}", ModelUnavailable)
-        from ..serving.runtime import build_local
+        from ..serving import build
 
-        return build_local(conf)  # fixlab's engine, or llama.cpp where `runtime: auto` measured it faster
+        return build(conf)  # fixlab's engine, or llama.cpp where `runtime: auto` measured it faster
     if isinstance(conf, LlamaCppModelConf):
         require("llamacpp", f"model={conf.name}", ModelUnavailable)
-        from ..serving.llamacpp import LlamaCppModel
+        from ..serving import build
 
-        return LlamaCppModel(conf)
+        return build(conf)
     if isinstance(conf, OpenAIModelConf):
         from .openai_backend import OpenAIModel
 

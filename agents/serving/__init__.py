@@ -1,7 +1,93 @@
-"""The local serving stack (transformers with fixlab's batching engine, llama.cpp) behind agents.models' Model protocol."""
+"""The local serving stack (transformers with fixlab's batching engine, llama.cpp) behind agents.models' Model protocol.
+
+Its public surface, all that code outside agents/serving needs (flows/ imports this package only, never a module
+inside it: tests/test_layout.py):
+- the Model protocol and its request and answer (agents/models/base.py): Model, GenRequest, Generation,
+  ModelUnavailable;
+- `build(conf)`: the model a transformers or llamacpp config serves through; a transformers config's model has
+  `.choice.record()`, the path it took (runtime, weights, dtype, whether its answers repeat: paths.py);
+- the facts the trajectory cache and the run records need: NUMERICS, `cache_root()`, `recorded_path(conf)`,
+  `auto_dtype(conf)`; and the machine's: `describe_machine()`, `cpu_info()`, `isa_family()`.
+Importing it imports no torch or transformers: each function loads what it needs when called.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..models.base import Generation, GenRequest, Model, ModelUnavailable
+from ..models.config import LlamaCppModelConf, TransformersModelConf
 
 # The engine's arithmetic, versioned: bumped whenever a change to the kernels or the engine changes which bits a
 # request's answer gets, so that cached trajectories from the older arithmetic are not replayed as this one's
 # (flows/cache.py). 2: batch-invariant attention (prefill, decode and drafts in one kernel, the softmax sum in a fixed
 # order) and float32 matmuls in fixlab's packed kernel.
 NUMERICS = 2
+
+
+def build(conf: TransformersModelConf | LlamaCppModelConf) -> Model:
+    """The model a config serves through. transformers: fixlab's engine, transformers' own batching (kept.py) or, for
+    a registry pack, llama.cpp, as configured or measured here (runtime.py; prints the path line and remembers the
+    path for `recorded_path`); llamacpp: llama.cpp embedded in the job. Checks no extra: agents.models.build_model
+    says which pip extra is missing first."""
+    if isinstance(conf, TransformersModelConf):
+        from .runtime import build_local
+
+        return build_local(conf)
+    if isinstance(conf, LlamaCppModelConf):
+        from .llamacpp import LlamaCppModel
+
+        return LlamaCppModel(conf)
+    raise ModelUnavailable(f"agents.serving serves transformers and llamacpp configs, not {conf.backend!r}")
+
+
+def cache_root() -> Path:
+    """fixlab's cache folder ($FIXLAB_CACHE, else ~/.cache/fixlab): registry packs, measured paths, trajectories."""
+    from .packs import cache_root as root
+
+    return root()
+
+
+def recorded_path(conf: TransformersModelConf) -> dict | None:
+    """The path (Choice.record()) a model built from this config took in this process; None if none was built."""
+    from .runtime import recorded
+
+    return recorded(conf)
+
+
+def auto_dtype(conf: TransformersModelConf) -> str | None:
+    """The dtype a config's `dtype: auto` means on this machine before any model loads ("float32", "bfloat16": bf16
+    or fp32 on a CPU depends on its instructions and fixlab's kernels); None where the config names a dtype. Its device
+    is resolved either way: a wrong or absent one raises BadModelConfig (devices.py)."""
+    from .devices import resolve_device, resolve_dtype, resolve_weights
+
+    device = resolve_device(conf.device)
+    if conf.dtype != "auto":
+        return None
+    weights = resolve_weights(conf.weights, device)
+    return str(resolve_dtype("auto", device, weights)).replace("torch.", "")
+
+
+def describe_machine(**extra) -> dict:
+    """The machine block of a results file: CPU model and flags, cores, Python's and torch's versions, forced
+    instruction sets, the GPU where CUDA is up already; then `extra` (machine.py describe(); imports no torch)."""
+    from .machine import describe
+
+    return describe(**extra)
+
+
+def cpu_info() -> dict:
+    """{"model", "arch", "flags", "cores"} of this CPU, without torch (machine.py cpu())."""
+    from .machine import cpu
+
+    return cpu()
+
+
+def isa_family(info: dict | None = None) -> str:
+    """The kernel family a CPU gets (this one's without `info`): amx, avx512-vnni, avx512, avx2, arm or baseline."""
+    from .machine import isa_family as family
+
+    return family(info)
+
+
+__all__ = ["NUMERICS", "Generation", "GenRequest", "Model", "ModelUnavailable", "auto_dtype", "build", "cache_root",
+           "cpu_info", "describe_machine", "isa_family", "recorded_path"]

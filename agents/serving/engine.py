@@ -15,18 +15,14 @@ How (continuous batching over a left-padded KV cache):
 - rows that hit EOS, a stop string or their max_new_tokens leave the batch at once (cache rows dropped,
   all-padding columns trimmed) and waiting requests fill the freed slots;
 - a failing forward (OOM...) is retried row by row so only the request that cannot run gets the error;
-- prefix reuse (`prefix_cache_mib` > 0): a finished row's KV cache is kept, keyed by its tokens, in an LRU under a
-  memory budget; a new request whose prompt starts with a kept sequence (a reflection round or react turn that
-  extends its conversation, a shared system prompt) prefills only the rest. In float32 the answer is the same
-  with reuse on and off (test); `Generation.prefill_tokens` says what was computed;
-- prompt-lookup drafts (`draft_tokens` > 0): a repair copies most of the code it was shown, so each row proposes
-  the tokens that followed the latest earlier occurrence of its last `draft_ngram` tokens, and one forward checks
-  them all. A row keeps the drafts its own sampling agrees with, so the answer is the one decoding without drafts
-  gives (same generator draws, one per token). At full batch too: the int8 matmuls are compute-bound there, so a
-  step costs what its real tokens cost (padding positions of rows with shorter drafts are skipped by
-  `int8.only_rows`, the output layer runs on real positions only), and about 7 of 10 drafted tokens are kept on real
-  repairs. Rejected columns stay in the cache, masked out, until they are HOLES_SHARE of the held tokens; then the
-  cache is rebuilt without them. `Generation.draft_tokens` / `draft_accepted` count them.
+- prefix reuse (`prefix_cache_mib` > 0, prefix.py): a finished row's KV cache is kept, keyed by its tokens, in an
+  LRU under a memory budget; a new request whose prompt starts with a kept sequence (a reflection round or react
+  turn that extends its conversation, a shared system prompt) prefills only the rest. In float32 the answer is the
+  same with reuse on and off (test); `Generation.prefill_tokens` says what was computed;
+- prompt-lookup drafts (`draft_tokens` > 0): each row proposes the tokens that followed the latest earlier occurrence
+  of its last `draft_ngram` tokens, one forward checks them all, and a row keeps those its own sampling agrees with,
+  so the answer is the one decoding without drafts gives (drafts.py).
+The KV cache's layers are kvcache.py's GrowingLayer; the prefix store and copies of identical rows are prefix.py's.
 """
 from __future__ import annotations
 
@@ -34,15 +30,17 @@ import logging
 import random
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
 from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
+from .drafts import Drafts
 from .heap import map_large_blocks, prefill_blocks, release_free_heap
-from .int8 import only_rows
+from .kvcache import _GrowingLayer, _left_pad, _set_kv, kv_token_bytes
+from .prefix import PrefixStore, Reuse, _split_copies
 
 log = logging.getLogger(__name__)
 
@@ -64,63 +62,12 @@ class _Row:
     accepted: int = 0  # ... and kept
 
 
-class PrefixStore:
-    """KV caches of finished sequences keyed by their token ids; least recently used out past `max_bytes`.
-
-    A linear scan finds the longest shared prefix: the store holds tens of sequences, and one vectorised
-    comparison per entry costs microseconds against a prefill's seconds."""
-
-    def __init__(self, max_bytes: int, min_tokens: int = 16):
-        self.max_bytes, self.min_tokens = int(max_bytes), int(min_tokens)
-        self._entries: OrderedDict[int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], int]] = \
-            OrderedDict()
-        self._next = 0
-        self.bytes = 0
-
-    def put(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
-        if size > self.max_bytes or len(ids) < self.min_tokens:
-            return
-        self._entries[self._next] = (torch.tensor(ids, dtype=torch.long), kv, size)
-        self._next += 1
-        self.bytes += size
-        while self.bytes > self.max_bytes:
-            _, (_, _, freed) = self._entries.popitem(last=False)
-            self.bytes -= freed
-
-    def longest(self, ids: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
-        """(n, kv): the most tokens of `ids` (at most len(ids) - 1: the last one must be fed for logits) that a
-        kept sequence starts with, and that sequence's KV; (0, None) below min_tokens."""
-        if not self._entries:
-            return 0, None
-        want = torch.tensor(ids[:-1], dtype=torch.long)
-        best, best_key = 0, None
-        for key, (have, _, _) in self._entries.items():
-            m = min(len(have), len(want))
-            if m <= best:
-                continue
-            diff = (have[:m] != want[:m]).nonzero()
-            n = int(diff[0]) if len(diff) else m
-            if n > best:
-                best, best_key = n, key
-        if best < self.min_tokens:
-            return 0, None
-        self._entries.move_to_end(best_key)
-        return best, self._entries[best_key][1]
-
-
-# Causal LMs whose logits are lm_head(model(...).last_hidden_state), nothing more (transformers' modeling files)
-PLAIN_HEAD = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}
-# Masked-out columns inside rows (rejected drafts) that trigger a rebuild of the cache, as a share of held tokens.
-HOLES_SHARE = 0.25
-
-
 def _first_line(e: BaseException) -> str:
     s = str(e).strip().splitlines()
     return f"{type(e).__name__}: {s[0] if s else ''}"[:300]
 
 
-class BatchEngine:
+class BatchEngine(Drafts, Reuse):
     def __init__(self, model, tokenizer, *, eos_ids: set[int], max_context: int, max_batch: int = 16,
                  gather_ms: float = 30.0, max_prefill_tokens: int = 8192, pad_id: int = 0,
                  name: str = "engine", prefix_cache_mib: float = 0, draft_tokens: int = 0,
@@ -383,20 +330,6 @@ class BatchEngine:
                 self._merge(rows, cache, mask, pos, self._sample(rows, logits))
         self._retire()
 
-    def _add_copies(self, rows, copies: dict, cache, mask, pos, logits):
-        """Rows whose sequence equals a prefilled row's (candidates of one prompt, sent together) take a copy of
-        its KV cache and logits instead of a forward of their own; each still samples with its own seed."""
-        src = [(i, c) for i, r in enumerate(rows) for c in copies.pop(id(r), [])]
-        if not src:
-            return rows, cache, mask, pos, logits
-        idx = torch.tensor(list(range(len(rows))) + [i for i, _ in src], device=mask.device)
-        for layer in cache.layers:
-            _set_kv(layer, layer.keys.index_select(0, idx), layer.values.index_select(0, idx))
-        for _, c in src:
-            c.reused = len(c.prompt_ids)
-            self.stats["reused_tokens"] += c.reused
-        return rows + [c for _, c in src], cache, mask[idx], pos[idx], logits[idx]
-
     def _merge(self, rows, cache, mask, pos, nxt) -> None:
         """Append prefilled rows to the running batch: left-pad the shorter KV cache to a common length."""
         if not self._rows:
@@ -439,127 +372,6 @@ class BatchEngine:
     def _count_kv(self) -> None:
         self.stats["kv_slots"] += self._mask.numel()
         self.stats["kv_tokens"] += int(self._mask.sum())
-
-    def _drafts(self) -> list[list[int]]:
-        """Each row's draft, all cut to one length so that the step feeds at most draft_step_tokens real tokens
-        (a row's pending token and its drafts); [] when no row has room for one."""
-        B = len(self._rows)
-        budget = self.draft_step_tokens - B  # drafted tokens this step may add, all rows together
-        if self.draft_tokens <= 0 or budget <= 0:
-            return []
-        # longer drafts when few rows share the step: it is then memory-bound and a longer check costs little
-        cap = max(self.draft_tokens, min(2 * self.draft_tokens, self.draft_step_tokens // B - 1))
-        drafts = [self._draft(r, cap) for r in self._rows]
-        while cap > 0 and sum(min(len(d), cap) for d in drafts) > budget:
-            cap -= 1
-        return [d[:cap] for d in drafts] if cap else []
-
-    def _draft(self, r: _Row, k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the row's last n tokens (prompt lookup)."""
-        n = self.draft_ngram
-        seq = r.prompt_ids + r.out_ids
-        k = min(k, r.max_new - len(r.out_ids) - 1, self.max_context - len(seq) - 1)
-        if k <= 0 or len(seq) <= n:
-            return []
-        key = seq[-n:]
-        first = key[0]
-        for p in range(len(seq) - n - 1, -1, -1):
-            if seq[p] == first and seq[p:p + n] == key:
-                return seq[p + n: p + n + k]
-        return []
-
-    def _draft_step(self, drafts: list[list[int]]) -> None:
-        """Feed each row its pending token and its drafts in one forward; keep, per row, the drafts that its own
-        next-token choice agrees with, and mask out the cache columns of the rest."""
-        B, K = len(self._rows), max(len(d) for d in drafts)
-        feed = torch.full((B, K + 1), self.pad_id, dtype=torch.long, device=self.device)
-        new = torch.zeros((B, K + 1), dtype=self._mask.dtype, device=self.device)
-        feed[:, 0], new[:, 0] = self._last, 1
-        for i, d in enumerate(drafts):
-            if d:
-                feed[i, 1:1 + len(d)] = torch.tensor(d, dtype=torch.long, device=self.device)
-                new[i, 1:1 + len(d)] = 1
-        self._mask = torch.cat([self._mask, new], dim=1)
-        self._count_kv()
-        pos = self._pos[:, None] + torch.arange(K + 1, device=self.device)[None, :]
-        real = new.bool().view(-1)  # positions that carry a token: the int8 matmuls skip the others
-        only = None if bool(real.all()) else real.nonzero().squeeze(1)
-        t0 = time.perf_counter()
-        try:
-            with only_rows(B * (K + 1), only):
-                logits = self._real_logits(feed, pos, only)  # (real positions, vocab), row by row
-        except Exception as e:
-            self._recover(e)
-            return
-        T = self._mask.shape[1]
-        greedy = logits.argmax(dim=-1).tolist()  # one call for every greedy row and position
-        last, most, at = [], 0, 0
-        for i, (r, d) in enumerate(zip(self._rows, drafts)):
-            kept, first = 0, at
-            at += len(d) + 1
-            for j in range(len(d) + 1):
-                t = greedy[first + j] if r.generator is None else self._pick(r, logits[first + j])
-                if t is None or self._append(r, t) or j == len(d) or t != d[j]:
-                    break
-                kept += 1
-            self._mask[i, T - K + kept:] = 0  # columns of drafts after the first disagreement
-            self._pos[i] += 1 + kept
-            r.drafted, r.accepted = r.drafted + len(d), r.accepted + kept
-            self.stats["draft_tokens"] += len(d)
-            self.stats["draft_accepted"] += kept
-            most = max(most, kept)
-            last.append(r.out_ids[-1] if r.out_ids else self.pad_id)
-        if most < K:  # the last columns are masked out in every row: forget them (the next step writes there)
-            self._drop_right(K - most)
-        self._compact_if_holey()
-        self._last = torch.tensor(last, dtype=torch.long, device=self.device)
-        self.stats["decode_s"] += time.perf_counter() - t0
-        self.stats["steps"] += 1
-        self.stats["draft_steps"] += 1
-        self.stats["row_steps"] += B
-        self.stats["max_rows"] = max(self.stats["max_rows"], B)
-        self._retire()
-
-    def _compact_if_holey(self) -> None:
-        """Rejected drafts leave masked-out columns inside rows, which every later step's attention reads for
-        nothing. When they reach HOLES_SHARE of the held tokens, rebuild the cache with each row's tokens only
-        (left-padded again): one copy of the cache, about one step's attention read."""
-        m = self._mask.bool()
-        valid = m.sum(1)
-        holes = int((m.shape[1] - m.byte().argmax(1) - valid).sum())
-        if holes <= HOLES_SHARE * int(valid.sum()) or not all(hasattr(la, "compact") for la in self._cache.layers):
-            return
-        cols = [m[i].nonzero().squeeze(1) for i in range(m.shape[0])]
-        T = int(valid.max())
-        for layer in self._cache.layers:
-            layer.compact(cols, T)
-        self._mask = torch.zeros((m.shape[0], T), dtype=self._mask.dtype, device=self.device)
-        for i, c in enumerate(cols):
-            self._mask[i, T - len(c):] = 1
-        self.stats["compactions"] += 1
-
-    def _real_logits(self, feed: torch.Tensor, pos: torch.Tensor, only: torch.Tensor | None) -> torch.Tensor:
-        """Logits of a draft step's real positions only, (positions, vocab) in row order: the decoder's hidden
-        states, then the output layer on the real positions (a full (rows, K+1, vocab) float tensor is tens of MB a
-        step at 32 rows). Models whose logits are more than the output layer of the last hidden state (scaled,
-        soft-capped...) take the whole forward."""
-        if type(self.model).__name__ not in PLAIN_HEAD:
-            out = self.model(input_ids=feed, attention_mask=self._mask, position_ids=pos,
-                             past_key_values=self._cache, use_cache=True, logits_to_keep=feed.shape[1])
-            flat = out.logits.float().reshape(-1, out.logits.shape[-1])
-            return flat if only is None else flat[only]
-        h = self.model.model(input_ids=feed, attention_mask=self._mask, position_ids=pos,
-                             past_key_values=self._cache, use_cache=True).last_hidden_state
-        h = h.reshape(-1, h.shape[-1])
-        return self.model.lm_head(h if only is None else h[only]).float()
-
-    def _drop_right(self, cut: int) -> None:
-        for layer in self._cache.layers:
-            if hasattr(layer, "drop_right"):
-                layer.drop_right(cut)
-            else:
-                _set_kv(layer, layer.keys[..., :-cut, :], layer.values[..., :-cut, :])
-        self._mask = self._mask[:, :-cut]
 
     def _recover(self, e: BaseException) -> None:
         """A batched decode step failed; the cache may be half-updated. Rebuild each row from its tokens so far
@@ -656,18 +468,6 @@ class BatchEngine:
                         _set_kv(layer, layer.keys[..., cut:, :], layer.values[..., cut:, :])
                 self._mask = self._mask[:, cut:]
 
-    def _keep_prefix(self, i: int, r: _Row) -> None:
-        """Copy row i's KV (its prompt and all but the last generated token: the last was never fed) into the
-        prefix store, so a follow-up turn that repeats this conversation prefills only what is new."""
-        if self.prefixes is None:
-            return
-        ids = r.prompt_ids + r.out_ids[:-1]
-        cols = self._mask[i].nonzero().squeeze(1)  # left padding and rejected drafts are masked out
-        if len(cols) != len(ids) or any(not hasattr(layer, "set") for layer in self._cache.layers):
-            return
-        self.prefixes.put(ids, [(layer.keys[i:i + 1, :, cols].clone(), layer.values[i:i + 1, :, cols].clone())
-                                for layer in self._cache.layers])
-
     def _complete(self, r: _Row) -> None:
         ids = r.out_ids
         if ids and ids[-1] in self.eos_ids:
@@ -681,245 +481,3 @@ class BatchEngine:
                 text=text, prompt_tokens=len(r.prompt_ids), completion_tokens=len(r.out_ids),
                 seconds=time.perf_counter() - r.t_submit, finish_reason=r.finish or "length",
                 prefill_tokens=len(r.prompt_ids) - r.reused, draft_tokens=r.drafted, draft_accepted=r.accepted))
-
-
-class _GrowingKV:
-    """GrowingLayer's methods (_GrowingLayer below makes the class): a DynamicLayer whose keys/values are the view
-    buf[:b, :, s:n] of a buffer with spare rows and columns, so the batch changes with as little copying as possible
-    (each copy of the whole cache costs about what a decode step does at real contexts; py-spy on a react job: 40%
-    of the engine's time before):
-    - a decode step writes one column in place (DynamicLayer's torch.cat copies the whole cache every step:
-      0.37 s per layer per step for deepseek-1.3b's 16x128 KV heads at batch 16 x 900 tokens here);
-    - rows leaving are compacted in place (`batch_select_indices`: only the rows that move are copied);
-    - columns that became padding in every row are dropped by moving s (`drop_left`);
-    - rows joining are written into spare rows, left-padded with zeros to the batch's length (`append_rows`).
-    Padding columns hold zeros (finite: a masked score times a padded value must stay 0)."""
-
-    store_dtype: torch.dtype | None = None  # the buffers' dtype; None = that of the keys first stored
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        super().lazy_initialization(key_states, value_states)
-        self._empty()
-
-    def _empty(self) -> None:
-        self._b = self._s = self._n = 0
-        self._kbuf = self._vbuf = None
-
-    def _view(self) -> None:
-        self.keys = self._kbuf[: self._b, :, self._s: self._n]
-        self.values = self._vbuf[: self._b, :, self._s: self._n]
-
-    @staticmethod
-    def _room(n: int) -> int:
-        """Spare columns beside n held ones, on the right for growth and on the left for longer rows joining."""
-        return max(64, n // 8)
-
-    def _alloc(self, like, rows: int, cols: int, left: int = 0, spare_rows: bool = True) -> tuple:
-        """New buffers for `rows` rows (rounded up to 8 with `spare_rows`: room for joining rows) and `cols`
-        columns after `left` free ones, with room to grow: amortised, a regrow copies n tokens every n/8 steps
-        (a copy costs about one decode step's attention read: under 2% of decode at 64+ steps apart)."""
-        rows = -(-rows // 8) * 8 if spare_rows else rows
-        cap = left + cols + self._room(cols)
-        shape = (rows, like.shape[1], cap, like.shape[-1])
-        dtype = self.store_dtype or like.dtype  # a step's new keys are cast as they are written
-        return like.new_empty(shape, dtype=dtype), like.new_empty(shape, dtype=dtype)
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self._append(key_states, value_states)
-        return self.keys, self.values
-
-    def _append(self, k, v) -> None:
-        """New columns (a step's tokens) for every row."""
-        B, T = k.shape[0], k.shape[-2]
-        if self._kbuf is None or self._n == self._s:  # nothing held yet (a prefill: exact rows, most are merged)
-            self._kbuf, self._vbuf = self._alloc(k, B, T, spare_rows=False)
-            self._s = self._n = 0
-        elif B != self._b:
-            raise RuntimeError(f"cache holds {self._b} rows, step brings {B}")
-        elif self._n + T > self._kbuf.shape[-2]:  # out of columns: move to a bigger buffer
-            held = self._n - self._s
-            left = self._room(held)  # room on the left for longer rows joining (append_rows)
-            kb, vb = self._alloc(k, B, held + T, left)  # rows that left are not carried over
-            kb[:B, :, left:left + held] = self.keys
-            vb[:B, :, left:left + held] = self.values
-            self._kbuf, self._vbuf, self._s, self._n = kb, vb, left, left + held
-        self._kbuf[:B, :, self._n: self._n + T] = k
-        self._vbuf[:B, :, self._n: self._n + T] = v
-        self._b, self._n = B, self._n + T
-        self._view()
-
-    def set(self, keys, values) -> None:
-        """Replace the contents (one copy into a new buffer)."""
-        self._empty()
-        self._append(keys, values)
-
-    def get_seq_length(self) -> int:
-        return self._n - self._s if self.is_initialized else 0
-
-    def batch_select_indices(self, indices) -> None:
-        """Keep rows `indices`, in that order. In place when no row is read after it was overwritten (rows
-        keeping their place, or moving into a hole from beyond the new batch size); else one copy."""
-        if self.get_seq_length() == 0:
-            return
-        idx = [int(i) for i in indices]
-        if not _in_place_order(idx):
-            self.set(self.keys[indices], self.values[indices])
-            return
-        s, n = self._s, self._n
-        for i, j in enumerate(idx):
-            if i != j:
-                self._kbuf[i, :, s:n] = self._kbuf[j, :, s:n]
-                self._vbuf[i, :, s:n] = self._vbuf[j, :, s:n]
-        self._b = len(idx)
-        self._view()
-
-    def drop_left(self, cut: int) -> None:
-        """Forget the first `cut` columns of every row (padding everywhere): no copy."""
-        self._s = min(self._s + cut, self._n)
-        self._view()
-
-    def drop_right(self, cut: int) -> None:
-        """Forget the last `cut` columns of every row (rejected drafts everywhere): the next step writes there."""
-        self._n = max(self._s, self._n - cut)
-        self._view()
-
-    def compact(self, cols: list, length: int) -> None:
-        """Keep columns cols[row] of each row, right-aligned in `length` columns (zeros on the left): a new
-        buffer, one copy."""
-        B, left = len(cols), self._room(length)  # room on the left for longer rows joining, as append_rows
-        kb, vb = self._alloc(self.keys, B, length, left)
-        for i, c in enumerate(cols):
-            pad = left + length - len(c)
-            kb[i, :, left:pad], vb[i, :, left:pad] = 0, 0
-            kb[i, :, pad:left + length] = self.keys[i][:, c]
-            vb[i, :, pad:left + length] = self.values[i][:, c]
-        self._kbuf, self._vbuf, self._b, self._s, self._n = kb, vb, B, left, left + length
-        self._view()
-
-    def append_rows(self, keys, values) -> None:
-        """Add rows after the held ones; the shorter side is left-padded with zeros to the longer's length
-        (the engine's mask says the same)."""
-        if self.get_seq_length() == 0 or self._kbuf is None:
-            self.set(keys, values)
-            return
-        Ba, Ta = self._b, self._n - self._s
-        Bb, Tb = keys.shape[0], keys.shape[-2]
-        T = max(Ta, Tb)
-        if Ba + Bb > self._kbuf.shape[0] or self._s < T - Ta:  # no spare rows, or no room on the left
-            left = self._room(T)  # room for later, longer rows without a copy
-            kb, vb = self._alloc(keys, Ba + Bb, T, left)
-            kb[:Ba, :, left + T - Ta: left + T] = self.keys
-            vb[:Ba, :, left + T - Ta: left + T] = self.values
-            self._kbuf, self._vbuf, self._s, self._n = kb, vb, left + T - Ta, left + T
-        if Ta < T:  # held rows grow to the left
-            self._s -= T - Ta
-            self._kbuf[:Ba, :, self._s: self._s + T - Ta] = 0
-            self._vbuf[:Ba, :, self._s: self._s + T - Ta] = 0
-        s = self._s
-        self._kbuf[Ba: Ba + Bb, :, s: s + T - Tb] = 0
-        self._vbuf[Ba: Ba + Bb, :, s: s + T - Tb] = 0
-        self._kbuf[Ba: Ba + Bb, :, s + T - Tb: s + T] = keys
-        self._vbuf[Ba: Ba + Bb, :, s + T - Tb: s + T] = values
-        self._b = Ba + Bb
-        self._view()
-
-    def reset(self) -> None:
-        super().reset()
-        self._empty()
-
-
-# GrowingLayer subclasses transformers' DynamicLayer, so it is made on first use (its methods are _GrowingKV's,
-# ahead of DynamicLayer's in its MRO) to keep transformers' cache module out of this module's import.
-_GROWING = None
-
-
-def _GrowingLayer(store_dtype: torch.dtype | None = None):
-    global _GROWING
-    if _GROWING is None:
-        from transformers.cache_utils import DynamicLayer
-
-        _GROWING = type("GrowingLayer", (_GrowingKV, DynamicLayer), {"__doc__": _GrowingKV.__doc__})
-    layer = _GROWING()
-    layer.store_dtype = store_dtype
-    return layer
-
-
-def kv_token_bytes(model, kv_dtype: torch.dtype | None = None) -> int:
-    """Bytes of keys and values one token of one row takes in the cache, all layers; 0 where the config does not say."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    try:
-        heads = cfg.num_attention_heads
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        dtype = kv_dtype or next(p.dtype for p in model.parameters() if p.is_floating_point())
-        return int(cfg.num_hidden_layers) * 2 * int(kv_heads) * int(head_dim) * dtype.itemsize
-    except (AttributeError, TypeError, StopIteration):
-        return 0
-
-
-def _in_place_order(idx: list[int]) -> bool:
-    """Whether copying row idx[i] to row i, for i in order, never reads a row already overwritten."""
-    written: set[int] = set()
-    for i, j in enumerate(idx):
-        if i != j:
-            if j in written:
-                return False
-            written.add(i)
-    return True
-
-
-def _split_copies(rows: list) -> tuple[list, dict]:
-    """(rows with distinct sequences, {id(original): [rows with the same sequence]})."""
-    first: dict[tuple, object] = {}
-    copies: dict[int, list] = {}
-    for r in rows:
-        key = tuple(r.prompt_ids + r.out_ids)
-        if key in first:
-            copies.setdefault(id(first[key]), []).append(r)
-        else:
-            first[key] = r
-    return list(first.values()), copies
-
-
-def _set_kv(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
-    if hasattr(layer, "set"):
-        layer.set(keys, values)
-    else:
-        layer.keys, layer.values = keys, values
-
-
-def _left_pad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
-    if n <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = n
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-def _skinny_linear(self, x: torch.Tensor) -> torch.Tensor:
-    # W @ x.T instead of x @ W.T for a few rows: MKL's sgemm packs the whole weight matrix for small M,
-    # which made decode steps at batch 2-32 up to 3x slower than the matrix-vector speed (measured here).
-    rows = x.numel() // x.shape[-1]
-    if rows > _SKINNY_MAX_ROWS or x.dtype != self.weight.dtype:
-        return torch.nn.functional.linear(x, self.weight, self.bias)
-    y = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).t()).t()
-    if self.bias is not None:
-        y = y + self.bias
-    return y.reshape(*x.shape[:-1], y.shape[-1]).contiguous()
-
-
-_SKINNY_MAX_ROWS = 128
-
-
-def use_skinny_matmul(model) -> int:
-    """Route the CPU decode-step matmuls of every nn.Linear through _skinny_linear. Returns how many."""
-    import types
-
-    n = 0
-    for mod in model.modules():
-        if type(mod) is torch.nn.Linear:
-            mod.forward = types.MethodType(_skinny_linear, mod)
-            n += 1
-    return n

@@ -10,9 +10,9 @@ import os
 import threading
 import time
 
-from ..toolcalls import parse_tool_calls
 from ..models.base import Generation, GenRequest, ModelUnavailable
 from ..models.config import TransformersModelConf
+from ..models.toolcalls import parse_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class TransformersModel:
             self.packed_linears = pack_float_linears(self.model)
         if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.skinny_matmul:
             # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
-            from .engine import use_skinny_matmul
+            from .skinny import use_skinny_matmul
 
             use_skinny_matmul(self.model)
         if self.device.type == "cpu" and cfg.sdpa_gqa:

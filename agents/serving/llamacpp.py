@@ -13,8 +13,7 @@ import logging
 import socket
 import threading
 
-from ..extras import message
-from ..models.base import Generation, GenRequest, ModelUnavailable
+from ..models.base import Generation, GenRequest, ModelUnavailable, extra_message
 from .cores import claim_threads
 from ..models.config import LlamaCppModelConf, OpenAIModelConf
 from ..models.openai_backend import OpenAIModel
@@ -42,7 +41,7 @@ class LlamaCppModel:
         try:
             import xllamacpp
         except ImportError:
-            raise ModelUnavailable(message("llamacpp", f"model={cfg.name}")) from None
+            raise ModelUnavailable(extra_message("llamacpp", f"model={cfg.name}")) from None
         self._cores = claim_threads(cfg.threads)  # a fair share beside other fixlab model processes
         threads = self._cores.threads
         p = xllamacpp.CommonParams()

@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> None:
     """python -m agents.serving.packs [PACK ...]: prepare packs ahead of a run and print their folders."""
     import argparse
 
-    from ..extras import require
+    from ..models.base import require_extra as require
 
     require("local", "python -m agents.serving.packs", SystemExit)  # converting a pack needs torch and transformers
     ap = argparse.ArgumentParser(description=main.__doc__)

@@ -140,7 +140,7 @@ def _linears(path: str, shapes: list[tuple[int, int]], copies: int) -> list[list
     import torch
 
     from . import native
-    from .engine import _skinny_linear
+    from .skinny import _skinny_linear
     from .int8 import Int8Linear, Int8Plan
 
     out = []

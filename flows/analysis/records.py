@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agents.types import cut_outcome, passed_at, row_outcome
+from agents.types import cut, passed_at, row_verdicts, verdicts
 
 from ..schema import CONF_DIR, GROUPS, JobConf, strategy_knobs, without_retired
 
@@ -38,8 +38,8 @@ class Record:
     passed: int
     total: int
     cost: dict[str, float]  # per task: prompt_tokens, completion_tokens, model_calls, sandbox_runs
-    # "task#sample" -> first passing round (None: never), or a verdict per budget (agents/types.py Outcome); None: not kept
-    outcomes: dict[str, int | list[bool] | None] | None
+    # "task#sample" -> the verdict at each budget (agents/types.py Verdicts); None: not kept
+    outcomes: dict[str, list[bool]] | None
     seconds: float | None  # per task: the tasks' own seconds cut to the budget, summed, / tasks; None: not known
     machine: str
     machine_source: str  # "tag", "recorder" (where fullsize ran), "file text", "unknown"
@@ -210,8 +210,8 @@ def records_from_file(path: Path, order: int = 0) -> list[Record]:
                 run_id=r["run_id"], source=Path(path).name, recorded=str(doc.get("recorded", "")), order=order * 1000 + i,
                 params=params, status=r.get("status", "FINISHED"),
                 passed=int(r["overall"]["passed"]), total=total, cost=_per_task_cost(r, total),
-                outcomes=r.get("first_pass_round"), seconds=round(secs / total, 3) if secs is not None and total
-                else None, machine=machine,
+                outcomes=_verdicts(r.get("first_pass_round")),
+                seconds=round(secs / total, 3) if secs is not None and total else None, machine=machine,
                 machine_source=src, commit=commit_of(r.get("git_commit"), r.get("git_dirty")),
                 defaults=config_defaults(params))
             out += budgets(rec, r.get("cost_by_round"))
@@ -221,6 +221,11 @@ def records_from_file(path: Path, order: int = 0) -> list[Record]:
     return out
 
 
+def _verdicts(stored: dict | None) -> dict[str, list[bool]] | None:
+    """A results file's per-task outcomes (first passing rounds in older files) as verdicts per budget."""
+    return {t: verdicts(v) for t, v in stored.items()} if stored else None
+
+
 def budgets(rec: Record, cost_by_round: list[dict] | None) -> list[Record]:
     """A run with per-round costs holds every smaller budget too (rounds never depend on the budget: agents/loop.py):
     one record per budget, its outcomes and costs cut to that round. Without them, the run's own budget only."""
@@ -228,7 +233,7 @@ def budgets(rec: Record, cost_by_round: list[dict] | None) -> list[Record]:
         return [rec]
     out = []
     for b, cost in enumerate(cost_by_round):
-        outcomes = {t: cut_outcome(f, b) for t, f in rec.outcomes.items()}
+        outcomes = {t: cut(v, b) for t, v in rec.outcomes.items()}
         out.append(Record(
             run_id=rec.run_id, source=rec.source, recorded=rec.recorded, order=rec.order,
             params={**rec.params, "iters": str(b)}, status=rec.status,
@@ -249,7 +254,7 @@ def records_from_files(paths: list[Path]) -> list[Record]:
 def record_from_run(run: dict, order: int = 0) -> Record:
     """A job run read back by flows.compare.load_runs, as a Record (the fields benchmarks/fullsize.py keeps)."""
     rows = [r for r in run["rows"] if r.get("sample", 0) == 0]
-    firsts = {f"{r['task_id']}#0": row_outcome(r) for r in rows}
+    firsts = {f"{r['task_id']}#0": row_verdicts(r) for r in rows}
     m = run["metrics"]
     machine, src = run_machine(run["run"])
     total = len(rows)
