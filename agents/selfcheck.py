@@ -214,6 +214,6 @@ def groups(behaviours: list[tuple | None]) -> list[list[int]]:
 
 def satisfied(group: int, need: int, own_passed: int = 0, own_tests: int = 0, share: float = 0.0) -> bool:
     """The agent's label for a kept answer: at least `need` answers agree (its group's size) and, when the model's own
-    assertions ran, it passes more than `share` of them. The read-back of a recorded run (benchmarks/fullsize.py)
+    assertions ran, it passes more than `share` of them. The read-back of a recorded run (flows/analysis/run_record.py)
     calls this same rule."""
     return group >= need and (not own_tests or own_passed > share * own_tests)

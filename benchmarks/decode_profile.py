@@ -11,6 +11,9 @@ max_prefill_tokens) is split the same way, per prompt token.
     .venv/bin/python benchmarks/decode_profile.py                      # B=32, C=700, 48 new tokens a row
     .venv/bin/python benchmarks/decode_profile.py --rows 16 --context 300 --set cpu_attention=false
 
+--set KEY=VALUE sets a model knob (TransformersModelConf) or one of the engine's own settings (EngineTuning,
+agents/serving/tuning.py: cpu_attention, kv_dtype, int8_kernel...).
+
 Writes benchmarks/results/decode-profile-<UTC time>.json and prints the split.
 """
 from __future__ import annotations
@@ -33,7 +36,7 @@ from agents.models.base import GenRequest  # noqa: E402
 from agents.serving.hf import TransformersModel  # noqa: E402
 from agents.serving.machine import describe  # noqa: E402
 from flows.results import write  # noqa: E402
-from weights import decode_ids, prompts  # noqa: E402
+from weights import decode_ids, prompts, split_settings  # noqa: E402
 
 PARTS = ("int8 matmuls", "lm_head", "attention", "rest of the forward", "engine outside the forward")
 # inside "int8 matmuls": torch._int_mm itself; the rest is rounding each input row and scaling the product back
@@ -140,14 +143,16 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--context", type=int, default=700)
     ap.add_argument("--new", type=int, default=48, help="new tokens a row (fixed length, no EOS)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="model config override (yaml value)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="model config or EngineTuning override (yaml value)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import yaml
 
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
-    m = TransformersModel(default_model({"max_batch": args.rows, "gather_ms": 1000, "prefix_cache_mib": 0,
-                                         "draft_tokens": 0, **overrides}))
+    model_set, tuning = split_settings({"max_batch": args.rows, "gather_ms": 1000, "prefix_cache_mib": 0,
+                                        "draft_tokens": 0, **overrides})
+    m = TransformersModel(default_model(model_set), tuning=tuning)
     clock = Clock()
     try:
         msgs = prompts(8)
@@ -169,7 +174,11 @@ def main() -> None:
                "tok_s": round(clock.prefill_tokens / p["step"], 1) if p["step"] else None,
                "ms_per_token": {k: round(v / max(1, clock.prefill_tokens) * 1000, 2) for k, v in pre.items()},
                "share": {k: round(v / p["step"], 3) for k, v in pre.items()} if p["step"] else {}}
-    out = {"model": {k: v for k, v in dataclasses.asdict(default_model(overrides)).items() if k in (
+    # the model's knobs and the engine settings that shape a step (the prefill width: what the engine took)
+    model_set, tuning = split_settings(overrides)
+    setting = {**dataclasses.asdict(default_model(model_set)), **dataclasses.asdict(tuning),
+               "max_prefill_tokens": m.max_prefill_tokens}
+    out = {"model": {k: v for k, v in setting.items() if k in (
                "name", "pack", "weights", "dtype", "cpu_attention", "int8_skip", "skinny_matmul", "max_prefill_tokens",
                *overrides)},
            "rows": args.rows, "context": args.context, "new_tokens": args.new, "steps_timed": clock.steps,

@@ -32,15 +32,13 @@ from flows.results import write  # noqa: E402
 TASKS = [f"Python/{i}" for i in range(25, 164, 5)] + ["Python/162", "Python/163"]
 # Rows that turned the stop at the closing fence off (engine-today, engine+reuse, engine+bf16, engine+int8,
 # llamacpp-stock) went with the knob (#51: the stop is always on); their results files still read.
+# Rows that set the engine's own settings through model knobs (engine-eager-kv32, engine-drafts-below-8-rows) went when
+# those became agents/serving/tuning.py EngineTuning (#51); their results files still read.
 ROWS = {
     # fixlab's transformers engine without the later speed work: float32 weights, no prefix reuse
     "engine+stop": ["model=qwen1.5b-coder-q4", "model.dtype=float32", "model.weights=dtype", "model.prefix_cache_mib=0"],
     # everything on: the config's defaults (int8 matmuls, prefix reuse, stop at the closing fence)
     "engine": ["model=qwen1.5b-coder-q4"],
-    # the defaults before the compiled int8 loops and the float16 KV cache (agents/serving/kernels.c)
-    "engine-eager-kv32": ["model=qwen1.5b-coder-q4", "model.int8_native=false", "model.kv_dtype=float32"],
-    # the drafts' defaults before drafts at full batch (8 drafted tokens a row, 16 tokens a step: below 8 rows only)
-    "engine-drafts-below-8-rows": ["model=qwen1.5b-coder-q4", "model.draft_tokens=8", "model.draft_step_tokens=16"],
     # llama.cpp on the same GGUF with fixlab's settings
     "llamacpp": ["model=qwen1.5b-coder-q4-llamacpp"],
     "llamacpp+ngram": ["model=qwen1.5b-coder-q4-llamacpp", "model.speculative=ngram"],

@@ -243,12 +243,13 @@ def run_pack(name: str, args, results, out: Path) -> None:
     """A real registry pack (real weights and tokenizer): same modes as above, EOS ignored so every request
     makes exactly --new-tokens tokens."""
     from agents.models.config import TransformersModelConf
+    from agents.serving import EngineTuning
     from agents.serving.hf import TransformersModel
 
     t0 = time.perf_counter()
     os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "0"  # TransformersModel would set it; the baseline runs stock
     m = TransformersModel(TransformersModelConf(name=name, pack=name, batching=False, device=args.device,
-                                                dtype=args.dtype, skinny_matmul=False))
+                                                dtype=args.dtype), tuning=EngineTuning(skinny_matmul=False))
     print(f"# pack {name}: loaded in {time.perf_counter() - t0:.1f}s", flush=True)
     nmax = max(args.batches + [args.seq_prompts])
     prompts = pack_prompts(m.tokenizer, nmax)
@@ -271,7 +272,7 @@ def run_pack(name: str, args, results, out: Path) -> None:
 
 
 def set_tuning(model, on: bool) -> None:
-    """On: the two CPU settings TransformersModel applies (skinny_matmul, sdpa_gqa; agents/models/README.md).
+    """On: the two CPU settings TransformersModel applies (skinny_matmul, sdpa_gqa: agents/serving/tuning.py).
     Off: stock transformers."""
     if on:
         use_skinny_matmul(model)

@@ -111,6 +111,7 @@ def engine_runs(a, kw) -> list[dict]:
 
     from agents.models.base import GenRequest
     from agents.models.config import TransformersModelConf
+    from agents.serving import EngineTuning
     from agents.serving.hf import TransformersModel
 
     def reqs():
@@ -141,8 +142,10 @@ def engine_runs(a, kw) -> list[dict]:
 
     rows = []
     rs = reqs()
-    base = dict(name="probe", weights=a.weights, dtype=a.dtype, int8_kernel="fixlab", runtime="engine", **kw)
-    ref_m = TransformersModel(TransformersModelConf(**base, draft_tokens=0, prefix_cache_mib=0, max_batch=1))
+    base = dict(name="probe", weights=a.weights, dtype=a.dtype, runtime="engine", **kw)
+    tuning = EngineTuning(int8_kernel="fixlab")
+    ref_m = TransformersModel(TransformersModelConf(**base, draft_tokens=0, prefix_cache_mib=0, max_batch=1),
+                              tuning=tuning)
     ref = answers(ref_m, rs, False, range(len(rs)))
     follow = [GenRequest(messages=[*r.messages, {"role": "assistant", "content": ref[i]},
                                    {"role": "user", "content": "Now make it shorter."}], max_new_tokens=32,
@@ -153,7 +156,7 @@ def engine_runs(a, kw) -> list[dict]:
     for label, extra, shuffle in (("drafts + prefix store, batch 3", dict(max_batch=3), False),
                                   ("drafts + prefix store, batch 8, other order", dict(max_batch=8), True),
                                   ("drafts + prefix store, batch 32", dict(max_batch=32), False)):
-        m = TransformersModel(TransformersModelConf(**base, **extra))
+        m = TransformersModel(TransformersModelConf(**base, **extra), tuning=tuning)
         o = order[:]
         if shuffle:
             random.Random(0).shuffle(o)
@@ -261,6 +264,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from agents.models.config import TransformersModelConf
+    from agents.serving import EngineTuning
     from agents.serving.engine import _Row
     from agents.serving.hf import TransformersModel
     from agents.models.base import GenRequest
@@ -282,8 +286,9 @@ def main() -> None:
                             else f"{a.pack}-{note}", config=vars(a), table=TABLE, title=title, text=text))
             return
     kw = {"path": a.path} if a.path else {"pack": a.pack}
-    m = TransformersModel(TransformersModelConf(name="probe", weights=a.weights, dtype=a.dtype, int8_kernel="fixlab",
-                                                runtime="engine", prefix_cache_mib=0, draft_tokens=0, **kw))
+    m = TransformersModel(TransformersModelConf(name="probe", weights=a.weights, dtype=a.dtype, runtime="engine",
+                                                prefix_cache_mib=0, draft_tokens=0, **kw),
+                          tuning=EngineTuning(int8_kernel="fixlab"))
     eng = m.engine
     ids = [m.prompt_ids(GenRequest(messages=[{"role": "user", "content": p}])) for p in PROMPTS]
     target = ids[0]

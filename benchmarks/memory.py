@@ -401,7 +401,7 @@ def main() -> None:
     ap.add_argument("--job-args", nargs="*", default=DEFAULT_JOB, help="overrides of the job part")
     ap.add_argument("--label", default="", help="a word for the results file (e.g. before / after)")
     ap.add_argument("--keep", default=None, help="a folder for the job's MLflow store and logs, kept afterwards "
-                    "(for benchmarks/fullsize.py); default: a temporary folder, removed")
+                    "(its results file beside it); default: a temporary folder, removed")
     args = ap.parse_args()
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

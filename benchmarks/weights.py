@@ -26,6 +26,7 @@ Writes benchmarks/results/weights-<UTC time>.json and prints a table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -45,6 +46,7 @@ from agents.context import Context  # noqa: E402
 from agents.config import AgentConfig, ReflectionConf  # noqa: E402
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import LlamaCppModelConf, TransformersModelConf  # noqa: E402
+from agents.serving import EngineTuning  # noqa: E402
 from agents.serving.hf import TransformersModel  # noqa: E402
 from agents.serving.machine import describe  # noqa: E402
 from agents.strategies import REGISTRY  # noqa: E402
@@ -78,6 +80,8 @@ def weight_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
 
 
+# a row's settings: model knobs (TransformersModelConf) and the engine's own (EngineTuning: int8_native, kv_dtype,
+# cpu_attention, int8_kernel), told apart by split_settings
 ROWS = {"dtype": {"weights": "dtype"}, "int8": {"weights": "int8"},
         "int8+head": {"weights": "int8", "int8_skip": []},  # int8+head: lm_head in int8 too
         # int8's input rounding and output scaling: compiled loops (agents/serving/native.py, the default) or eager
@@ -109,7 +113,16 @@ def default_conf(batches: list[int]):
     return typed(TransformersModelConf, {**cfg, **HARNESS, "max_batch": max(batches)}, "model")
 
 
-HARNESS = {"gather_ms": 200, "prefix_cache_mib": 4096, "draft_tokens": 0}  # every engine row: one batch, no drafts
+HARNESS = {"prefix_cache_mib": 4096, "draft_tokens": 0}  # every engine row: one batch (HARNESS_TUNING), no drafts
+HARNESS_TUNING = {"gather_ms": 200}
+TUNING = {f.name for f in dataclasses.fields(EngineTuning)}
+
+
+def split_settings(settings: dict) -> tuple[dict, EngineTuning]:
+    """KEY=VALUE settings as (model config overrides, the engine's tuning): EngineTuning's fields go to the tuning
+    (agents/serving/tuning.py), the rest to the model's record."""
+    return ({k: v for k, v in settings.items() if k not in TUNING},
+            EngineTuning(**{k: v for k, v in settings.items() if k in TUNING}))
 
 
 def llamacpp_row(batches: list[int], msgs: list[list[dict]], context: int = 200, m=None) -> dict:
@@ -174,13 +187,14 @@ def row(name: str, batches: list[int], msgs: list[list[dict]], ref: list[list[in
     if name == "default":
         from agents.serving.runtime import build_local
 
-        m = build_local(default_conf(batches))
+        m = build_local(default_conf(batches), EngineTuning(**HARNESS_TUNING))
         if m.choice.runtime == "llamacpp":
             out = llamacpp_row(batches, msgs, context, m)
             return {**out, "weights": "default", "path": m.choice.label(), "serving": m.choice.record()}, None
     else:
-        m = TransformersModel(TransformersModelConf(name=f"qwen1.5b-{name}", pack="qwen1.5b-coder-q4", **ROWS[name],
-                                                    max_batch=max(batches), **HARNESS))
+        knobs, tuning = split_settings({**ROWS[name], **HARNESS_TUNING})
+        m = TransformersModel(TransformersModelConf(name=f"qwen1.5b-{name}", pack="qwen1.5b-coder-q4", **knobs,
+                                                    max_batch=max(batches), **HARNESS), tuning=tuning)
     out = {"weights": name, "dtype": str(m.dtype).replace("torch.", ""), "weight_gib": round(weight_bytes(m.model) / 2**30, 2),
            "path": m.choice.label(), "serving": m.choice.record()}
     try:

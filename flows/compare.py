@@ -4,6 +4,7 @@ with each round, tokens and time, and which tasks each run fixed.
     python -m flows.compare RUN_ID RUN_ID ...          # job runs
     python -m flows.compare --sweep PARENT_RUN_ID        # every job of a -m sweep
     python -m flows.compare --sweep PARENT --json out.json
+    python -m flows.compare RUN_ID --against benchmarks/results/fullsize-x.json:RUN_ID   # against a recorded run
 
 Runs are labelled by what differs between them, as a sweep's plot labels its jobs (e.g. `strategy=react`). Everything is
 read back from MLflow (params, `results.jsonl`), so it works on any tracking store the runs were logged to. A run
@@ -14,39 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
-from agents.types import first_pass, passed_at, row_verdicts
+from agents.types import first_pass, passed_at, row_verdicts, verdicts
 
+from .analysis.records import load_runs  # noqa: F401 - the MLflow reader, re-exported for its callers
 from .core import task_order
 from .markdown import table as md_table
 from .stats import paired, wilson
 from .sweep import job_labels
 from .schema import TrackingConf
 from .tracking import tracking_uri
-
-
-def load_runs(client, run_ids: list[str]) -> list[dict]:
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    runs = []
-    for rid in run_ids:
-        run = client.get_run(rid)
-        names = {a.path for a in client.list_artifacts(rid)}
-        with tempfile.TemporaryDirectory(prefix="fixlab-compare-") as tmp:
-            if "results.jsonl" in names:
-                text = Path(client.download_artifacts(rid, "results.jsonl", tmp)).read_text()
-                rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-            elif "tasks" in names:  # a run still going (or stopped): the trajectories logged as each task ended
-                rows = [json.loads(p.read_text()) for p in sorted(Path(client.download_artifacts(rid, "tasks", tmp)).glob("*.json"))]
-            else:
-                rows = []
-        runs.append({"run": run, "run_id": rid, "params": run.data.params, "metrics": run.data.metrics,
-                     "rows": rows, "finished": run.info.status == "FINISHED"})
-    return runs
 
 
 def compare(runs: list[dict]) -> dict:
@@ -147,13 +128,62 @@ def first_cell(v: list[bool]) -> str:
     return "at " + ",".join(runs)
 
 
+# ---- pairing a run against one an earlier results file recorded ---------------------------------------------------
+def name_of(params: dict) -> str:
+    return (f"{params.get('model.name', '?')} {params.get('strategy.name', '?')} protocol={params.get('protocol', 'tests')} "
+            f"iters={params.get('iters', '?')}")
+
+
+class RecordError(ValueError):
+    """One line: which file or run, what is wrong, how to fix it."""
+
+
+def from_file(spec: str, results: Path | None = None) -> dict:
+    """FILE:RUN_ID_PREFIX -> that run's record from a results file, in flows.compare.paired_verdicts' shape (a bare
+    file name is looked up in `results`, benchmarks/results by default)."""
+    from .analysis.records import RESULTS
+
+    path, _, prefix = spec.rpartition(":")
+    if not path:
+        raise RecordError(f"--against wants FILE:RUN_ID (got {spec!r})")
+    file = Path(path) if Path(path).exists() else (results or RESULTS) / path
+    if not file.exists():
+        raise RecordError(f"--against {spec!r}: no file {path!r} here or in benchmarks/results/; give a results file's path")
+    recs = [r for r in json.loads(file.read_text())["runs"] if r["run_id"].startswith(prefix)]
+    if len(recs) != 1 or "first_pass_round" not in recs[0]:
+        raise RecordError(f"{path} has no single run {prefix!r} with per-task outcomes: give a longer run id prefix")
+    r = recs[0]
+    return {"label": f"{name_of(r['params'])} ({r['run_id'][:8]}, {Path(path).name})",
+            "iters": int(r["params"].get("iters", 0)),
+            "first_pass_round": {k: verdicts(v) for k, v in r["first_pass_round"].items()}}  # older files: rounds
+
+
+def pair_with_earlier(base: dict, rec: dict) -> dict:
+    """A run's record against an earlier one (from_file) as the baseline, on the tasks both have."""
+    keys = set(base["first_pass_round"]) & set(rec["first_pass_round"])
+    mine = {"label": f"{name_of(rec['params'])} ({rec['run_id'][:8]})", "iters": int(rec["params"].get("iters", 0)),
+            "first_pass_round": {k: rec["first_pass_round"][k] for k in keys}}
+    theirs = dict(base, first_pass_round={k: base["first_pass_round"][k] for k in keys})
+    return paired_verdicts([theirs, mine])[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flows.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_ids", nargs="*", help="MLflow job run ids")
     ap.add_argument("--sweep", help="a sweep's parent run id: compare all its jobs")
     ap.add_argument("--tracking-uri", default=tracking_uri(TrackingConf()))
     ap.add_argument("--json", type=Path, help="also write the comparison here")
+    ap.add_argument("--against", action="append", default=[], metavar="FILE:RUN_ID",
+                    help="also pair each run against a run an earlier results file recorded (repeatable): a later "
+                         "session, whose MLflow store is gone, still pairs on the tasks both have")
     args = ap.parse_args(argv)
+    from .analysis.run_record import from_mlflow
+
+    try:
+        earlier = [from_file(spec) for spec in args.against]
+    except RecordError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     import mlflow
     from mlflow.exceptions import MlflowException
@@ -181,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: the runs share no task; compare runs over the same dataset", file=sys.stderr)
         return 2
     print(table(result))
+    result["paired_with_earlier"] = [pair_with_earlier(base, from_mlflow(run)) for base in earlier for run in runs]
+    for p in result["paired_with_earlier"]:
+        print(f"- {p['verdict']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

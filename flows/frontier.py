@@ -5,7 +5,7 @@ protocol, at what cost per task, and which steps up in cost buy something a pair
     python -m flows.frontier --sweep PARENT_RUN_ID                 # a -m sweep's jobs, read from MLflow
     python -m flows.frontier RUN_ID RUN_ID ... --out frontier.png --md frontier.md --json frontier.json
 
-Inputs are finished runs: results files written by benchmarks/fullsize.py (which keep per-task outcomes, so they
+Inputs are finished runs: the results files jobs write when they end (which keep per-task outcomes, so they
 pair across machines and days), MLflow job run ids, or a sweep's parent. Output: a markdown table on stdout (--md:
 also to a file), JSON (--json), a picture (--out: PNG, and an HTML page beside it) and the same PNG and HTML logged
 on an MLflow run (the sweep's parent when given one, else a new run tagged fixlab.kind=frontier; --no-mlflow skips).

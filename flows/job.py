@@ -10,10 +10,12 @@ flows/evaluate.py is the command line around it (Hydra, signals).
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 from agents.tasks import load_tasks
@@ -79,6 +81,7 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
             print(f"fixlab: {summary['errors']} of {summary['total']} tasks ended in an error, not an answer (first: "
                   f"{first.task_id}: {first.error[:160]}); `resume=last` runs only those again", file=sys.stderr,
                   flush=True)
+        summary["results_file"] = str(_write_results(tracker, settings, run_id, store, summary, status))
         tracker.finish(summary, status)
         return summary
     except BaseException as e:
@@ -142,6 +145,36 @@ def _summary(tracker: RunTracker, store: core.TaskStore, tasks: list, settings: 
     tracker.complete_tasks([t.to_dict() for t in trajs])
     tracker.log_results_table([t.to_dict() for t in trajs])
     return summary
+
+
+def _write_results(tracker: RunTracker, settings: JobSettings, run_id: str, store: core.TaskStore, summary: dict,
+                   status: str):
+    """The job's own results file (flows/analysis/run_record.py's figures, self-describing: flows/results.py), in
+    tracking.results, and as the MLflow run's artifact: what flows.frontier and flows.report read, with no read-back
+    of the store. Returns its path."""
+    import re
+
+    from .analysis.run_record import TEXT, TITLE, run_record
+    from .results import git_commit, stamp, write
+    from .tracking import machine_name
+
+    trajs = store.load_all()
+    params = tracker.client.get_run(run_id).data.params
+    commit, dirty = git_commit()
+    rec = run_record(run_id, status, params, list(_result_rows(trajs)), summary, machine=machine_name(),
+                     machine_source="job", git_commit=commit or None, git_dirty=str(dirty) if commit else None,
+                     trajectories=[t.to_dict() for t in trajs])
+    folder = Path(settings.tracking.results) if settings.tracking.results else tracker.store_dir / "results"
+    name = re.sub(r"[^\w.+-]+", "-", settings.run_name)
+    path = write("fullsize", {"command": shlex.join(["python", "-m", "flows.evaluate", *sys.argv[1:]]), "runs": [rec]},
+                 title=f"{settings.run_name}: {TITLE}", text=TEXT, out=folder / f"fullsize-{name}-{stamp()}.json",
+                 config=params, sweeps=[{"select": {}, "label": settings.run_name}])
+    try:
+        tracker.client.log_artifact(run_id, str(path))
+    except Exception as e:  # the file is written; the store may be busy or gone
+        print(f"fixlab: could not attach {path.name} to the MLflow run ({e})", file=sys.stderr)
+    print(f"fixlab: results file {path}", file=sys.stderr, flush=True)
+    return path
 
 
 def open_run(tracker: RunTracker, settings: JobSettings) -> tuple[str, str | None]:

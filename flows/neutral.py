@@ -1,7 +1,9 @@
 """Result-neutral settings: where a job runs and how fast, never what it answers. Each one says so on its own field
 in the config records (`metadata={"neutral": why}`: agents/models/config.py, sandboxes/config.py, flows/schema.py
 JobConf, whose runner, tracking and nightly fields cover their whole group, and ServingParams for the recorded
-`serving.*` params); this module only derives the flattened keys ("model.threads", "runner.") from them.
+`serving.*` params); this module only derives the flattened keys ("model.threads", "runner.") from them. The local
+engine's internal settings (agents.serving EngineTuning) were `model.*` knobs until #51: their marks still apply to
+the params of runs logged then (a run at max_prefill_tokens 8192 is the same configuration as one at 896).
 
 Shared by the trajectory cache key (flows/cache.py), resume's config check (flows/tracking.py), sweep labels
 (flows/sweep.py), the nightly report's config diff (flows/nightly.py) and the frontier's grouping (flows/frontier.py),
@@ -20,6 +22,8 @@ import typing
 @functools.cache
 def neutral_keys() -> dict[str, str]:
     """Every result-neutral flattened key, or group prefix ending in ".", with the reason its field gives."""
+    from agents.serving import EngineTuning
+
     from .schema import GROUPS, NightlyJobConf, ServingParams
 
     out: dict[str, str] = {}
@@ -28,6 +32,7 @@ def neutral_keys() -> dict[str, str]:
             out.update(_marked(record, f"{group}."))
     out.update(_marked(NightlyJobConf, ""))
     out.update(_marked(ServingParams, "serving."))
+    out.update(_marked(EngineTuning, "model."))  # as runs logged them while they were model knobs (schema.py RETIRED)
     return out
 
 

@@ -175,7 +175,7 @@ class Run:
         """This run as a budget-`iters` run would have been (round r never depends on the budget: agents/loop.py)."""
         if self.outcomes is None or not self.cost_by_round or not 0 <= iters <= self.iters:
             raise ReportError(f"run {self.short} cannot be cut to iters={iters}: it keeps no per-round outcomes; "
-                              "record it again with benchmarks/fullsize.py")
+                              "run it again (a job's results file keeps them)")
         cost = {k: v for k, v in self.cost_by_round[iters].items() if k != "task_seconds"}
         return replace(self, iters=iters, by_round=self.by_round[:iters + 1], cost=cost, overfit=None,
                        outcomes={t: cut(v, iters) for t, v in self.outcomes.items()})
@@ -244,7 +244,7 @@ def load_sweep(key: str, ref: str, files: dict) -> Sweep:
                     if all(str(r["params"].get(k, 1 if k == "strategy.candidates" else None)) == v for k, v in sel.items())]
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
         raise ReportError(f"benchmarks/results/{name} lacks what its table reads ({type(e).__name__}: {e}); record "
-                          "it again with benchmarks/fullsize.py") from None
+                          "it again (a job's results file keeps them)") from None
     if not runs:
         raise ReportError(f"{ref} (report.yaml: {key}) selects no runs")
     return Sweep(key, name, about, spec, sorted(runs, key=lambda r: r.iters), data.get("paired", []))

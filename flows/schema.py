@@ -91,7 +91,15 @@ RETIRED = {"model.int8_fuse": "False", "strategy.diagnose": "False", "strategy.e
            "strategy.flag_unchanged": "True", "strategy.feedback_style": "shaped", "strategy.feedback_chars": "1200",
            "strategy.compute_actual": "True", "strategy.trace_chars": "0", "strategy.stop_after_code": "True",
            "strategy.candidate_temperature": "0.8", "strategy.function_every": "4", "strategy.self_tests_pass": "0.0",
-           "strategy.repeat_redraw": "True", "strategy.revise_temperature": "0.2"}
+           "strategy.repeat_redraw": "True", "strategy.revise_temperature": "0.2",
+           # the local engine's own settings since #51 (agents/serving/tuning.py EngineTuning: the product runs its
+           # defaults). max_prefill_tokens: old runs carry 896 (the 1.5B pack's yaml, make eval's) or 8192 (the record's
+           # default then); one value per key, so a run at 8192 keeps its param and reads as differing here, and then as
+           # the same configuration only because EngineTuning marks the field neutral (flows/neutral.py)
+           "model.attn_implementation": "None", "model.int8_native": "True", "model.int8_kernel": "auto",
+           "model.skinny_matmul": "True", "model.sdpa_gqa": "True", "model.cpu_attention": "True",
+           "model.kv_dtype": "auto", "model.gather_ms": "30.0", "model.max_prefill_tokens": "896",
+           "model.heap_trim": "True", "model.draft_ngram": "3", "model.draft_step_tokens": "128"}
 
 
 def without_retired(params: dict) -> dict:
@@ -115,6 +123,10 @@ class TrackingConf:
     artifacts: str | None = None  # null: <repo>/mlruns/artifacts
     experiment: str = "humanevalfix"
     run_name: str | None = None  # null: <model>-<strategy>-iters<k>
+    # the folder the job writes its results file to when it ends (fullsize-<run name>-<UTC>.json: flows/results.py
+    # reads it, flows.frontier and flows.report take it); null: <artifacts' parent>/results, beside the store. A
+    # full-size run to report: tracking.results=benchmarks/results
+    results: str | None = None
 
 
 @dataclass
@@ -358,6 +370,12 @@ def describe(e: BaseException, prefix: str = "", source: str | None = None) -> s
     key = full.rsplit(".", 1)[-1]
     if re.search(r"Key '[^']+' (?:not in|is not in struct)", str(cause) + text):
         if full in RETIRED:
+            from agents.serving import EngineTuning
+
+            if full.startswith("model.") and key in {f.name for f in dataclasses.fields(EngineTuning)}:
+                return (f"{full} is not a knob any more: the local engine decides it (agents/serving/tuning.py "
+                        f"EngineTuning, which tests and benchmarks may set; a run logged with it at {RETIRED[full]} "
+                        f"reads as the same configuration){where}")
             return (f"{full} is not a knob any more: it is fixed at {RETIRED[full]} (never varied in a full-size run; "
                     f"the constant beside the code that reads it: grep its name in capitals){where}")
         return f"unknown key {full}: {_nearest(record, key)}{where}"[:400]

@@ -6,12 +6,9 @@ dirty tree), params (the whole resolved config), metrics (pass@1, its curve over
 type, tokens, wall time), artifacts (summary.json, results.jsonl, results_table.json, tasks/<id>.json)
 and one MLflow trace per task (Traces tab: each model call and each sandbox run as a span).
 
-Many jobs on one store at once (a sweep's workers, the nightly flow beside someone's run): SQLite takes one writer at
-a time and MLflow's sqlite store fails a write that waits longer than its 20 s busy timeout ("database is locked",
-lost trace links), and two processes creating a fresh store both run its migrations. So for a sqlite store every
-process makes the store under a cross-process file lock (<db>.lock) and takes the same lock around each MLflow write
-transaction: fixlab's writers queue on the lock instead of racing SQLite's busy handler. Traces are exported
-synchronously and read back (run link, span count), so a failed write is retried, never left half-logged.
+The store itself (URIs, drivers, probe, the cross-process lock many jobs share) is flows/tracking_store.py; the traces
+are built in flows/traces.py. Both are re-exported here, where the rest of fixlab imports them from. Traces are
+exported synchronously and read back (run link, span count), so a failed write is retried, never left half-logged.
 """
 from __future__ import annotations
 
@@ -20,199 +17,26 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterable
-
-from agents.tasks import project_root
 
 from .config import ConfigError
 from .core import safe_name, task_order
 from .neutral import result_neutral
 from .schema import TrackingConf, knob_default, without_retired
+from .traces import flush_traces, log_trace, logged_trace_keys, verdict
+from .tracking_store import (DRIVERS, MLRUNS, STORE_LOCK_POLL_S, STORE_LOCK_WAIT_S, artifact_root, brief_store_waits,
+                             get_or_create_experiment, open_client, probe, sqlite_path, store_lock, tracking_uri)
+
+__all__ = ["DRIVERS", "MLRUNS", "PARENT_ENV", "REPO_ROOT", "STORE_LOCK_POLL_S", "STORE_LOCK_WAIT_S", "RunTracker",
+           "artifact_root", "brief_store_waits", "flatten", "flush_traces", "get_or_create_experiment", "git_state",
+           "log_trace", "logged_trace_keys", "machine_name", "open_client", "probe", "sqlite_path", "store_lock",
+           "tracking_uri", "verdict"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-MLRUNS = project_root() / "mlruns"  # the checkout's (or, installed, the working directory's)
 # Set by the sweep callback (flows/sweep.py): every job of a Hydra multirun becomes a child of this run.
 PARENT_ENV = "FIXLAB_PARENT_RUN_ID"
-
-
-def tracking_uri(tracking: TrackingConf) -> str:
-    return tracking.uri or f"sqlite:///{MLRUNS / 'mlflow.db'}"
-
-
-def artifact_root(tracking: TrackingConf) -> str:
-    return Path(tracking.artifacts or MLRUNS / "artifacts").resolve().as_uri()
-
-
-# ---------------------------------------------------------------- one sqlite store, many processes
-# A write waits this long for the store lock, then goes ahead unlocked (SQLite's own busy handling): a job stopped
-# with Ctrl-Z while it holds the lock must not hang every other job.
-STORE_LOCK_WAIT_S = 120.0
-# A waiting writer retries this often (filelock polls; a write holds the lock ~30 ms): at filelock's default 50 ms
-# 10 processes logging 40 traces each took ~100 s here, at 2 ms ~80 s.
-STORE_LOCK_POLL_S = 0.002
-_store_locks: dict[str, object] = {}
-_store_locks_guard = threading.Lock()
-# brief_store_waits: a stop's KILLED mark waits briefly for the store lock (its thread only). The lock is exclusive
-# between threads and its holder may be a thread the stop is tearing down; at STORE_LOCK_WAIT_S the mark outlasted
-# the stop's deadline and left the runs RUNNING.
-_lock_wait = threading.local()
-
-
-@contextmanager
-def brief_store_waits(seconds: float = 0.5):
-    """In this thread, store writes wait at most `seconds` for the store lock, then write without it."""
-    _lock_wait.s = seconds
-    try:
-        yield
-    finally:
-        _lock_wait.s = None
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a sqlite:/// tracking URI, None for any other store (a server, a file store)."""
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
-
-
-def store_lock(db: Path):
-    """The cross-process lock of one sqlite store (one object per store and process: re-entrant per thread,
-    exclusive between threads and processes)."""
-    from filelock import FileLock
-
-    key = str(Path(db).resolve())
-    with _store_locks_guard:
-        if key not in _store_locks:
-            _store_locks[key] = FileLock(key + ".lock")
-        return _store_locks[key]
-
-
-@contextmanager
-def _holding(lock, what: str):
-    """Hold `lock`, or after STORE_LOCK_WAIT_S go ahead without it (one warning line)."""
-    from filelock import Timeout
-
-    brief = getattr(_lock_wait, "s", None)
-    try:
-        lock.acquire(timeout=STORE_LOCK_WAIT_S if brief is None else brief, poll_interval=STORE_LOCK_POLL_S)
-    except Timeout:
-        if brief is None:
-            print(f"fixlab: {what}: the store lock {lock.lock_file} is held for over {STORE_LOCK_WAIT_S:.0f} s "
-                  f"(a stopped job?); writing without it", file=sys.stderr, flush=True)
-        yield
-        return
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def open_client(uri: str):
-    """An MlflowClient on `uri`. For a sqlite store: made under the store lock (a fresh store's tables and default
-    experiment are created by one process while the others wait), and every write transaction of this process's
-    store object (MLflow keeps one per URI, shared by the client and the trace exporter) then takes the lock too."""
-    from mlflow.tracking import MlflowClient
-
-    # Export each trace while it is logged, in the logging thread (not by MLflow's pool of 10 background threads):
-    # one writer per job, and a trace is in the store, or visibly not, when log_trace returns (RunTracker checks it).
-    os.environ["MLFLOW_ENABLE_ASYNC_TRACE_LOGGING"] = "false"
-    db = sqlite_path(uri)
-    if db is None:
-        probe(_with_driver(uri))  # before MLflow, which retries a dead store for a minute, a traceback a try
-        return MlflowClient(uri)
-    db.parent.mkdir(parents=True, exist_ok=True)
-    lock = store_lock(db)
-    with _holding(lock, "creating the MLflow store"):
-        client = MlflowClient(uri)
-    _serialize_writes(client._tracking_client.store, lock)
-    return client
-
-
-# database stores MLflow reaches through SQLAlchemy, and the Python driver each needs (the extra that brings it)
-DRIVERS = {"postgresql": ("psycopg2", "postgres"), "mysql": ("pymysql", None), "mssql": ("pyodbc", None)}
-
-
-def _with_driver(uri: str) -> str:
-    """`uri` when its database driver is importable; else one line naming the extra that brings it."""
-    import importlib.util
-
-    scheme = uri.split(":", 1)[0].lower()
-    db, _, driver = scheme.partition("+")
-    if db not in DRIVERS:
-        return uri
-    module, extra = DRIVERS[db]
-    module = {"psycopg": "psycopg", "pg8000": "pg8000"}.get(driver, module) if driver else module
-    if importlib.util.find_spec(module) is None:
-        fix = f"pip install 'fixlab[{extra}]'" if extra else f"pip install {module}"
-        raise ConfigError(f"tracking.uri is a {db} store but its driver {module} is not installed; fix: {fix}")
-    return uri
-
-
-def probe(uri: str, timeout_s: float = 5.0) -> None:
-    """One connection to a database store or one request to a tracking server's /health; on failure one line naming
-    the store and the fix (down, wrong host or password), instead of MLflow's retries and tracebacks."""
-    shown = re.sub(r"//([^:/@]+):[^@/]+@", r"//\1:***@", uri)  # no password in the message
-    scheme = uri.split(":", 1)[0].lower()
-    try:
-        if scheme in ("http", "https"):
-            import urllib.error
-            import urllib.request
-
-            try:
-                urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s)
-            except urllib.error.HTTPError:
-                pass  # it answered: a server, if not on /health
-        elif scheme.partition("+")[0] in DRIVERS:
-            import sqlalchemy
-
-            args = {"connect_timeout": int(timeout_s)} if scheme.startswith("postgresql") else {}
-            engine = sqlalchemy.create_engine(uri, connect_args=args)
-            try:
-                engine.connect().close()
-            finally:
-                engine.dispose()
-    except Exception as e:  # noqa: BLE001 - urllib, SQLAlchemy and the drivers each raise their own
-        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)[:200]
-        raise ConfigError(f"cannot reach the MLflow store {shown}: {first}; fix: start the database or `mlflow "
-                          "server` it names, or point tracking.uri elsewhere") from None
-
-
-def _serialize_writes(store, lock) -> None:
-    """Wrap the store's session factory: write sessions (MLflow marks them read_only=False) hold `lock`."""
-    if getattr(store, "_fixlab_write_lock", None) is lock or not hasattr(store, "ManagedSessionMaker"):
-        return
-    sessions = store.ManagedSessionMaker
-
-    @contextmanager
-    def session(read_only=True):
-        if read_only:
-            with sessions(read_only=True) as s:
-                yield s
-        else:
-            with _holding(lock, "an MLflow write"), sessions(read_only=False) as s:
-                yield s
-
-    store.ManagedSessionMaker = session
-    store._fixlab_write_lock = lock
-
-
-def get_or_create_experiment(client, name: str, artifact_location: str, lock=None) -> str:
-    """The experiment's id, created if missing (under the store lock for sqlite; for a server, a concurrent
-    create that lost the race reads the winner's)."""
-    from mlflow.exceptions import MlflowException
-
-    with _holding(lock, "creating the experiment") if lock is not None else nullcontext():
-        exp = client.get_experiment_by_name(name)
-        if exp is not None:
-            return exp.experiment_id
-        try:
-            return client.create_experiment(name, artifact_location=artifact_location)
-        except MlflowException as e:
-            if e.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
-            return client.get_experiment_by_name(name).experiment_id
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, str]:
@@ -463,113 +287,6 @@ class RunTracker:
         flush_traces()
         self.client.set_terminated(self.run_id, status=status)
         self.release_run()
-
-
-# ---------------------------------------------------------------- traces
-def verdict(t: dict) -> str:
-    return "error" if t.get("error") else ("passed" if t.get("first_pass_round") is not None else "failed")
-
-
-def flush_traces() -> None:
-    import mlflow
-
-    try:  # traces are exported by a background queue; the run's end must not outrun them
-        mlflow.flush_trace_async_logging(terminate=False)
-    except TypeError:
-        mlflow.flush_trace_async_logging()
-
-
-def logged_trace_keys(experiment_id: str, run_id: str) -> set[tuple[str, str]]:
-    import mlflow
-
-    flush_traces()
-    traces = mlflow.search_traces(locations=[experiment_id], run_id=run_id, return_type="list",
-                                  include_spans=False)
-    return {(t.info.tags.get("task_id"), t.info.tags.get("sample", "0")) for t in traces}
-
-
-def _ns(seconds: float) -> int:
-    return int(max(float(seconds or 0.0), 0.0) * 1e9)
-
-
-def log_trace(client, experiment_id: str, run_id: str, traj: dict, end_ns: int | None = None) -> tuple[str, int]:
-    """One MLflow trace for one finished trajectory: a root span for the task, a span per round, and under
-    it a span per model call (messages, answer, tokens) and one for the sandbox run (verdict, output).
-    Returns the trace id and how many spans it has.
-
-    The trajectory records durations, not clock times, so spans are laid out back to back ending at
-    `end_ns` (default: now). The agent code stays free of tracing."""
-    import time
-
-    from mlflow.entities import SpanType
-
-    end_ns = end_ns or time.time_ns()
-    start_ns = end_ns - _ns(traj.get("seconds"))
-    v = verdict(traj)
-    tags = {"task_id": traj["task_id"], "sample": str(traj.get("sample", 0)), "bug_type": traj["bug_type"],
-            "verdict": v, "first_pass_round": str(traj.get("first_pass_round")), "strategy": traj.get("strategy", "")}
-    root = client.start_trace(
-        f"{traj['task_id']}" + (f" s{traj['sample']}" if traj.get("sample") else ""), span_type=SpanType.AGENT,
-        inputs={"task_id": traj["task_id"], "bug_type": traj["bug_type"], "strategy": traj.get("strategy"),
-                "budget": traj.get("budget"), "sample": traj.get("sample", 0)},
-        attributes={"verdict": v, "seconds": traj.get("seconds", 0.0)},
-        tags=tags, experiment_id=experiment_id, start_time_ns=start_ns, run_id=run_id)
-    tid = root.trace_id
-    cursor, spans = start_ns, 1
-    for a in traj.get("attempts", []):
-        cursor, n = _log_round(client, tid, root.span_id, a, cursor, end_ns)
-        spans += n
-    client.end_trace(tid, end_time_ns=end_ns, status="ERROR" if traj.get("error") else "OK",
-                     outputs={"verdict": v, "first_pass_round": traj.get("first_pass_round"),
-                              "stop_reason": traj.get("stop_reason"), "handed_in": traj.get("handed_in"),
-                              "error": traj.get("error"), "prompt_tokens": traj.get("prompt_tokens", 0),
-                              "completion_tokens": traj.get("completion_tokens", 0)})
-    return tid, spans
-
-
-def _log_round(client, tid: str, parent_id: str, a: dict, start_ns: int, end_ns: int) -> tuple[int, int]:
-    """A round's span (decision, verdict, feedback) with its model calls and sandbox runs laid out back to back
-    from `start_ns`; returns where it ends and how many spans it logged."""
-    from mlflow.entities import SpanType
-
-    a_end = min(start_ns + _ns(a.get("seconds")), end_ns)
-    span = client.start_span(f"round {a['round']}", trace_id=tid, parent_id=parent_id,
-                             span_type=SpanType.CHAIN, inputs={"round": a["round"]},
-                             attributes={"decision": a["decision"]}, start_time_ns=start_ns)
-    t = start_ns
-    for i, c in enumerate(a.get("calls", [])):
-        c_end = min(t + _ns(c.get("seconds")), a_end)
-        usage = {"input_tokens": c.get("prompt_tokens", 0), "output_tokens": c.get("completion_tokens", 0),
-                 "total_tokens": c.get("prompt_tokens", 0) + c.get("completion_tokens", 0)}
-        cs = client.start_span(f"model call {i}" if i else "model call", trace_id=tid, parent_id=span.span_id,
-                               span_type=SpanType.CHAT_MODEL, inputs={"messages": c.get("messages", [])},
-                               attributes={"mlflow.chat.tokenUsage": usage, "temperature": c.get("temperature"),
-                                           "seed": c.get("seed"), "seconds": c.get("seconds")},
-                               start_time_ns=t)
-        client.end_span(tid, cs.span_id, end_time_ns=c_end, status="ERROR" if c.get("error") else "OK",
-                        outputs={"choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": c.get("output", "")}}],
-                                 **({"tool_calls": c["tool_calls"]} if c.get("tool_calls") else {}),
-                                 **({"error": c["error"]} if c.get("error") else {})})
-        t = c_end
-    r = a.get("result")
-    # Under protocols other than `tests` the agent's feedback came from a separate run on the visible tests.
-    runs = [("sandbox run (visible tests)", a.get("visible_result"))] if a.get("visible_result") not in (None, r) else []
-    runs += [("sandbox run", r)] if r else []
-    for label, run in runs:
-        r_end = min(t + _ns(run.get("duration_s")), a_end) if a_end > t else t
-        rs = client.start_span(label, trace_id=tid, parent_id=span.span_id, span_type=SpanType.TOOL,
-                               inputs={"code": a.get("code")},
-                               attributes={"backend": run.get("backend"), "duration_s": run.get("duration_s")},
-                               start_time_ns=t)
-        client.end_span(tid, rs.span_id, end_time_ns=r_end, outputs={
-            "status": run.get("status"), "exit_code": run.get("exit_code"), "failing_line": run.get("failing_line"),
-            "error_type": run.get("error_type"), "stdout": (run.get("stdout") or "")[-4000:],
-            "stderr": (run.get("stderr") or "")[-4000:]})
-        t = r_end
-    client.end_span(tid, span.span_id, end_time_ns=a_end,
-                    outputs={"decision": a["decision"], "verdict": (r or {}).get("status"), "feedback": a.get("feedback")})
-    return a_end, 1 + len(a.get("calls", [])) + len(runs)
 
 
 if __name__ == "__main__":

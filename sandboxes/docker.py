@@ -23,7 +23,9 @@ from pathlib import Path
 
 from .base import SandboxUnavailable
 from .config import DockerSandboxConf, conf_with
-from .local import _JAIL, _WORKER_CAPS, _WorkerPool, _Worker, _live
+from .local import _WORKER_CAPS
+from .pool import _WorkerPool, _live
+from .worker import _JAIL, _Worker
 
 log = logging.getLogger("sandboxes.docker")
 

@@ -21,7 +21,7 @@ import weakref
 
 from .base import OUTPUT_CAP_BYTES, ExecResult, SandboxUnavailable, tail_note
 from .config import E2BSandboxConf, conf_with
-from .local import parse_failure
+from .verdict import parse_failure
 
 log = logging.getLogger("sandboxes.e2b")
 _live: "weakref.WeakSet[E2BSandbox]" = weakref.WeakSet()

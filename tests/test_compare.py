@@ -58,16 +58,11 @@ def test_compare_a_finished_run_with_a_stopped_one(tmp_path):
                       "strategy=reflection strategy.history_rounds=2", "strategy=react (unfinished)"]
 
 
-def test_fullsize_pairs_a_new_run_against_one_recorded_in_an_earlier_results_file(tmp_path):
-    """benchmarks/fullsize.py keeps each task's outcome, so a later session (whose MLflow store is gone) can still
-    pair a new run against the recorded one: only the tasks both have count."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fullsize.py"
-    spec = importlib.util.spec_from_file_location("fullsize", path)
-    fullsize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fullsize)
+def test_a_run_pairs_against_one_recorded_in_an_earlier_results_file(tmp_path):
+    """A results file keeps each task's verdicts, so a later session (whose MLflow store is gone) can still pair a new
+    run against the recorded one: only the tasks both have count."""
+    from flows import compare as pairing
+    from flows.analysis import run_record as fullsize
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = mlflow.MlflowClient(uri)
@@ -82,14 +77,14 @@ def test_fullsize_pairs_a_new_run_against_one_recorded_in_an_earlier_results_fil
         client.set_terminated(run.info.run_id, "FINISHED")
         ids.append(run.info.run_id)
     old = tmp_path / "old.json"
-    old.write_text(json.dumps({"runs": [fullsize.record(r) for r in load_runs(client, ids[:1])]}))
-    assert fullsize.record(load_runs(client, ids[:1])[0])["first_pass_round"] == {
+    old.write_text(json.dumps({"runs": [fullsize.from_mlflow(r) for r in load_runs(client, ids[:1])]}))
+    assert fullsize.from_mlflow(load_runs(client, ids[:1])[0])["first_pass_round"] == {
         "Python/0#0": [True], "Python/1#0": [False], "Python/2#0": [False], "Python/3#0": [False]}
 
-    base = fullsize.from_file(f"{old}:{ids[0][:8]}")
-    new = fullsize.record(load_runs(client, ids[1:])[0])
-    verdict = fullsize.pair_with_earlier(base, new)
+    base = pairing.from_file(f"{old}:{ids[0][:8]}")
+    new = fullsize.from_mlflow(load_runs(client, ids[1:])[0])
+    verdict = pairing.pair_with_earlier(base, new)
     assert (verdict["only_a"], verdict["only_b"], verdict["diff"]) == (2, 0, 0.5)  # Python/4 is not shared
     assert [r["only_a"] for r in verdict["by_round"]] == [1, 2]
-    with pytest.raises(SystemExit, match="no single run"):
-        fullsize.from_file(f"{old}:ffffffff")
+    with pytest.raises(pairing.RecordError, match="no single run"):
+        pairing.from_file(f"{old}:ffffffff")

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
-from agents.serving import native  # noqa: E402
+from agents.serving import EngineTuning, native  # noqa: E402
 from agents.serving.hf import TransformersModel  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
@@ -68,11 +68,11 @@ def folder(request, tmp_path_factory):
     return make_random_model(cfg, tmp_path_factory.mktemp("det")), request.param
 
 
-def load(folder, **kw) -> TransformersModel:
+def load(folder, draft_ngram: int = 3, **kw) -> TransformersModel:
     path, weights = folder
     return TransformersModel(TransformersModelConf(name="tiny", path=str(path), dtype="float32",
-                                                   weights="int8" if weights == "int8" else "dtype",
-                                                   int8_kernel="fixlab", gather_ms=20, **kw))
+                                                   weights="int8" if weights == "int8" else "dtype", **kw),
+                             tuning=EngineTuning(int8_kernel="fixlab", gather_ms=20, draft_ngram=draft_ngram))
 
 
 def test_answers_do_not_depend_on_batch_order_arrival_prefix_hits_or_drafts(folder):

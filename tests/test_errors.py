@@ -41,12 +41,16 @@ def test_a_zero_batch_is_one_line(tmp_path):
     import pytest
 
     from agents.models.config import TransformersModelConf
+    from agents.serving import EngineTuning
     from agents.serving.hf import BadModelConfig, TransformersModel
 
-    for key in ("max_batch", "max_prefill_tokens"):
+    with pytest.raises(BadModelConfig) as e:
+        TransformersModel(TransformersModelConf(name="x", path=str(tmp_path), max_batch=0))
+    assert str(e.value) == "model.max_batch must be an integer >= 1, got 0"
+    for key in ("max_prefill_tokens", "draft_step_tokens"):  # the engine's own settings (tests and benchmarks set them)
         with pytest.raises(BadModelConfig) as e:
-            TransformersModel(TransformersModelConf(name="x", path=str(tmp_path), **{key: 0}))
-        assert str(e.value) == f"model.{key} must be an integer >= 1, got 0"
+            TransformersModel(TransformersModelConf(name="x", path=str(tmp_path)), tuning=EngineTuning(**{key: 0}))
+        assert str(e.value) == f"EngineTuning.{key} must be an integer >= 1, got 0"
 
 
 @needs_data

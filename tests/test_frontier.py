@@ -11,7 +11,6 @@ The fixture, tasks T0..T19 (first passing round per task; - = never):
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -219,13 +218,11 @@ def test_frontier_from_a_sweep_in_mlflow_is_the_one_from_results_files_and_is_lo
     assert len(runs) == 1 and {"frontier.png", "frontier.html"} <= {a.path for a in client.list_artifacts(
         runs[0].info.run_id)}
 
-    # benchmarks/fullsize.py records the same runs with their per-task seconds and machine, which the frontier reads.
-    spec = importlib.util.spec_from_file_location("fullsize", REPO / "benchmarks" / "fullsize.py")
-    fullsize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fullsize)
+    # a run's record (what a job writes when it ends) keeps its per-task seconds and machine, which the frontier reads
+    from flows.analysis.run_record import from_mlflow
     from flows.compare import load_runs
 
-    rec = fullsize.record(load_runs(client, [ids[1]])[0])
+    rec = from_mlflow(load_runs(client, [ids[1]])[0])
     assert rec["task_seconds"] == 180.0 and rec["machine"] == "Toy CPU, 2 cores" and rec["machine_source"] == "tag"
     (tmp_path / "rec.json").write_text(json.dumps({"recorded": "x", "runs": [rec]}))
     again = fl.records_from_file(tmp_path / "rec.json")[0]

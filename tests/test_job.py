@@ -48,3 +48,66 @@ def test_run_job_over_a_plain_runner_turns_a_crash_into_one_error_trajectory(tmp
     assert seen == ["Python/1"] and again["run_id"] == summary["run_id"]
     assert (again["passed"], again["errors"]) == (3, 0)
     assert RunTracker(settings.tracking).client.get_run(summary["run_id"]).info.status == "FINISHED"
+
+
+@needs_data
+def test_the_job_writes_its_own_results_file_which_the_analysis_reads(tmp_path, monkeypatch, capsys):
+    """When a job ends it writes its self-describing results file (no read-back of the store): the frontier's reader
+    and the report's reader take it as they take a recorded full-size run, its per-task verdicts pair with a later
+    run (flows.compare --against), and the MLflow run carries it too."""
+    import json
+
+    from agents.types import passed_at
+    from flows import compare
+    from flows.analysis.records import records_from_file
+    from flows.job import run_job
+    from flows.results import _run, read
+    from flows.tracking import RunTracker
+    from flows.workers import close_all, repair_in_process
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    store = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.artifacts={tmp_path}/artifacts"]
+
+    def in_order(jobs, settings, done):
+        for task, sample in jobs:
+            done((task, sample), repair_in_process(task, sample, settings))
+
+    runs = []
+    for model, where in (("canonical", f"tracking.results={tmp_path}/results"), ("buggy", None)):
+        settings = job_settings(f"model={model}", "dataset.limit=4", "iters=1", "offline=true", *store,
+                                *([where] if where else []))
+        try:
+            runs.append(run_job(settings, in_order))
+        finally:
+            close_all()
+    mine, default_place = runs
+    path = tmp_path / "results" / mine["results_file"].rsplit("/", 1)[-1]
+    assert path.exists() and path.name.startswith("fullsize-canonical-single_shot")
+    assert mine["results_file"] == str(path)
+    assert default_place["results_file"].startswith(str(tmp_path / "results"))  # beside the store by default
+    doc = read(path)  # describes itself: kind, utc, machine, title, config, the command
+    assert doc["about"]["kind"] == "fullsize" and doc["about"]["config"]["model.name"] == "canonical"
+    rec = doc["runs"][0]
+    assert rec["status"] == "FINISHED" and rec["overall"]["passed"] == rec["overall"]["total"] == 4
+    assert [r["passed"] for r in rec["by_round"]] == [4, 4] and rec["per_task_mean"]["model_calls"] == 1.0
+    assert rec["first_pass_round"] == {f"Python/{i}#0": [True, True] for i in range(4)}
+    assert rec["cost_by_round"] and rec["task_seconds"] is not None and rec["machine_source"] == "job"
+    # the frontier's reader: one record per budget; the report's: a run it can cut
+    recs = records_from_file(path)
+    assert [(r.params["iters"], r.passed, r.total) for r in recs] == [("0", 4, 4), ("1", 4, 4)]
+    run = _run(0, rec)
+    assert run.cut(0).passed == 4 and all(passed_at(v) for v in run.outcomes.values())
+    # attached to the MLflow run
+    client = RunTracker(settings.tracking).client
+    assert path.name in [a.path for a in client.list_artifacts(mine["run_id"])]
+    # a later session pairs the buggy run against the file's run: every task only in the file's
+    capsys.readouterr()
+    assert compare.main([default_place["run_id"], f"--tracking-uri=sqlite:///{tmp_path}/mlflow.db",
+                         "--against", f"{path}:{mine['run_id'][:8]}"]) == 0
+    out = capsys.readouterr().out
+    assert "4" in out.splitlines()[-1] and "canonical" in out.splitlines()[-1], out
+    assert compare.main([default_place["run_id"], f"--tracking-uri=sqlite:///{tmp_path}/mlflow.db",
+                         "--against", f"{path}:ffffffff"]) == 2
+    assert "no single run 'ffffffff'" in capsys.readouterr().err
+    json.loads(path.read_text())  # plain JSON

@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
-from agents.serving import runtime  # noqa: E402
+from agents.serving import EngineTuning, runtime  # noqa: E402
 from agents.serving.devices import BadModelConfig  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
@@ -46,8 +46,8 @@ def reference(tiny):
 def test_concurrent_requests_get_what_generate_gives_one_at_a_time(tiny, reference, kind):
     reqs, want = reference
     assert want[1].finish_reason == "stop" and want[1].text and len(want[1].text) < 8  # the stop string did cut
-    model = runtime.build_local(TransformersModelConf(name="t", path=tiny, device="cpu", runtime=kind,
-                                                      gather_ms=50.0))
+    model = runtime.build_local(TransformersModelConf(name="t", path=tiny, device="cpu", runtime=kind),
+                                EngineTuning(gather_ms=50.0))
     try:
         assert model.choice.record()["runtime"] == kind and model.choice.record()["deterministic"] is False
         assert "may differ between reruns" in model.choice.repeat_words()
@@ -83,17 +83,18 @@ def test_on_a_gpu_auto_times_both_kept_paths_keeps_the_faster_and_caches_it(tiny
         return {k: v * (10 if model.choice.runtime == "static" else 1) for k, v in r.items()}
 
     monkeypatch.setattr(runtime, "_rates", rates)
-    cfg = TransformersModelConf(name="t", path=tiny, device="cpu", runtime="auto", max_batch=4, gather_ms=5.0)
-    model = runtime.build_local(cfg)
+    cfg = TransformersModelConf(name="t", path=tiny, device="cpu", runtime="auto", max_batch=4)
+    tuning = EngineTuning(gather_ms=5.0)
+    model = runtime.build_local(cfg, tuning)
     try:
         assert timed == ["continuous", "continuous", "static", "static"]  # each warm, then timed
-        assert model.choice.runtime == "static" and runtime.recorded(cfg)["runtime"] == "static"
+        assert model.choice.runtime == "static" and runtime.recorded(cfg, tuning)["runtime"] == "static"
         assert "Test GPU" in model.choice.reason and set(model.choice.decode_tok_s) == {"continuous", "static"}
         assert model.generate(GenRequest(messages=[{"role": "user", "content": "hi"}], max_new_tokens=3)).text
     finally:
         model.close()
     timed.clear()
-    again = runtime.build_local(cfg)  # the cached decision: nothing timed again
+    again = runtime.build_local(cfg, tuning)  # the cached decision: nothing timed again
     try:
         assert timed == [] and again.choice.runtime == "static"
     finally:

@@ -1,4 +1,4 @@
-"""The engine's float16 KV cache on CPU (`model.kv_dtype`, auto = float16 where fixlab's compiled kernels build) and
+"""The engine's float16 KV cache on CPU (EngineTuning.kv_dtype, auto = float16 where fixlab's compiled kernels build) and
 the compiled decode attention that reads it (agents/serving/kernels.c). What users rely on: attention over the
 float16 cache equals exact attention over the same (widened) values, every row sees only its own columns, a row's
 answer does not depend on its batch, and a wrong setting is one line."""
@@ -16,6 +16,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
+from agents.serving import EngineTuning  # noqa: E402
 from agents.serving.hf import BadModelConfig, TransformersModel  # noqa: E402
 from test_models_engine import assert_batched_answers_equal_alone, msgs, run_concurrently  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
@@ -103,8 +104,8 @@ def tiny_path(tmp_path_factory):
 
 
 def test_the_cache_is_float16_by_default_on_cpu_and_answers_do_not_depend_on_the_batch(tiny_path):
-    m = TransformersModel(TransformersModelConf(name="tiny", path=str(tiny_path), max_batch=3, gather_ms=50,
-                                                dtype="float32", prefix_cache_mib=64))
+    m = TransformersModel(TransformersModelConf(name="tiny", path=str(tiny_path), max_batch=3, dtype="float32",
+                                                prefix_cache_mib=64), tuning=EngineTuning(gather_ms=50))
     try:
         assert m.kv_dtype == torch.float16 and m.engine.kv_dtype == torch.float16
         assert_batched_answers_equal_alone(m)
@@ -125,8 +126,8 @@ def test_float16_and_float32_caches_give_the_same_greedy_answer_where_the_winner
     reqs = [GenRequest(messages=msgs(3), max_new_tokens=12)]
     texts = {}
     for kv in ("float16", "float32"):
-        m = TransformersModel(TransformersModelConf(name="tiny", path=str(tiny_path), max_batch=2, gather_ms=10,
-                                                    dtype="float32", kv_dtype=kv))
+        m = TransformersModel(TransformersModelConf(name="tiny", path=str(tiny_path), max_batch=2, dtype="float32"),
+                              tuning=EngineTuning(gather_ms=10, kv_dtype=kv))
         try:
             texts[kv] = [g.text for g in run_concurrently(m, reqs)]
         finally:

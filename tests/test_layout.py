@@ -176,3 +176,14 @@ def test_importing_agents_serving_loads_no_torch():
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert loaded == {}, "import agents.serving imported " + "; ".join(
         f"{m} from {' <- '.join(reversed(w)).replace(f'{REPO}/', '') or 'outside fixlab'}" for m, w in loaded.items())
+
+
+def test_the_architecture_walk_names_only_files_that_exist():
+    """docs/ARCHITECTURE.md is the walk a newcomer follows through one job: every path it names must exist (a file
+    moved or renamed without the page is a wrong turn)."""
+    import re
+
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    named = {p for p in re.findall(r"`([\w./-]+\.(?:py|c|yaml|md))`", text) if "/" in p}
+    assert len(named) > 30
+    assert sorted(p for p in named if not (REPO / p).exists()) == []

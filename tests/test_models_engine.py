@@ -16,6 +16,7 @@ from transformers import LlamaConfig  # noqa: E402
 
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
+from agents.serving import EngineTuning  # noqa: E402
 from agents.serving.engine import BatchEngine, RequestError  # noqa: E402
 from agents.serving.hf import BadModelConfig, TransformersModel, parse_tool_calls  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
@@ -55,8 +56,8 @@ def run_concurrently(model, reqs):
 @pytest.fixture(scope="module", params=list(ARCHS))
 def tiny(request, tmp_path_factory):
     path = make_random_model(ARCHS[request.param](), tmp_path_factory.mktemp(request.param))
-    batched = TransformersModel(TransformersModelConf(name="tiny", path=str(path), max_batch=3, gather_ms=50,
-                                                      dtype="float32"))
+    batched = TransformersModel(TransformersModelConf(name="tiny", path=str(path), max_batch=3, dtype="float32"),
+                                tuning=EngineTuning(gather_ms=50))
     single = TransformersModel(TransformersModelConf(name="tiny", path=str(path), batching=False, dtype="float32"))
     yield batched, single
     batched.close()
@@ -219,6 +220,30 @@ def test_parse_tool_calls():
     calls = parse_tool_calls(text)
     assert calls == [{"id": "call_0", "type": "function",
                       "function": {"name": "run_tests", "arguments": '{"code": "x=1"}'}}]
+
+
+def test_the_prefill_width_is_derived_from_the_mlp_width(tiny):
+    """EngineTuning.max_prefill_tokens None (the default): as many padded tokens as keep one MLP activation under
+    glibc's 32 MiB mmap threshold, in multiples of 128: 896 for the 1.5B pack (its yaml's value before #51)."""
+    import json
+    from types import SimpleNamespace
+
+    from agents.serving.tuning import prefill_tokens
+    from conftest import REPO
+
+    width = {f.stem: json.loads(f.read_text())["intermediate_size"] for f in (REPO / "benchmarks" / "configs").glob(
+        "*.json")}
+    assert prefill_tokens(SimpleNamespace(intermediate_size=width["Qwen2.5-Coder-1.5B-Instruct"])) == 896
+    assert prefill_tokens(SimpleNamespace(intermediate_size=width["Qwen2.5-Coder-0.5B-Instruct"])) == 1664
+    assert prefill_tokens(SimpleNamespace(intermediate_size=1536)) == 5376  # SmolLM2-135M
+    assert prefill_tokens(SimpleNamespace(intermediate_size=10**6)) == 128 and prefill_tokens(SimpleNamespace()) == 8192
+    batched, _ = tiny
+    assert batched.engine.max_prefill_tokens == prefill_tokens(batched.model.config) > 8192  # a tiny MLP
+    m = TransformersModel(batched.cfg, tuning=EngineTuning(max_prefill_tokens=256))  # a tuning still sets it
+    try:
+        assert m.engine.max_prefill_tokens == 256
+    finally:
+        m.close()
 
 
 def test_skinny_matmul_matches_linear():
@@ -490,10 +515,10 @@ def test_grouped_attention_is_on_by_default_and_keeps_greedy_answers(tiny, tmp_p
     batched, _ = tiny
     assert batched.model.config._attn_implementation == "fixlab_cpu"
     path = make_random_model(ARCHS["qwen2"](), tmp_path / "m")
-    sdpa = TransformersModel(TransformersModelConf(name="tiny", path=str(path), max_batch=3, gather_ms=50,
-                                                   dtype="float32", cpu_attention=False))
-    ours = TransformersModel(TransformersModelConf(name="tiny", path=str(path), max_batch=3, gather_ms=50,
-                                                   dtype="float32"))
+    sdpa = TransformersModel(TransformersModelConf(name="tiny", path=str(path), max_batch=3, dtype="float32"),
+                             tuning=EngineTuning(gather_ms=50, cpu_attention=False))
+    ours = TransformersModel(TransformersModelConf(name="tiny", path=str(path), max_batch=3, dtype="float32"),
+                             tuning=EngineTuning(gather_ms=50))
     try:
         assert sdpa.model.config._attn_implementation == "sdpa"
         reqs = [GenRequest(messages=msgs(k), max_new_tokens=10 + 2 * k) for k in range(1, 6)]
@@ -573,9 +598,10 @@ def test_kv_budget_holds_rows_back_without_changing_answers(tiny):
     widest = max(len(batched.prompt_ids(r)) for r in reqs)
     # no budget: all six rows together; below one row: one at a time; two and a half of the widest: some wait
     for budget_rows, rows in ((0, {6}), (0.5, {1}), (2.5, {2, 3, 4, 5})):
-        m = TransformersModel(TransformersModelConf(name="tiny", path=batched.cfg.path, max_batch=6, gather_ms=200,
-                                                    dtype="float32", prefix_cache_mib=0,
-                                                    kv_cache_mib=budget_rows * widest * per_token / 2**20))
+        m = TransformersModel(TransformersModelConf(name="tiny", path=batched.cfg.path, max_batch=6, dtype="float32",
+                                                    prefix_cache_mib=0,
+                                                    kv_cache_mib=budget_rows * widest * per_token / 2**20),
+                              tuning=EngineTuning(gather_ms=200))
         try:
             together = run_concurrently(m, reqs)
             assert [g.text for g in together] == [a.text for a in alone]

@@ -14,6 +14,7 @@ import torch
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
+from agents.serving import EngineTuning  # noqa: E402
 from agents.serving.f32 import PackedLinear  # noqa: E402
 from agents.serving.hf import BadModelConfig, TransformersModel  # noqa: E402
 from agents.serving.int8 import Int8Linear, quantize_int8, quantize_rows  # noqa: E402
@@ -60,8 +61,8 @@ def test_quantize_skips_lm_head_and_keeps_zero_rows_finite():
 @pytest.fixture(scope="module")
 def tiny_int8(tmp_path_factory):
     path = make_random_model(tiny_qwen2(), tmp_path_factory.mktemp("qwen2-int8"))
-    m = TransformersModel(TransformersModelConf(name="tiny-int8", path=str(path), max_batch=3, gather_ms=50,
-                                                dtype="float32", weights="int8"))
+    m = TransformersModel(TransformersModelConf(name="tiny-int8", path=str(path), max_batch=3, dtype="float32",
+                                                weights="int8"), tuning=EngineTuning(gather_ms=50))
     yield m
     m.close()
 
@@ -264,8 +265,9 @@ def _eager_rows(lin: Int8Linear, rows: torch.Tensor) -> torch.Tensor:
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="the compiled int8 loops need gcc")
 @pytest.mark.parametrize("bias", [True, False])
 def test_compiled_int8_loops_are_bit_equal_to_the_eager_ops(bias):
-    # model.int8_native (on by default) must change no answer: every value equal to the eager rounding and scaling,
-    # on rows that make rounding hard, at sizes the threads split (prefill) and do not (decode), odd widths included.
+    # EngineTuning.int8_native (on by default) must change no answer: every value equal to the eager rounding and
+    # scaling, on rows that make rounding hard, at sizes the threads split (prefill) and do not (decode), odd widths
+    # included.
     from agents.serving import native
 
     assert native.available()

@@ -24,7 +24,7 @@ def key(tmp_path, model=None, sandbox=None, agent=None) -> str:
 def test_speed_knobs_keep_the_cache_key(tmp_path):
     base = key(tmp_path)
     for change in ({"threads": 2}, {"max_batch": 4}, {"prefix_cache_mib": 0}, {"draft_tokens": 0},
-                   {"batching": False}, {"skinny_matmul": False}, {"int8_native": False}, {"int8_kernel": "torch"}):
+                   {"batching": False}, {"kv_cache_mib": 1536}):
         assert key(tmp_path, model=change) == base, change
     assert key(tmp_path, sandbox={"workers": 1, "mode": "fresh"}) == base
 
@@ -108,6 +108,15 @@ def test_retired_knobs_at_their_old_default_read_as_absent():
     assert without_retired(then) == {"strategy.name": "reflection"}
     # switched on (no run did): a difference that stays
     assert without_retired({"strategy.few_shot": "2"}) == {"strategy.few_shot": "2"}
+    # the engine's own settings, model knobs until #51 (agents.serving EngineTuning): a run at their defaults is the
+    # same configuration; the old runs at a prefill width of 8192 keep the param, which is result-neutral
+    engine_then = {"model.name": "qwen1.5b-coder-q4", "model.kv_dtype": "auto", "model.gather_ms": "30",
+                   "model.attn_implementation": "None", "model.cpu_attention": "True", "model.int8_native": "True",
+                   "model.max_prefill_tokens": "896", "model.draft_step_tokens": "128"}
+    assert without_retired(engine_then) == {"model.name": "qwen1.5b-coder-q4"}
+    assert without_retired({"model.max_prefill_tokens": "8192"}) == {"model.max_prefill_tokens": "8192"}
+    assert result_neutral("model.max_prefill_tokens") and result_neutral("model.gather_ms")
+    assert without_retired({"model.kv_dtype": "float32"}) == {"model.kv_dtype": "float32"}  # changes answers
     # for every retired knob, the record no longer has it
     from flows.schema import knob_default
     for k in RETIRED:

@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from agents.models.config import TransformersModelConf  # noqa: E402
-from agents.serving import native, paths, runtime  # noqa: E402
+from agents.serving import EngineTuning, native, paths, runtime  # noqa: E402
 from agents.serving.int8 import Int8Linear, Int8Plan  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
@@ -72,7 +72,7 @@ def test_the_paths_timed_follow_the_cpus_capabilities(monkeypatch):
 
 
 def _conf(path, **kw) -> TransformersModelConf:
-    return TransformersModelConf(name="tiny", path=path, dtype="float32", max_batch=2, gather_ms=5, **kw)
+    return TransformersModelConf(name="tiny", path=path, dtype="float32", max_batch=2, **kw)
 
 
 @needs_gcc
@@ -93,7 +93,7 @@ def test_auto_measures_once_then_reads_the_cache_and_an_explicit_setting_is_obey
     key = paths.cache_key(paths.shapes_for(cfg), "matmuls", {"threads": 1})[0]
     slow = {"int8:fixlab": {1: 1.0, 32: 10.0}, "int8:torch": {1: 100.0}, "float32": {1: 2.0, 32: 20.0}}
     paths.write_cached(key, {}, {"matmul_ms": slow})
-    c = paths.resolve(_conf(tiny, weights="int8", int8_kernel="torch"), cpu, 1)
+    c = paths.resolve(_conf(tiny, weights="int8"), cpu, 1, EngineTuning(int8_kernel="torch"))
     assert c.int8["small"] == c.int8["large"] == "torch"
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "warning: int8_kernel=torch" in err[0] and "slower" in err[0], err
@@ -107,7 +107,7 @@ def test_a_wrong_int8_kernel_or_runtime_is_one_line(tiny):
     from agents.serving.hf import BadModelConfig
 
     with pytest.raises(BadModelConfig, match="unknown int8_kernel 'fast'"):
-        paths.resolve(_conf(tiny, weights="int8", int8_kernel="fast"), torch.device("cpu"), 1)
+        paths.resolve(_conf(tiny, weights="int8"), torch.device("cpu"), 1, EngineTuning(int8_kernel="fast"))
     with pytest.raises(BadModelConfig, match="unknown runtime 'vllm'"):
         build_model(_conf(tiny, runtime="vllm"))
     with pytest.raises(BadModelConfig, match="runtime=llamacpp serves a registry pack"):

@@ -208,3 +208,19 @@ def test_a_runs_read_backs_reach_the_document_from_its_record():
         g = r["overfit_gap"]
         assert f"when the budget ends: {g['held_handed_in']['hidden_passed']}/{g['total']} (" in section
     assert report.readback_lines([]) == []
+
+
+def test_the_document_opens_with_one_screen_the_frontier_table_the_picture_and_each_machine_once():
+    doc = report.results_document(report.RESULTS_DIR)
+    opening = doc[: doc.index("## Headline")]
+    assert len(opening.splitlines()) <= 60  # one screen
+    fr = report.frontier_of(report.RESULTS_DIR)
+    for c in (c for c in fr.configs if c.on_token_frontier):
+        assert f"| {c.label} | {c.pass_at_1:.3f} ({c.ci95[0]:.3f}-{c.ci95[1]:.3f}) |" in opening, c.label
+    assert "![pass@1 against completion tokens per task](frontier.png)" in opening
+    machines = opening.split("Machines of the full-size runs: ")[1].split(".\n\n")[0]
+    names = [m.split(":")[0].strip() for m in " ".join(machines.split()).split("; ")]
+    assert len(names) == len(set(names)) >= 2
+    for m in " ".join(machines.split()).split("; "):
+        head, _, rest = m.partition(": ")
+        assert head != rest, m  # a machine named once, not "X: X"

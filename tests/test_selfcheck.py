@@ -87,15 +87,10 @@ def test_self_check_needs_as_many_candidates():
 
 
 def _fullsize():
-    """benchmarks/fullsize.py, the script that records full-size runs (not a package)."""
-    import importlib.util
+    """The read-backs a job's results file keeps (flows/analysis/run_record.py)."""
+    from flows.analysis import run_record
 
-    from conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("fullsize", REPO / "benchmarks" / "fullsize.py")
-    fullsize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fullsize)
-    return fullsize
+    return run_record
 
 
 def test_the_record_reads_back_what_the_same_answers_scored_without_the_self_check():

@@ -1,6 +1,7 @@
 """The model's typed settings, one record per backend: the only place their defaults are defined.
 conf/model/<name>.yaml picks a record as its schema (flows/schema.py) and holds only what differs from it:
-which weights, and the runtime knobs a model was measured faster with. A knob that changes no answer (where a job
+which weights, and the runtime knobs a model was measured faster with. The local engine's internal settings are not
+here: agents/serving/tuning.py EngineTuning. A knob that changes no answer (where a job
 runs and how fast) says so on its field: `metadata={"neutral": why}` (flows/neutral.py derives the list from it)."""
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ class ModelConf:
 
 @dataclass
 class TransformersModelConf(ModelConf):
-    """A local causal LM through transformers and fixlab's batching engine (agents/serving/hf.py, engine.py)."""
+    """A local causal LM through transformers and fixlab's batching engine (agents/serving/hf.py, engine.py).
+
+    Twelve serving knobs a user sets (issue #51: every knob earns its place), besides the weights' identity; how the
+    engine runs beyond them (KV cache dtype, attention and matmul kernels, prefill chunk, gather wait, heap trims,
+    draft lookup) is decided by the engine and measured paths, not by a user: agents/serving/tuning.py EngineTuning,
+    which tests and benchmarks set through agents.serving.build(conf, tuning)."""
 
     backend: str = "transformers"
     # --- the weights: exactly one of model (hub id), pack (agents/serving/packs.py PACKS) or path (a folder)
@@ -27,7 +33,6 @@ class TransformersModelConf(ModelConf):
     pack: str | None = None
     path: str | None = None
     trust_remote_code: bool = False
-    attn_implementation: str | None = None  # null = transformers' choice
     # --- runtime
     device: str = "auto"  # auto = cuda if available else cpu; or cpu, cuda, cuda:N
     # auto = bfloat16 on cuda; on cpu float32 beside int8 weights (bf16 decode attention is slower there), else
@@ -39,12 +44,6 @@ class TransformersModelConf(ModelConf):
     # modules left in the dtype under int8: lm_head by default, as its argmax over the vocabulary is where rounding
     # would flip tokens first; [] quantizes it too (faster decode, other numerics)
     int8_skip: list[str] = field(default_factory=lambda: ["lm_head"])
-    # true: int8's input rounding and output scaling as compiled loops, built with gcc at first use (bit-equal to
-    # the eager torch ops, agents/serving/native.py, which run where no compiler is found)
-    int8_native: bool = field(default=True, metadata={"neutral": "bit-equal: compiled loops or eager ops"})
-    # which kernel multiplies int8 weights: auto = measured on this machine per number of rows (agents/serving/
-    # paths.py); torch = torch._int_mm; fixlab = fixlab's own (AVX-512 VNNI, AVX2 or portable)
-    int8_kernel: str = field(default="auto", metadata={"neutral": "bit-equal: exact integer products either way"})
     # engine = fixlab's engine; llamacpp = llama.cpp on a pack's GGUF; continuous / static = transformers' continuous
     # batching / static cache (+ torch.compile on a GPU; agents/serving/kept.py); auto = measured here: on a GPU the
     # faster of continuous and static, on a CPU the engine (or, for a pack, llama.cpp where it is faster and the
@@ -52,36 +51,19 @@ class TransformersModelConf(ModelConf):
     runtime: str = "engine"
     # torch CPU threads; null = the cores this process may use (agents/serving/cores.py)
     threads: int | None = field(default=None, metadata={"neutral": SPEED})
-    # cpu fp32: decode matmuls as W @ x.T, which MKL runs faster than x @ W.T for a few rows
-    skinny_matmul: bool = field(default=True, metadata={"neutral": SPEED})
-    # cpu: SDPA's grouped K/V heads under a padding mask, instead of K/V repeated to every query head
-    sdpa_gqa: bool = field(default=True, metadata={"neutral": SPEED})
-    cpu_attention: bool = True  # cpu: fixlab's fp32 decode attention (agents/serving/cpu_attention.py)
-    # the engine's KV cache: auto = float16 on cpu where the compiled kernels build (decode attention reads half the
-    # bytes, widened to float32 as it reads: agents/serving/kernels.c), else the model's dtype; float16; float32
-    kv_dtype: str = "auto"
     # --- batching engine (agents call generate() from many threads; the engine batches them)
     # false = one request at a time through transformers generate (the reference path)
     batching: bool = field(default=True, metadata={"neutral": SPEED})
     # rows decoded together; finished rows leave and waiting requests take their place
     max_batch: int = field(default=16, metadata={"neutral": SPEED})
-    # an idle engine waits this long for more requests before starting a batch
-    gather_ms: float = field(default=30.0, metadata={"neutral": SPEED})
-    # padded prompt tokens per prefill forward (bounds prefill memory)
-    max_prefill_tokens: int = field(default=8192, metadata={"neutral": SPEED})
     max_context: int | None = None  # null = the model config's max_position_embeddings
     # KV of earlier prompts kept for reuse by a later round (0 = off)
     prefix_cache_mib: float = field(default=1024.0, metadata={"neutral": SPEED})
     # budget of the running batch's KV; requests wait while it is full (0 = none)
     kv_cache_mib: float = field(default=0.0, metadata={"neutral": SPEED})
-    # free heap back to the OS: a lower mmap threshold and a trim after prefills (agents/serving/heap.py)
-    heap_trim: bool = field(default=True, metadata={"neutral": "memory only"})
     # prompt-lookup drafts a row proposes per decode step, twice that when few rows (0 = off); a draft is kept only
     # where it equals what the model decodes anyway
     draft_tokens: int = field(default=4, metadata={"neutral": SPEED})
-    draft_ngram: int = field(default=3, metadata={"neutral": SPEED})  # n-gram length a draft is looked up by
-    # most tokens one forward feeds, all rows' pending tokens and drafts together
-    draft_step_tokens: int = field(default=128, metadata={"neutral": SPEED})
 
 
 @dataclass

@@ -6,6 +6,8 @@ inside it: tests/test_layout.py):
   ModelUnavailable;
 - `build(conf)`: the model a transformers or llamacpp config serves through; a transformers config's model has
   `.choice.record()`, the path it took (runtime, weights, dtype, whether its answers repeat: paths.py);
+- `EngineTuning`: the engine's internal settings (tuning.py), not a config's: the product runs its defaults, tests
+  and benchmarks pass others to `build`; flows reads its fields' neutral marks for runs logged while they were knobs;
 - the facts the trajectory cache and the run records need: NUMERICS, `cache_root()`, `recorded_path(conf)`,
   `auto_dtype(conf)`; and the machine's: `describe_machine()`, `cpu_info()`, `isa_family()`.
 Importing it imports no torch or transformers: each function loads what it needs when called.
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from ..models.base import Generation, GenRequest, Model, ModelUnavailable
 from ..models.config import LlamaCppModelConf, TransformersModelConf
+from .tuning import EngineTuning
 
 # The engine's arithmetic, versioned: bumped whenever a change to the kernels or the engine changes which bits a
 # request's answer gets, so that cached trajectories from the older arithmetic are not replayed as this one's
@@ -24,15 +27,16 @@ from ..models.config import LlamaCppModelConf, TransformersModelConf
 NUMERICS = 2
 
 
-def build(conf: TransformersModelConf | LlamaCppModelConf) -> Model:
+def build(conf: TransformersModelConf | LlamaCppModelConf, tuning: EngineTuning | None = None) -> Model:
     """The model a config serves through. transformers: fixlab's engine, transformers' own batching (kept.py) or, for
     a registry pack, llama.cpp, as configured or measured here (runtime.py; prints the path line and remembers the
     path for `recorded_path`); llamacpp: llama.cpp embedded in the job. Checks no extra: agents.models.build_model
-    says which pip extra is missing first."""
+    says which pip extra is missing first. `tuning`: the engine's internal settings for a transformers config (None:
+    the defaults, what every job runs; tests and benchmarks set others)."""
     if isinstance(conf, TransformersModelConf):
         from .runtime import build_local
 
-        return build_local(conf)
+        return build_local(conf, tuning)
     if isinstance(conf, LlamaCppModelConf):
         from .llamacpp import LlamaCppModel
 
@@ -89,5 +93,5 @@ def isa_family(info: dict | None = None) -> str:
     return family(info)
 
 
-__all__ = ["NUMERICS", "Generation", "GenRequest", "Model", "ModelUnavailable", "auto_dtype", "build", "cache_root",
-           "cpu_info", "describe_machine", "isa_family", "recorded_path"]
+__all__ = ["NUMERICS", "EngineTuning", "Generation", "GenRequest", "Model", "ModelUnavailable", "auto_dtype", "build",
+           "cache_root", "cpu_info", "describe_machine", "isa_family", "recorded_path"]

@@ -1,4 +1,4 @@
-"""Decode attention on CPU: grouped-query heads as two batched matmuls (`model.cpu_attention`, default on).
+"""Decode attention on CPU: grouped-query heads as two batched matmuls (EngineTuning.cpu_attention, default on).
 
 Why: in a decode step each row has 1 query token against its whole padded KV cache. torch's SDPA with a padding
 mask and grouped K/V heads was the step's biggest cost on 2-core CPUs (py-spy on a react job: 72% of the forward
@@ -12,8 +12,8 @@ A batch whose rows differ in length carries left padding (a job's decode batches
 tokens); when it is large enough to pay for a few small ops a row (PADDING_SHARE, PADDING_SLOTS below), each row
 attends to its own columns only.
 
-With the float16 KV cache (`model.kv_dtype`, the default on CPU where fixlab's compiled kernels build) the same steps
-go to native.decode_attention instead (agents/serving/kernels.c): it reads half the bytes, widened to float32, and
+With the float16 KV cache (EngineTuning.kv_dtype, the default on CPU where fixlab's compiled kernels build) the same
+steps go to native.decode_attention instead (agents/serving/kernels.c): it reads half the bytes, widened to float32, and
 each row only over the columns its mask lets it see, with no per-row Python calls; on AVX-512 CPUs with fused
 multiply-adds and each block of query rows' sums held in registers. On the 2-core EPYC at 32 rows x 700 tokens:
 attention 63 ms a step against 97 here (decode-profile-20261127T190040Z / 190227Z), then 34 against 55 for the

@@ -93,9 +93,10 @@ KV_DTYPES = ("auto", "float16", "float32")
 
 
 def resolve_kv_dtype(name: str | None, device, dtype, cpu_attention: bool = True):
-    """The batching engine's KV cache dtype, None = the model's. float16: decode attention reads half the bytes,
-    widened to float32 as it reads (agents/serving/kernels.c); CPU with float32 compute only. auto: float16 there
-    when fixlab's compiled kernels build (agents/serving/native.py), else the model's dtype."""
+    """The batching engine's KV cache dtype (EngineTuning.kv_dtype, tuning.py), None = the model's. float16: decode
+    attention reads half the bytes, widened to float32 as it reads (agents/serving/kernels.c); CPU with float32 compute
+    only. auto: float16 there when fixlab's compiled kernels build (agents/serving/native.py), else the model's
+    dtype."""
     import torch
 
     name = str(name or "auto").strip().lower()
@@ -106,7 +107,8 @@ def resolve_kv_dtype(name: str | None, device, dtype, cpu_attention: bool = True
         return None  # the model's dtype (float32 on CPU beside int8 weights)
     if not fits:
         raise BadModelConfig(f"kv_dtype: float16 is for CPU decode in float32 with cpu_attention on (here: "
-                             f"{device.type}, {str(dtype).replace('torch.', '')}); fix: kv_dtype=auto")
+                             f"{device.type}, {str(dtype).replace('torch.', '')}); "
+                             "fix: EngineTuning(kv_dtype='auto')")
     from .native import available
 
     if available():
@@ -114,7 +116,7 @@ def resolve_kv_dtype(name: str | None, device, dtype, cpu_attention: bool = True
     if name == "auto":
         return None
     raise BadModelConfig("kv_dtype: float16 needs fixlab's compiled kernels, which could not be built here "
-                         "(no gcc?); fix: kv_dtype=auto or install gcc")
+                         "(no gcc?); fix: EngineTuning(kv_dtype='auto') or install gcc")
 
 
 def weights_source(cfg: TransformersModelConf) -> tuple[str, dict]:

@@ -23,20 +23,22 @@ END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|EOT|>", "<|end|>", "<end_of_turn>"
 from .native import available as native_kernels  # noqa: E402
 from .devices import (DTYPES, KV_DTYPES, WEIGHTS, BadModelConfig, cpu_has_native_bf16,  # noqa: E402,F401
                       resolve_device, resolve_dtype, resolve_kv_dtype, resolve_weights, weights_source)
+from .tuning import EngineTuning, prefill_tokens  # noqa: E402
 
 
 class TransformersModel:
-    def __init__(self, cfg: TransformersModelConf, runtime: str = "engine"):
+    def __init__(self, cfg: TransformersModelConf, runtime: str = "engine", tuning: EngineTuning | None = None):
         """`runtime`: what batches the requests: fixlab's engine (engine.py) or transformers' own (kept.py:
-        continuous, static); runtime.py decides it."""
+        continuous, static); runtime.py decides it. `tuning`: the engine's internal settings (tuning.py; None = its
+        defaults, what the product runs: tests and benchmarks set others)."""
         import torch
 
         self.cfg = cfg
+        self.tuning = tuning = tuning if tuning is not None else EngineTuning()
         self.name = cfg.name
-        for key in ("max_batch", "max_prefill_tokens", "draft_step_tokens"):  # one line before anything loads
-            v = getattr(cfg, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise BadModelConfig(f"model.{key} must be an integer >= 1, got {v!r}")
+        v = cfg.max_batch  # one line before anything loads
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise BadModelConfig(f"model.max_batch must be an integer >= 1, got {v!r}")
         self.device = resolve_device(cfg.device)
         self._cores = None
         if self.device.type == "cpu":
@@ -49,12 +51,12 @@ class TransformersModel:
             # weights, dtype and int8 kernels: as configured, and what `auto` measures on this machine (paths.py)
             from .paths import resolve
 
-            self.choice = resolve(cfg, self.device, self._cores.threads if self._cores else 1)
+            self.choice = resolve(cfg, self.device, self._cores.threads if self._cores else 1, tuning)
             self.choice.runtime = runtime
             self.weights = self.choice.weights
             self.dtype = (resolve_dtype(cfg.dtype, self.device, self.weights) if self.weights == "int8"
                           else getattr(torch, self.choice.dtype))
-            self.kv_dtype = resolve_kv_dtype(cfg.kv_dtype, self.device, self.dtype, bool(cfg.cpu_attention))
+            self.kv_dtype = resolve_kv_dtype(tuning.kv_dtype, self.device, self.dtype, bool(tuning.cpu_attention))
             t0 = time.perf_counter()
             self._load(cfg)
             self.load_seconds = time.perf_counter() - t0
@@ -69,6 +71,8 @@ class TransformersModel:
         self.pad_id = pad if pad is not None else min(self.eos_ids, default=0)
         self.max_context = int(cfg.max_context or getattr(self.model.config, "max_position_embeddings", 0)
                                or 4096)
+        # padded prompt tokens per prefill forward: the tuning's, else derived from the model's MLP width (tuning.py)
+        self.max_prefill_tokens = int(tuning.max_prefill_tokens or prefill_tokens(self.model.config))
         if self._cores is not None:
             torch.set_num_threads(self._cores.threads)
         self._lock = threading.Lock()  # the unbatched path runs one request at a time
@@ -85,7 +89,7 @@ class TransformersModel:
         GPU race times each in turn); what served before is closed."""
         from .kept import KEPT_RUNTIMES, ContinuousServer, StaticServer
 
-        cfg = self.cfg
+        cfg, tuning = self.cfg, self.tuning
         if runtime not in ("engine",) + KEPT_RUNTIMES:
             raise BadModelConfig(f"unknown runtime {runtime!r}: use auto, engine, llamacpp, continuous or static")
         if runtime != "engine" and not cfg.batching:
@@ -103,16 +107,16 @@ class TransformersModel:
             if runtime == "continuous":
                 self.engine = ContinuousServer(self.model, self.tokenizer, **kw)
             elif runtime == "static":
-                self.engine = StaticServer(self.model, self.tokenizer, gather_ms=float(cfg.gather_ms), **kw)
+                self.engine = StaticServer(self.model, self.tokenizer, gather_ms=float(tuning.gather_ms), **kw)
             else:
                 from .engine import BatchEngine
 
                 self.engine = BatchEngine(
-                    self.model, self.tokenizer, gather_ms=float(cfg.gather_ms),
-                    max_prefill_tokens=int(cfg.max_prefill_tokens), name=f"engine-{self.name}",
+                    self.model, self.tokenizer, gather_ms=float(tuning.gather_ms),
+                    max_prefill_tokens=self.max_prefill_tokens, name=f"engine-{self.name}",
                     prefix_cache_mib=float(cfg.prefix_cache_mib or 0), draft_tokens=int(cfg.draft_tokens or 0),
-                    draft_ngram=int(cfg.draft_ngram), draft_step_tokens=int(cfg.draft_step_tokens),
-                    kv_cache_mib=float(cfg.kv_cache_mib or 0), heap_trim=bool(cfg.heap_trim),
+                    draft_ngram=int(tuning.draft_ngram), draft_step_tokens=int(tuning.draft_step_tokens),
+                    kv_cache_mib=float(cfg.kv_cache_mib or 0), heap_trim=bool(tuning.heap_trim),
                     kv_dtype=self.kv_dtype, **kw)
         self.choice.runtime = runtime
         self.choice.why_not = self._why_not_repeatable()
@@ -128,8 +132,8 @@ class TransformersModel:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(src, trust_remote_code=trust, **kw)
             mkw = dict(dtype=self.dtype, trust_remote_code=trust, **kw)
-            if cfg.attn_implementation:
-                mkw["attn_implementation"] = cfg.attn_implementation
+            if self.tuning.attn_implementation:
+                mkw["attn_implementation"] = self.tuning.attn_implementation
             self.model = AutoModelForCausalLM.from_pretrained(src, **mkw)
         except ModelUnavailable:
             raise
@@ -144,7 +148,7 @@ class TransformersModel:
             from .int8 import quantize_int8
 
             quantize_int8(self.model, skip=tuple(cfg.int8_skip),  # []: lm_head in int8 too
-                          native=bool(cfg.int8_native), plan=self.choice.plan())
+                          native=bool(self.tuning.int8_native), plan=self.choice.plan())
         self.packed_linears = 0
         if self.choice.runtime != "engine":
             return  # transformers' own batching (kept.py) runs its own attention and torch's linears
@@ -154,18 +158,18 @@ class TransformersModel:
             from .f32 import pack_float_linears
 
             self.packed_linears = pack_float_linears(self.model)
-        if self.device.type == "cpu" and self.dtype == torch.float32 and cfg.skinny_matmul:
+        if self.device.type == "cpu" and self.dtype == torch.float32 and self.tuning.skinny_matmul:
             # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
             from .skinny import use_skinny_matmul
 
             use_skinny_matmul(self.model)
-        if self.device.type == "cpu" and cfg.sdpa_gqa:
+        if self.device.type == "cpu" and self.tuning.sdpa_gqa:
             # Batched rows carry a padding mask, and with a mask transformers expands grouped K/V heads
             # (repeat_kv: a full copy of the KV cache per layer per step) instead of SDPA's enable_gqa. On CPU
             # the GQA kernel takes masks and was 10x faster for Qwen2.5's 14:2 heads (same results). Process-wide
             # switch, read at call time; not set for CUDA, where a mask + GQA falls back to the math kernel.
             os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
-        if self.device.type == "cpu" and cfg.cpu_attention:
+        if self.device.type == "cpu" and self.tuning.cpu_attention:
             from .cpu_attention import use_grouped_attention
 
             use_grouped_attention(self.model)  # decode steps in fp32: grouped heads as batched matmuls

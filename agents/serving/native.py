@@ -1,5 +1,5 @@
-"""fixlab's compiled CPU loops (kernels.c): int8's input rounding and output scaling (`model.int8_native`), and
-decode attention over a float16 KV cache (`model.kv_dtype`, agents/serving/cpu_attention.py).
+"""fixlab's compiled CPU loops (kernels.c): int8's input rounding and output scaling (EngineTuning.int8_native), and
+decode attention over a float16 KV cache (EngineTuning.kv_dtype, agents/serving/cpu_attention.py).
 
 Int8 loops. Why: around each torch._int_mm the eager path makes five passes over memory (abs, amax, divide, round,
 cast in; int32 to float, two multiplies, add out), each a new tensor or a full read and write. On a 2-core EPYC they took

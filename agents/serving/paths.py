@@ -1,9 +1,10 @@
 """Which path a local model takes on this machine, chosen by measuring the machine, not by assuming.
 
-Three choices, each measured where `auto` (int8_kernel's and weights' default in make eval's model; `runtime: auto`
-there too, the record's default being the engine) and each obeyed when set:
-- `int8_kernel`: which kernel multiplies int8 weights at how many rows: torch._int_mm or fixlab's own
-  (native.PackedInt8). Both give the same values, so this one never changes an answer.
+Three choices, each measured where `auto` (weights' default in make eval's model; `runtime: auto` there too, the
+record's default being the engine) and each obeyed when set:
+- the int8 kernel: which kernel multiplies int8 weights at how many rows: torch._int_mm or fixlab's own
+  (native.PackedInt8); always measured (EngineTuning.int8_kernel forces one for tests and benchmarks: tuning.py).
+  Both give the same values, so this one never changes an answer.
 - `weights` (with `dtype`): int8 weights, or the model's dtype (float32; bf16 where the CPU multiplies it).
 - `runtime`: fixlab's engine, or llama.cpp on the same GGUF where the model is a registry pack.
 
@@ -387,15 +388,18 @@ def matmul_choice(cfg: TransformersModelConf, threads: int) -> Choice:
     return choose(table)
 
 
-def resolve(cfg: TransformersModelConf, device, threads: int) -> Choice:
+def resolve(cfg: TransformersModelConf, device, threads: int, tuning=None) -> Choice:
     """The weights, dtype and int8 plan this config runs with on `device`: what it sets, and what `auto` measures.
-    Off the CPU nothing is measured: weights in the dtype (bf16 on CUDA)."""
+    Off the CPU nothing is measured: weights in the dtype (bf16 on CUDA). The int8 kernel is measured unless a
+    `tuning` (tuning.py EngineTuning; tests and benchmarks) forces one."""
     from .devices import BadModelConfig, resolve_dtype, resolve_weights
     from .int8 import INT8_KERNELS, Int8Plan
+    from .tuning import EngineTuning
 
-    kernel = str(cfg.int8_kernel or "auto").strip().lower()
+    tuning = tuning if tuning is not None else EngineTuning()
+    kernel = str(tuning.int8_kernel or "auto").strip().lower()
     if kernel not in ("auto",) + INT8_KERNELS:
-        raise BadModelConfig(f"unknown int8_kernel {cfg.int8_kernel!r}: use auto, {', '.join(INT8_KERNELS)}")
+        raise BadModelConfig(f"unknown int8_kernel {tuning.int8_kernel!r}: use auto, {', '.join(INT8_KERNELS)}")
     weights = resolve_weights(cfg.weights, device)
     if device.type != "cpu":
         return Choice(weights="dtype", dtype=str(resolve_dtype(cfg.dtype, device, "dtype")).replace("torch.", ""),
@@ -406,17 +410,17 @@ def resolve(cfg: TransformersModelConf, device, threads: int) -> Choice:
         if cached is not None:
             _warn_if_slow(cached, dtype, f"weights=dtype ({dtype})")
         return Choice(weights="dtype", dtype=dtype, int8=None, reason="weights=dtype as configured")
-    if weights == "int8" and (kernel != "auto" or not cfg.int8_native):  # nothing left to measure
-        kernel = kernel if cfg.int8_native else "torch"  # fixlab's kernel rounds with the compiled loops
+    if weights == "int8" and (kernel != "auto" or not tuning.int8_native):  # nothing left to measure
+        kernel = kernel if tuning.int8_native else "torch"  # fixlab's kernel rounds with the compiled loops
         if kernel == "fixlab":
             from .native import available
             if not available():
                 raise BadModelConfig("int8_kernel=fixlab needs fixlab's compiled kernels, which could not be built "
-                                     "here (no gcc?); fix: int8_kernel=auto")
+                                     "here (no gcc?); fix: EngineTuning(int8_kernel='auto')")
         from .native import FORCED_ISA
 
         chosen = Choice(weights="int8", dtype="float32", int8=asdict(Int8Plan(kernel, kernel, 0, FORCED_ISA)),
-                        reason=f"weights={cfg.weights}, int8_kernel={kernel} as configured")
+                        reason=f"weights={cfg.weights}, int8_kernel={kernel} as the tuning sets")
         cached = cached_matmul_choice(cfg, threads)
         if cached is not None:
             _warn_if_slow(cached, f"int8:{kernel}", f"int8_kernel={kernel}")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..models.config import LlamaCppModelConf, TransformersModelConf
 from .paths import DECODE_ROWS, Choice, cache_key, read_cached, say, shapes_for, write_cached
+from .tuning import EngineTuning
 
 
 def _rates(model, rows: int, new_tokens: int) -> dict:
@@ -78,22 +79,28 @@ def runtime_eligible(cfg: TransformersModelConf) -> bool:
 _BUILT: dict[str, dict] = {}  # a config's JSON -> the path its model took in this process (Choice.record)
 
 
-def _conf_key(cfg) -> str:
-    return json.dumps(asdict(cfg), sort_keys=True, default=str)
+def _conf_key(cfg, tuning: EngineTuning | None = None) -> str:
+    """A config's JSON; with a tuning other than the defaults, that too (the product's builds are keyed by the config
+    alone)."""
+    changed = tuning.changed() if tuning is not None else {}
+    return json.dumps({**asdict(cfg), **({"tuning": changed} if changed else {})}, sort_keys=True, default=str)
 
 
-def recorded(cfg) -> dict | None:
-    """The path (Choice.record) a model built from this config took in this process, None if none was built."""
-    return _BUILT.get(_conf_key(cfg))
+def recorded(cfg, tuning: EngineTuning | None = None) -> dict | None:
+    """The path (Choice.record) a model built from this config (on this tuning; None: the defaults, as every job's)
+    took in this process; None if none was built."""
+    return _BUILT.get(_conf_key(cfg, tuning))
 
 
-def build_local(cfg: TransformersModelConf):
-    model = _build_local(cfg)
-    _BUILT[_conf_key(cfg)] = model.choice.record()
+def build_local(cfg: TransformersModelConf, tuning: EngineTuning | None = None):
+    """`tuning`: the engine's internal settings (tuning.py); None = the defaults, what the product runs."""
+    tuning = tuning if tuning is not None else EngineTuning()
+    model = _build_local(cfg, tuning)
+    _BUILT[_conf_key(cfg, tuning)] = model.choice.record()
     return model
 
 
-def _build_local(cfg: TransformersModelConf):
+def _build_local(cfg: TransformersModelConf, tuning: EngineTuning):
     """The model a transformers config serves through: fixlab's engine (TransformersModel) or, for a pack whose
     `runtime` is auto or llamacpp, llama.cpp where it was measured faster (LlamaCppModel). Prints the path line."""
     from .devices import BadModelConfig
@@ -105,21 +112,21 @@ def _build_local(cfg: TransformersModelConf):
     if runtime not in ("auto", "engine", "llamacpp") + KEPT_RUNTIMES:
         raise BadModelConfig(f"unknown runtime {cfg.runtime!r}: use auto, engine, llamacpp, continuous or static")
     if runtime in KEPT_RUNTIMES:
-        model = TransformersModel(cfg, runtime=runtime)
+        model = TransformersModel(cfg, runtime=runtime, tuning=tuning)
         model.choice.reason = f"runtime={runtime} as configured; {model.choice.reason}"
         say(f"path: {model.choice.label()}: {model.choice.reason}; {model.choice.repeat_words()}")
         return model
     if runtime == "auto" and _on_gpu(cfg):
-        return _kept_race(cfg)
+        return _kept_race(cfg, tuning)
     if runtime == "llamacpp":
         if not cfg.pack:
             raise BadModelConfig("runtime=llamacpp serves a registry pack's GGUF: set pack, or use runtime=engine")
         return _llamacpp(cfg, None, "runtime=llamacpp as configured")
     if not runtime_eligible(cfg):
-        model = TransformersModel(cfg)
+        model = TransformersModel(cfg, tuning=tuning)
         say(f"path: {model.choice.label()}: {model.choice.reason}; {model.choice.repeat_words()}")
         return model
-    model = TransformersModel(cfg)
+    model = TransformersModel(cfg, tuning=tuning)
     if model.choice.deterministic:
         # the engine repeats its answers and llama.cpp does not (its sums depend on which slots share a batch:
         # benchmarks/results/invariance-*-llamacpp.json), so auto never picks it and need not race it
@@ -127,7 +134,7 @@ def _build_local(cfg: TransformersModelConf):
                                "repeat across slots; runtime=llamacpp serves it when asked)")
         say(f"path: {model.choice.label()}: {model.choice.reason}; {model.choice.repeat_words()}")
         return model
-    key, ident = cache_key(shapes_for(cfg), "runtime", {"engine": _engine_ident(cfg)})
+    key, ident = cache_key(shapes_for(cfg), "runtime", {"engine": _engine_ident(cfg, tuning)})
     cached = read_cached(key)
     if cached is None:
         say("measuring fixlab's engine against llama.cpp on the same pack (once; cached)")
@@ -166,7 +173,7 @@ def _on_gpu(cfg: TransformersModelConf) -> bool:
     return resolve_device(cfg.device).type == "cuda"
 
 
-def _kept_race(cfg: TransformersModelConf):
+def _kept_race(cfg: TransformersModelConf, tuning: EngineTuning):
     """On a GPU, `runtime: auto` serves through the faster of transformers' two batched paths (kept.py), timed on the
     loaded model at `max_batch` real requests, each path warm (a first pass compiles; the second is the figure), then
     cached per GPU, model shapes and settings. fixlab's engine is not raced there: it lost to both (issue #53)."""
@@ -175,7 +182,7 @@ def _kept_race(cfg: TransformersModelConf):
     from .hf import TransformersModel
     from .kept import KEPT_RUNTIMES
 
-    model = TransformersModel(cfg, runtime=KEPT_RUNTIMES[0])
+    model = TransformersModel(cfg, runtime=KEPT_RUNTIMES[0], tuning=tuning)
     gpu = torch.cuda.get_device_name(model.device)
     key, ident = cache_key(shapes_for(cfg), "gpu-runtime", {"gpu": gpu, "dtype": model.choice.dtype,
                                                             "max_batch": int(cfg.max_batch)})
@@ -205,10 +212,11 @@ def _kept_race(cfg: TransformersModelConf):
     return model
 
 
-def _engine_ident(cfg: TransformersModelConf) -> dict:
-    """What the engine's measured rate depends on, among its settings."""
-    return {k: getattr(cfg, k) for k in ("weights", "dtype", "int8_kernel", "int8_skip", "max_batch", "kv_dtype",
-                                         "draft_tokens", "threads")}
+def _engine_ident(cfg: TransformersModelConf, tuning: EngineTuning) -> dict:
+    """What the engine's measured rate depends on, among its settings (the same keys as when int8_kernel and kv_dtype
+    were model knobs, so a rate measured then is still found)."""
+    return {**{k: getattr(cfg, k) for k in ("weights", "dtype", "int8_skip", "max_batch", "draft_tokens", "threads")},
+            "int8_kernel": tuning.int8_kernel, "kv_dtype": tuning.kv_dtype}
 
 
 def _runtime_reason(cached: dict) -> str:

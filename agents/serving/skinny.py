@@ -1,5 +1,5 @@
 """A CPU matmul patch for float32 decode steps: nn.Linear as W @ x.T for a few rows (hf.py applies it where
-`skinny_matmul` is set; paths.py times it as a float32 path)."""
+EngineTuning.skinny_matmul is on, the default; paths.py times it as a float32 path)."""
 from __future__ import annotations
 
 import torch

@@ -112,7 +112,7 @@ class Strategy:
         kept.calls = ctx.take_side_calls() + [c for i, c in enumerate(calls) if i != keep] + [calls[keep]]
         kept.candidate = keep
         # "verdict": the full test's status where it differs from what the agent saw (docs/hidden), so what another
-        # choice among the same candidates would have scored can be read back (benchmarks/fullsize.py)
+        # choice among the same candidates would have scored can be read back (flows/analysis/run_record.py)
         kept.rejected = [{"call": i, "decision": a.decision, "code": a.code,
                           "status": a.visible.status if a.visible is not None else None,
                           "same_as": a.same_as_candidate if a.same_as_candidate is not None else a.same_as_round,

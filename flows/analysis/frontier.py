@@ -328,7 +328,7 @@ def frontier(records: list[Record], model: str | None = None, protocol: str | No
         dropped = sorted({r.run_id[:8] for r in records if not r.outcomes})
         records = [r for r in records if r.outcomes]
         if not records:
-            raise FrontierError("no record keeps per-task outcomes; record the runs again with benchmarks/fullsize.py "
+            raise FrontierError("no record keeps per-task outcomes; run them again (a job's results file keeps them) "
                                 "or drop --paired-only")
     configs, notes = configurations(records, use)
     if paired_only and dropped:

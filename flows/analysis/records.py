@@ -1,4 +1,4 @@
-"""Finished runs as records: results files written by benchmarks/fullsize.py and job runs read back from MLflow,
+"""Finished runs as records: the results files jobs write when they end and job runs read back from MLflow,
 each turned into one `Record` per budget it holds, with the back-fills that let old runs compare with new ones
 (whole numbers written one way, retired knobs dropped, a strategy knob's `before` value, a local model's path) and
 the defaults of the config it ran (`Record.defaults`, what a configuration's label is the difference from)."""
@@ -42,7 +42,7 @@ class Record:
     outcomes: dict[str, list[bool]] | None
     seconds: float | None  # per task: the tasks' own seconds cut to the budget, summed, / tasks; None: not known
     machine: str
-    machine_source: str  # "tag", "recorder" (where fullsize ran), "file text", "unknown"
+    machine_source: str  # "job" (the job's own), "tag", "recorder" (where an old recorder ran), "file text", "unknown"
     commit: str | None = None  # the engine's git commit ("+dirty": uncommitted changes); None: not recorded
     # the config's defaults for the options `params` names (config_defaults), as params write them; None: not known
     defaults: dict[str, str] | None = field(default=None, repr=False, compare=False)
@@ -190,13 +190,13 @@ def _per_task_cost(rec: dict, total: int) -> dict[str, float]:
 
 
 def records_from_file(path: Path, order: int = 0) -> list[Record]:
-    """The runs of a results file (benchmarks/fullsize.py's format, or a file in its shape)."""
+    """The runs of a results file (the shape flows/analysis/run_record.py writes)."""
     try:
         doc = json.loads(Path(path).read_text())
         runs = doc["runs"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise FrontierError(f"{path}: not a results file with a 'runs' list ({type(e).__name__}); give files that "
-                            "benchmarks/fullsize.py wrote") from None
+                            "a job wrote when it ended") from None
     guess = machine_from_text(f"{Path(path).name} {doc.get('command', '')}")
     out = []
     for i, r in enumerate(runs):
@@ -217,7 +217,7 @@ def records_from_file(path: Path, order: int = 0) -> list[Record]:
             out += budgets(rec, r.get("cost_by_round"))
         except (KeyError, TypeError, ValueError) as e:
             raise FrontierError(f"{path}: run {i} lacks {e} (run_id, params, overall); record it with "
-                                "benchmarks/fullsize.py") from None
+                                "a job wrote when it ended") from None
     return out
 
 
@@ -252,7 +252,7 @@ def records_from_files(paths: list[Path]) -> list[Record]:
 
 
 def record_from_run(run: dict, order: int = 0) -> Record:
-    """A job run read back by flows.compare.load_runs, as a Record (the fields benchmarks/fullsize.py keeps)."""
+    """A job run read back by load_runs, as a Record (the fields a job's results file keeps)."""
     rows = [r for r in run["rows"] if r.get("sample", 0) == 0]
     firsts = {f"{r['task_id']}#0": row_verdicts(r) for r in rows}
     m = run["metrics"]
@@ -278,7 +278,6 @@ def records_from_mlflow(client, run_ids: list[str], sweep: str | None = None, or
     record per budget each holds; `order` numbers them after the results files read before them."""
     from mlflow.exceptions import MlflowException
 
-    from ..compare import load_runs
 
     run_ids = list(run_ids)
     try:
@@ -298,3 +297,27 @@ def records_from_mlflow(client, run_ids: list[str], sweep: str | None = None, or
             for rec in budgets(record_from_run(r, order=order + i),
                                cost_by_round([x for x in r["rows"] if x.get("sample", 0) == 0],
                                              int(r["params"].get("iters", 0))))]
+
+
+def load_runs(client, run_ids: list[str]) -> list[dict]:
+    """Job runs read back from an MLflow store: the run, its params and metrics, and its results rows
+    (`results.jsonl`; a run still going or stopped: the trajectories logged as each task ended)."""
+    import os
+    import tempfile
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    runs = []
+    for rid in run_ids:
+        run = client.get_run(rid)
+        names = {a.path for a in client.list_artifacts(rid)}
+        with tempfile.TemporaryDirectory(prefix="fixlab-compare-") as tmp:
+            if "results.jsonl" in names:
+                text = Path(client.download_artifacts(rid, "results.jsonl", tmp)).read_text()
+                rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            elif "tasks" in names:  # a run still going (or stopped): the trajectories logged as each task ended
+                rows = [json.loads(p.read_text()) for p in sorted(Path(client.download_artifacts(rid, "tasks", tmp)).glob("*.json"))]
+            else:
+                rows = []
+        runs.append({"run": run, "run_id": rid, "params": run.data.params, "metrics": run.data.metrics,
+                     "rows": rows, "finished": run.info.status == "FINISHED"})
+    return runs
