@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, replace
-from pathlib import Path
 
 from ..models.config import LlamaCppModelConf, TransformersModelConf
 from .paths import DECODE_ROWS, Choice, cache_key, read_cached, say, shapes_for, write_cached
@@ -39,21 +38,21 @@ def _rates(model, rows: int, new_tokens: int) -> dict:
     return {"decode": round(decode, 1), "prefill": round(g.prompt_tokens / (time.perf_counter() - t0), 1)}
 
 
+# make eval's token mix: what the runtime races weigh decode and prefill rates by. A parameter of the race (`mix`),
+# not a file found by modification time (a fresh clone's files all have the same age): the default job as recorded
+# on 2026-11-28 on the EPYC (benchmarks/results/fullsize-single_shot-default-fma-attention-epyc-20261128.json).
+JOB_MIX = (43434, 54842, "make eval's job as recorded on 2026-11-28 (fullsize-single_shot-default-fma-attention-epyc)")
+
+
 def job_mix() -> tuple[int, int, str]:
-    """(completion tokens, prefill tokens, where from) of make eval's job: the newest recorded run of it
-    (benchmarks/results/fullsize-single_shot-default-*.json), else that of 2026-11-28 on the EPYC."""
-    files = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results").glob(
-        "fullsize-single_shot-default-*.json"), key=lambda p: p.stat().st_mtime)
-    try:
-        cost = json.loads(files[-1].read_text())["runs"][0]["cost"]
-        return int(cost["completion_tokens"]), int(cost["prefill_tokens"]), files[-1].name
-    except (IndexError, OSError, ValueError, KeyError, TypeError):
-        return 43434, 54842, "make eval's job as recorded on 2026-11-28"
+    """(completion tokens, prefill tokens, where from) of the job the races time for."""
+    return JOB_MIX
 
 
-def job_seconds(rates: dict) -> float:
-    """What decoding and prefilling make eval's job would take at these rates (its sandbox time is the same either way)."""
-    completion, prefill, _ = job_mix()
+def job_seconds(rates: dict, mix: tuple[int, int, str] = JOB_MIX) -> float:
+    """What decoding and prefilling a job of `mix` (make eval's by default) would take at these rates (its sandbox
+    time is the same either way)."""
+    completion, prefill, _ = mix
     return completion / max(rates["decode"], 1e-9) + prefill / max(rates["prefill"], 1e-9)
 
 
