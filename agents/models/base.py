@@ -66,6 +66,15 @@ def too_long(n: int, max_context: int) -> RequestError | None:
     return None
 
 
+def answer_budget(request: "GenRequest", n: int, max_context: int) -> int:
+    """How many tokens a prompt of n tokens may be answered with: its max_new_tokens within what the context leaves;
+    RequestError (one line) when the prompt leaves no room."""
+    err = too_long(n, max_context)
+    if err:
+        raise err
+    return max(1, min(int(request.max_new_tokens), max_context - n))
+
+
 def cut_at_stop(text: str, stops) -> tuple[str, bool]:
     """The text up to the first stop string (not included), and whether one was found."""
     cuts = [text.find(s) for s in stops if s in text]

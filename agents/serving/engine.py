@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
+from .batching import gather
 from .drafts import Drafts
 from .heap import map_large_blocks, prefill_blocks, release_free_heap
 from .kvcache import _GrowingLayer, _left_pad, _set_kv, kv_token_bytes
@@ -190,16 +191,7 @@ class BatchEngine(Drafts, Reuse):
         this changes when a request runs, not its answer."""
         with self._cv:
             if not self._rows:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if self._closed:
-                    return None
-                deadline = time.monotonic() + self.gather_s
-                while len(self._queue) < self.max_batch and not self._closed:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cv.wait(left)
+                gather(self._cv, self._queue, self.max_batch, self.gather_s, lambda: self._closed)
             if self._closed:
                 return None
             free = self.max_batch - len(self._rows)

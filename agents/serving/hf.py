@@ -232,12 +232,10 @@ class TransformersModel:
         import torch
         from transformers import GenerationConfig
 
-        from ..models.base import cut_at_stop, too_long
+        from ..models.base import answer_budget, cut_at_stop
 
         n = len(ids)
-        if too_long(n, self.max_context):
-            raise too_long(n, self.max_context)
-        max_new = max(1, min(int(request.max_new_tokens), self.max_context - n))
+        max_new = answer_budget(request, n, self.max_context)
         sample = bool(request.temperature and request.temperature > 0)
         # Explicit config: the checkpoint's own defaults (top_k, repetition penalty...) would make this path
         # differ from the engine's plain greedy / temperature sampling.

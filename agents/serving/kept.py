@@ -19,7 +19,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long
+from ..models.base import Generation, GenRequest, RequestError, answer_budget, cut_at_stop
+from .batching import gather
 
 log = logging.getLogger(__name__)
 KEPT_RUNTIMES = ("continuous", "static")
@@ -96,9 +97,7 @@ class ContinuousServer:
 
     def generate(self, request: GenRequest, ids: list[int]) -> Generation:
         n = len(ids)
-        if too_long(n, self.max_context):
-            raise too_long(n, self.max_context)
-        max_new = max(1, min(int(request.max_new_tokens), self.max_context - n))
+        max_new = answer_budget(request, n, self.max_context)
         sample = bool(request.temperature and request.temperature > 0)
         mgr = self._manager(sample)
         box: queue.Queue = queue.Queue()
@@ -180,8 +179,7 @@ class StaticServer:
         self._thread.start()
 
     def generate(self, request: GenRequest, ids: list[int]) -> Generation:
-        if too_long(len(ids), self.max_context):
-            raise too_long(len(ids), self.max_context)
+        answer_budget(request, len(ids), self.max_context)  # one line now for a prompt the context cannot answer
         p = _Pending(request, list(ids))
         with self._cv:
             if self._closed:
@@ -202,16 +200,8 @@ class StaticServer:
 
     def _take(self) -> list[_Pending] | None:
         with self._cv:
-            while not self._queue and not self._closed:
-                self._cv.wait()
-            if self._closed and not self._queue:
+            if not gather(self._cv, self._queue, self.max_batch, self.gather_s, lambda: self._closed):
                 return None
-            deadline = time.monotonic() + self.gather_s
-            while len(self._queue) < self.max_batch and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cv.wait(left)
             key = self._group_key(self._queue[0].request)
             group = [p for p in self._queue if self._group_key(p.request) == key][: self.max_batch]
             for p in group:
