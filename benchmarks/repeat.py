@@ -1,7 +1,8 @@
 """Does make eval's job repeat its own readings? Its config on the first N tasks, run as separate jobs with
 `cache=false` and a store of their own each: twice as it is, once with `model.max_batch=4`; every attempt's code,
 verdict and token count compared task by task. With `--before DIR` (a checkout of an older commit, sharing this
-.venv) the same runs there first, and each job's time side by side (one job at a time, alone on the machine).
+.venv) the same runs there first, each job's time side by side (one job at a time, alone on the machine), and the
+default job's answers before against after (`across`: did the change move any answer?).
 
     python -m benchmarks.repeat --tasks 30 [--before /tmp/before] [--save]
 
@@ -73,6 +74,7 @@ def checkout(repo: Path, tasks: int, work: Path, label: str, time_tasks: int = 0
         s = runs[name]["summary"]
         print(f"{label} {name}: {s['passed']}/{s['total']} in {s['wall_s']:.0f} s", file=sys.stderr, flush=True)
     return {"runs": {k: {"summary": v["summary"], "path": v["path"]} for k, v in runs.items()},
+            "_default": runs["default"],  # compared with the other checkout's, then dropped
             "pairs": {"same config, run again": pair(runs["default"], runs["again"]),
                       "default vs model.max_batch=4": pair(runs["default"], runs["max_batch=4"])}}
 
@@ -126,6 +128,11 @@ def main() -> None:
         out["before"]["commit"] = subprocess.run(["git", "-C", a.before, "rev-parse", "HEAD"], capture_output=True,
                                                  text=True).stdout.strip()
     out["after"] = checkout(REPO, a.tasks, work / "after", "after", a.time_tasks)
+    if "before" in out:  # the same job on both checkouts: did the change move any answer?
+        out["across"] = {"commit": out["before"]["commit"], "pairs": {
+            "make eval's job, before vs after": pair(out["before"]["_default"], out["after"]["_default"])}}
+    for d in out.values():
+        d.pop("_default", None)
     for side, d in out.items():
         for name, p in d["pairs"].items():
             print(f"{side:6s} {name:30s} identical sequences {p['identical_sequences']}/{p['tasks']}, first answers "
