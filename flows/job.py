@@ -68,7 +68,9 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
     try:
         if jobs:
             runner(jobs, settings, finished)
-        summary = _summary(tracker, store, tasks, settings, run_id, t0)
+        trajs = store.load_all()  # read once: the summary, the rows, the MLflow files and the results file share them
+        rows, dicts = list(_result_rows(trajs)), [t.to_dict() for t in trajs]
+        summary = _summary(tracker, trajs, rows, dicts, tasks, settings, run_id, t0)
         if settings.stream_applies:  # cut from single_shot's answer stream (flows/stream.py)
             summary["stream"] = {"candidates": settings.stream[0], "answers": settings.stream[1]}
         if resume:
@@ -77,11 +79,11 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
         # (FAILED), so `resume=last` runs only those again
         status = "FAILED" if summary.get("errors") else "FINISHED"
         if status == "FAILED":
-            first = next(t for t in store.load_all() if t.error)
+            first = next(t for t in trajs if t.error)
             print(f"fixlab: {summary['errors']} of {summary['total']} tasks ended in an error, not an answer (first: "
                   f"{first.task_id}: {first.error[:160]}); `resume=last` runs only those again", file=sys.stderr,
                   flush=True)
-        summary["results_file"] = str(_write_results(tracker, settings, run_id, store, summary, status))
+        summary["results_file"] = str(_write_results(tracker, settings, run_id, rows, dicts, summary, status))
         tracker.finish(summary, status)
         return summary
     except BaseException as e:
@@ -133,22 +135,22 @@ def _report(traj: Trajectory, progress: "Progress", tracker: RunTracker) -> None
               file=sys.stderr)
 
 
-def _summary(tracker: RunTracker, store: core.TaskStore, tasks: list, settings: JobSettings, run_id: str,
-             t0: float) -> dict:
-    """The job's figures from every kept trajectory, and its results files logged."""
-    trajs = store.load_all()
+def _summary(tracker: RunTracker, trajs: list[Trajectory], rows: list[dict], dicts: list[dict], tasks: list,
+             settings: JobSettings, run_id: str, t0: float) -> dict:
+    """The job's figures from every kept trajectory (`rows` and `dicts`: their results rows and dicts), and its
+    results files logged."""
     summary = core.summarize(trajs, tasks, settings.samples, settings.agent.iters)
     summary.update(run_id=run_id, wall_s=round(time.perf_counter() - t0, 2), model=settings.model.name, strategy=settings.agent.strategy.name, protocol=settings.agent.protocol,
                    iters=settings.agent.iters, samples=settings.samples)
-    tracker.log_lines(_result_rows(trajs), "results.jsonl")
+    tracker.log_lines(rows, "results.jsonl")
     # A resumed run (or a failed upload) may lack some tasks' trajectory files and traces: add them.
-    tracker.complete_tasks([t.to_dict() for t in trajs])
-    tracker.log_results_table([t.to_dict() for t in trajs])
+    tracker.complete_tasks(dicts)
+    tracker.log_results_table(dicts)
     return summary
 
 
-def _write_results(tracker: RunTracker, settings: JobSettings, run_id: str, store: core.TaskStore, summary: dict,
-                   status: str):
+def _write_results(tracker: RunTracker, settings: JobSettings, run_id: str, rows: list[dict], dicts: list[dict],
+                   summary: dict, status: str):
     """The job's own results file (flows/analysis/run_record.py's figures, self-describing: flows/results.py), in
     tracking.results, and as the MLflow run's artifact: what flows.frontier and flows.report read, with no read-back
     of the store. Returns its path."""
@@ -158,12 +160,10 @@ def _write_results(tracker: RunTracker, settings: JobSettings, run_id: str, stor
     from .results import git_commit, stamp, write
     from .tracking import machine_name
 
-    trajs = store.load_all()
     params = tracker.client.get_run(run_id).data.params
     commit, dirty = git_commit()
-    rec = run_record(run_id, status, params, list(_result_rows(trajs)), summary, machine=machine_name(),
-                     machine_source="job", git_commit=commit or None, git_dirty=str(dirty) if commit else None,
-                     trajectories=[t.to_dict() for t in trajs])
+    rec = run_record(run_id, status, params, rows, summary, machine=machine_name(), machine_source="job",
+                     git_commit=commit or None, git_dirty=str(dirty) if commit else None, trajectories=dicts)
     folder = Path(settings.tracking.results) if settings.tracking.results else tracker.store_dir / "results"
     name = re.sub(r"[^\w.+-]+", "-", settings.run_name)
     path = write("fullsize", {"command": shlex.join(["python", "-m", "flows.evaluate", *sys.argv[1:]]), "runs": [rec]},

@@ -202,6 +202,6 @@ def test_the_races_token_mix_is_a_parameter_not_the_newest_file():
     as a parameter; a fresh clone (every file the same age) or a new results file changes nothing."""
     rates = {"decode": 100.0, "prefill": 1000.0}
     assert runtime.job_seconds(rates, mix=(100, 1000, "a test job")) == 2.0
-    completion, prefill, where = runtime.job_mix()
+    completion, prefill, where = runtime.JOB_MIX
     assert (completion, prefill) == (43434, 54842) and "2026-11-28" in where
     assert runtime.job_seconds(rates) == completion / 100 + prefill / 1000

@@ -232,7 +232,8 @@ class TransformersModel:
         import torch
         from transformers import GenerationConfig
 
-        from ..models.base import answer_budget, cut_at_stop
+        from ..models.base import answer_budget
+        from .kept import finish
 
         n = len(ids)
         max_new = answer_budget(request, n, self.max_context)
@@ -250,16 +251,9 @@ class TransformersModel:
             out = self.model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), generation_config=gc,
                                       tokenizer=self.tokenizer if request.stop else None)
         new = out[0, n:].tolist()
-        finish = "length"
-        if new and new[-1] in self.eos_ids:
-            finish = "stop"
-        body = new[:-1] if finish == "stop" else new
-        text = self.tokenizer.decode(body, skip_special_tokens=True)
-        text, hit = cut_at_stop(text, request.stop)
-        if hit:
-            finish = "stop"
+        text, why = finish(self.tokenizer, new, self.eos_ids, request.stop)
         return Generation(text=text, prompt_tokens=n, completion_tokens=len(new),
-                          seconds=time.perf_counter() - t0, finish_reason=finish)
+                          seconds=time.perf_counter() - t0, finish_reason=why)
 
     def activity(self) -> dict | None:
         return self.engine.activity() if self.engine is not None else None

@@ -28,13 +28,14 @@ POLL_S = 0.1  # how often the result router looks for a dead generation thread
 CPU_CONTEXT = 4096  # tokens a row's paged KV is sized for on a CPU (prompt and answer of a HumanEvalFix round)
 
 
-def _finish(tokenizer, tokens: list[int], eos_ids: set[int], stops) -> tuple[str, str]:
-    """(text, finish reason) of a row's generated tokens: an eos ends it, then the first stop string cuts it."""
-    finish = "length"
+def finish(tokenizer, tokens: list[int], eos_ids: set[int], stops) -> tuple[str, str]:
+    """(text, finish reason) of an answer's generated tokens: an eos ends it, then the first stop string cuts it. The
+    one rule of every path through transformers' generation (hf.py's reference path, both servers here)."""
+    reason = "length"
     if tokens and tokens[-1] in eos_ids:
-        finish, tokens = "stop", tokens[:-1]
+        reason, tokens = "stop", tokens[:-1]
     text, hit = cut_at_stop(tokenizer.decode(tokens, skip_special_tokens=True), stops)
-    return text, ("stop" if hit else finish)
+    return text, ("stop" if hit else reason)
 
 
 class ContinuousServer:
@@ -109,6 +110,9 @@ class ContinuousServer:
             self._waiting[rid] = box
         try:
             stops = tuple(request.stop)
+            # a stop string spans at most this many of the newest tokens (every token decodes to at least one character
+            # but for a few bytes of a split character): the check decodes that tail, not the whole answer, each token
+            tail = max((len(s) for s in stops), default=0) + 4
             if mgr.add_request(ids, request_id=rid, max_new_tokens=max_new, streaming=bool(stops),
                                eos_token_id=sorted(self.eos_ids) or -1, **kw) is None:
                 raise RequestError("transformers' continuous batching refused the request (it is stopping)")
@@ -122,18 +126,20 @@ class ContinuousServer:
                 tokens = list(out.generated_tokens)
                 if out.is_finished():
                     break
-                if stops and any(s in self.tokenizer.decode(tokens, skip_special_tokens=True) for s in stops):
-                    mgr.cancel_request(rid)  # a stop string: the rest would be cut anyway
+                if stops and any(s in self.tokenizer.decode(tokens[-tail:], skip_special_tokens=True) for s in stops):
+                    # a stop string: the rest would be cut anyway (the whole answer is cut exactly below; a stop this
+                    # check missed only costs the tokens decoded past it)
+                    mgr.cancel_request(rid)
                     break
         finally:
             with self._lock:
                 self._waiting.pop(rid, None)
-        text, finish = _finish(self.tokenizer, tokens, self.eos_ids, stops)
+        text, why = finish(self.tokenizer, tokens, self.eos_ids, stops)
         with self._lock:
             self.stats["tokens"] += len(tokens)
             self.stats["prompt_tokens"] += n
         return Generation(text=text, prompt_tokens=n, completion_tokens=len(tokens), seconds=time.perf_counter() - t0,
-                          finish_reason=finish)
+                          finish_reason=why)
 
     def activity(self) -> dict:
         with self._lock:
@@ -265,11 +271,11 @@ class StaticServer:
             if any(t in self.eos_ids for t in new):  # a finished row is padded after its eos
                 new = new[: next(j for j, t in enumerate(new) if t in self.eos_ids) + 1]
             new = new[: max(1, min(int(p.request.max_new_tokens), self.max_context - len(p.ids)))]
-            text, finish = _finish(self.tokenizer, new, self.eos_ids, p.request.stop)
+            text, why = finish(self.tokenizer, new, self.eos_ids, p.request.stop)
             self.stats["tokens"] += len(new)
             self.stats["prompt_tokens"] += len(p.ids)
             p.result = Generation(text=text, prompt_tokens=len(p.ids), completion_tokens=len(new), seconds=seconds,
-                                  finish_reason=finish)
+                                  finish_reason=why)
             p.done.set()
 
     def activity(self) -> dict:

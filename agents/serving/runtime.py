@@ -44,11 +44,6 @@ def _rates(model, rows: int, new_tokens: int) -> dict:
 JOB_MIX = (43434, 54842, "make eval's job as recorded on 2026-11-28 (fullsize-single_shot-default-fma-attention-epyc)")
 
 
-def job_mix() -> tuple[int, int, str]:
-    """(completion tokens, prefill tokens, where from) of the job the races time for."""
-    return JOB_MIX
-
-
 def job_seconds(rates: dict, mix: tuple[int, int, str] = JOB_MIX) -> float:
     """What decoding and prefilling a job of `mix` (make eval's by default) would take at these rates (its sandbox
     time is the same either way)."""
@@ -153,7 +148,7 @@ def _build_local(cfg: TransformersModelConf, tuning: EngineTuning):
         # a job both prefills and decodes: the runtime that does make eval's mix of the two sooner serves
         seconds = {k: round(job_seconds(r), 1) for k, r in rates.items()}
         cached = {"runtime": min(seconds, key=seconds.get), "rates": rates, "job_seconds": seconds,
-                  "job_mix": job_mix(), "engine_path": model.choice.label(), "rows": int(cfg.max_batch),
+                  "job_mix": JOB_MIX, "engine_path": model.choice.label(), "rows": int(cfg.max_batch),
                   **({"llamacpp_error": error} if error else {})}
         write_cached(key, ident, cached)
     if cached["runtime"] == "llamacpp":
@@ -199,7 +194,7 @@ def _kept_race(cfg: TransformersModelConf, tuning: EngineTuning):
             raise
         seconds = {k: round(job_seconds(r), 1) for k, r in rates.items()}
         cached = {"runtime": min(seconds, key=seconds.get), "rates": rates, "job_seconds": seconds,
-                  "job_mix": job_mix(), "rows": int(cfg.max_batch), "gpu": gpu}
+                  "job_mix": JOB_MIX, "rows": int(cfg.max_batch), "gpu": gpu}
         write_cached(key, ident, cached)
     model.use_runtime(cached["runtime"])
     r = cached["rates"]
