@@ -77,6 +77,7 @@ class Clock:
         self.on = False
         self.phase = "decode"
         self.by_phase = {ph: dict.fromkeys(PARTS + (MM, "forward", "step"), 0.0) for ph in ("decode", "prefill")}
+        self.inside: set = set()
 
     @property
     def s(self) -> dict:
@@ -84,12 +85,14 @@ class Clock:
 
     def wrap(self, part: str, fn):
         def timed(*a, **kw):
-            if not self.on:
+            if not self.on or part in self.inside:  # a part inside itself (forward -> quantized) counts once
                 return fn(*a, **kw)
+            self.inside.add(part)
             t0 = time.perf_counter()
             try:
                 return fn(*a, **kw)
             finally:
+                self.inside.discard(part)
                 self.by_phase[self.phase][part] += time.perf_counter() - t0
         return timed
 
@@ -100,6 +103,7 @@ def instrument(m: TransformersModel, clock: Clock) -> None:
     from agents.serving.int8 import Int8Linear
 
     Int8Linear.forward = clock.wrap("int8 matmuls", Int8Linear.forward)
+    Int8Linear.quantized = clock.wrap("int8 matmuls", Int8Linear.quantized)  # the fused MLP's down projection
     torch._int_mm = clock.wrap(MM, torch._int_mm)  # looked up on every call by Int8Linear.forward
     head = m.model.get_output_embeddings()
     head.forward = clock.wrap("lm_head", head.forward)

@@ -25,6 +25,7 @@ from . import core
 from .config import ConfigError, JobSettings
 from .core import Job
 from .tracking import RunTracker
+from .usage import Usage
 from .workers import model_and_sandbox
 
 Outcome = Trajectory | BaseException
@@ -41,6 +42,7 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
 
     runner = runner or run_jobs
     t0 = time.perf_counter()
+    usage = Usage()  # where the job's time went: the machine's CPU, the engine busy and idle (flows/usage.py)
     apply_offline(settings.offline)
     tasks = load_tasks(settings.dataset)
     model = _model_up_front(settings)
@@ -75,6 +77,8 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
             summary["stream"] = {"candidates": settings.stream[0], "answers": settings.stream[1]}
         if resume:
             summary["resumed"] = True
+        summary["usage"] = usage.finish(model)
+        print(f"fixlab: {Usage.line(summary['usage'])}", file=sys.stderr, flush=True)
         # tasks that ended in an error (a server that died, a worker lost), not an answer: the run stays open
         # (FAILED), so `resume=last` runs only those again
         status = "FAILED" if summary.get("errors") else "FINISHED"
@@ -163,7 +167,8 @@ def _write_results(tracker: RunTracker, settings: JobSettings, run_id: str, rows
     params = tracker.client.get_run(run_id).data.params
     commit, dirty = git_commit()
     rec = run_record(run_id, status, params, rows, summary, machine=machine_name(), machine_source="job",
-                     git_commit=commit or None, git_dirty=str(dirty) if commit else None, trajectories=dicts)
+                     git_commit=commit or None, git_dirty=str(dirty) if commit else None, trajectories=dicts,
+                     usage=summary.get("usage"))
     folder = Path(settings.tracking.results) if settings.tracking.results else tracker.store_dir / "results"
     name = re.sub(r"[^\w.+-]+", "-", settings.run_name)
     path = write("fullsize", {"command": shlex.join(["python", "-m", "flows.evaluate", *sys.argv[1:]]), "runs": [rec]},

@@ -57,9 +57,15 @@ def tiny(tmp_path_factory):
 
 
 def test_the_paths_timed_follow_the_cpus_capabilities(monkeypatch):
+    from agents.serving import int8
+
+    real_onednn = int8.onednn_available
     monkeypatch.setattr(native, "available", lambda: True)
+    monkeypatch.setattr(int8, "onednn_available", lambda: False)  # a torch without oneDNN's int8 ops
     plain = {"model": "x", "arch": "x86_64", "flags": ["avx2", "fma"], "cores": 2}
     assert paths.matmul_paths(plain) == ["int8:fixlab", "int8:torch", "float32"]  # no bf16 in hardware: not timed
+    monkeypatch.setattr(int8, "onednn_available", lambda: True)  # with them: oneDNN's packed int8 is timed too
+    assert paths.matmul_paths(plain) == ["int8:fixlab", "int8:torch", "int8:onednn", "float32"]
     bf16 = {**plain, "flags": ["avx2", "fma", "avx512f", "avx512_bf16"]}
     assert paths.matmul_paths(bf16)[-1] == "bfloat16"
     arm = {"model": "Neoverse", "arch": "aarch64", "flags": ["asimd", "bf16"], "cores": 2}
@@ -68,6 +74,7 @@ def test_the_paths_timed_follow_the_cpus_capabilities(monkeypatch):
     assert paths.matmul_paths(bf16) == ["int8:fixlab", "float32"]
     monkeypatch.setattr(native, "available", lambda: False)  # no compiler: fixlab's kernel is not a path
     monkeypatch.setattr(native, "FORCED_ISA", None)
+    monkeypatch.setattr(int8, "onednn_available", real_onednn)  # nor oneDNN's (it needs fixlab's scaling loop)
     assert paths.matmul_paths(plain) == ["int8:torch", "float32"]
 
 
@@ -205,3 +212,26 @@ def test_the_races_token_mix_is_a_parameter_not_the_newest_file():
     completion, prefill, where = runtime.JOB_MIX
     assert (completion, prefill) == (43434, 54842) and "2026-11-28" in where
     assert runtime.job_seconds(rates) == completion / 100 + prefill / 1000
+
+
+@needs_gcc
+def test_onednn_packed_int8_matmul_gives_exactly_the_int_mm_values():
+    """oneDNN's int8 matmul over its own packing of the weights (Int8Plan kernel "onednn"): the same values as the
+    other kernels at every width the engine feeds it (1 row, decode, draft steps, prefill groups), with and without
+    bias, so a plan that takes it changes no answer."""
+    from agents.serving.int8 import Int8Linear, Int8Plan, onednn_available
+
+    if not onednn_available():
+        pytest.skip("this torch has no oneDNN int8 ops")
+    g = torch.Generator().manual_seed(1)
+    for n, k in SHAPES:
+        for bias in (True, False):
+            lin = torch.nn.Linear(k, n, bias=bias)
+            ref = Int8Linear(lin, native=True, plan=Int8Plan("torch", "torch"))
+            one = Int8Linear(lin, native=True, plan=Int8Plan("onednn", "onednn"))
+            mixed = Int8Linear(lin, native=True, plan=Int8Plan("fixlab", "onednn", 32))
+            for m in (1, 7, 32, 33, 130, 896 if n * k < 20_000_000 else 300):
+                x = torch.randn(m, k, generator=g) * 3
+                want = ref(x)
+                assert torch.equal(one(x), want), (n, k, m, bias)
+                assert torch.equal(mixed(x), want), (n, k, m, bias)

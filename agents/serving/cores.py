@@ -96,3 +96,44 @@ def claim_threads(requested: int | None = None) -> CoreClaim:
     except OSError:  # no writable temp folder: every usable core
         return CoreClaim(cores, False)
     return CoreClaim(max(1, cores // (others + 1)), True)
+
+
+# libgomp (torch's OpenMP on Linux) keeps a team of worker threads for each thread that ran a parallel region, for
+# the life of that thread. Once it manages more threads than the process has cores, it stops spinning between
+# regions, and every parallel op then waits for a futex wake: the model loads (and measures its paths) in the
+# caller's thread and serves from the engine's, so the loader's idle team made every small decode op 18x slower
+# (10 multiplies of 32 x 1536: 49 us from one thread's team, 892 us with a second team alive; a decode step of the
+# 1.5B pack at 32 rows 411 ms, 341 with the loader's team released: issue #52, Xeon with AMX, 2 cores).
+_gomp = None
+
+
+def _libgomp():
+    """torch's libgomp as loaded in this process (found in /proc/self/maps, inside torch's folder), or None
+    (another OpenMP runtime, or not Linux)."""
+    global _gomp
+    if _gomp is None:
+        _gomp = False
+        try:
+            import ctypes
+
+            import torch
+
+            root = os.path.dirname(os.path.dirname(torch.__file__))  # site-packages: torch/lib or torch.libs
+            with open("/proc/self/maps") as f:
+                paths = {line.split(None, 5)[5].strip() for line in f if "libgomp" in line and line.count(" ") >= 5}
+            mine = sorted(p for p in paths if p.startswith(os.path.join(root, "torch")))
+            if mine:
+                lib = ctypes.CDLL(mine[0])
+                lib.omp_pause_resource_all.argtypes = [ctypes.c_int]
+                _gomp = lib
+        except (OSError, AttributeError, IndexError):
+            pass
+    return _gomp or None
+
+
+def release_thread_team() -> bool:
+    """End the OpenMP worker team of the calling thread (omp_pause_resource_all, soft: the next parallel region in
+    this thread starts a new one). Called where a thread other than the engine's has finished its torch work (a
+    model's load). True when released."""
+    lib = _libgomp()
+    return bool(lib is not None and lib.omp_pause_resource_all(1) == 0)

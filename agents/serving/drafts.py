@@ -13,8 +13,9 @@ import time
 
 import torch
 
-from .int8 import only_rows
+from .int8 import only_rows, reuse_output
 from .kvcache import _set_kv
+from .native import argmax
 
 # Causal LMs whose logits are lm_head(model(...).last_hidden_state), nothing more (transformers' modeling files)
 PLAIN_HEAD = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}
@@ -72,13 +73,13 @@ class Drafts:
         only = None if bool(real.all()) else real.nonzero().squeeze(1)
         t0 = time.perf_counter()
         try:
-            with only_rows(B * (K + 1), only):
+            with only_rows(B * (K + 1), only), reuse_output(self._head, self._logits):  # read before the next
                 logits = self._real_logits(feed, pos, only)  # (real positions, vocab), row by row
         except Exception as e:
             self._recover(e)
             return
         T = self._mask.shape[1]
-        greedy = logits.argmax(dim=-1).tolist()  # one call for every greedy row and position
+        greedy = argmax(logits).tolist()  # one call for every greedy row and position
         last, most, at = [], 0, 0
         for i, (r, d) in enumerate(zip(self._rows, drafts)):
             kept, first = 0, at

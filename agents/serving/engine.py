@@ -40,7 +40,9 @@ from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too
 from .batching import gather
 from .drafts import Drafts
 from .heap import map_large_blocks, prefill_blocks, release_free_heap
+from .int8 import OutputPool, reuse_output
 from .kvcache import _GrowingLayer, _left_pad, _set_kv, kv_token_bytes
+from .native import argmax
 from .prefix import PrefixStore, Reuse, _split_copies
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,8 @@ class BatchEngine(Drafts, Reuse):
                  draft_ngram: int = 3, draft_step_tokens: int = 16, kv_cache_mib: float = 0, heap_trim: bool = True,
                  kv_dtype: torch.dtype | None = None):
         self.model = model
+        # the output layer's logits go to one buffer, reused step after step (int8.reuse_output: no fresh pages)
+        self._head, self._logits = model.get_output_embeddings(), OutputPool()
         self.tok = tokenizer
         self.eos_ids = set(eos_ids)
         self.max_context = max_context
@@ -105,7 +109,7 @@ class BatchEngine(Drafts, Reuse):
         if self.heap_trim:
             map_large_blocks()  # process-wide: freed KV buffers and activations leave at once, not at the next trim
         self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0,
-                      "prefill_s": 0.0, "decode_s": 0.0, "prompt_tokens": 0, "reused_tokens": 0,
+                      "prefill_s": 0.0, "decode_s": 0.0, "idle_s": 0.0, "queued_row_steps": 0, "prompt_tokens": 0, "reused_tokens": 0,
                       "draft_steps": 0, "draft_tokens": 0, "draft_accepted": 0, "compactions": 0,
                       # decode attention reads every row's whole padded width: kv_slots (rows x width, summed over
                       # steps) against kv_tokens (the real tokens among them) is the share spent on left padding
@@ -190,8 +194,10 @@ class BatchEngine(Drafts, Reuse):
         request that does not fit waits for rows to leave (a lone request always runs). Rows are independent, so
         this changes when a request runs, not its answer."""
         with self._cv:
-            if not self._rows:
+            if not self._rows:  # nothing to decode: the engine waits for callers (idle_s: a job's usage, flows/usage.py)
+                t0 = time.perf_counter()
                 gather(self._cv, self._queue, self.max_batch, self.gather_s, lambda: self._closed)
+                self.stats["idle_s"] += time.perf_counter() - t0
             if self._closed:
                 return None
             free = self.max_batch - len(self._rows)
@@ -342,6 +348,7 @@ class BatchEngine(Drafts, Reuse):
 
     def _step(self) -> None:
         B = len(self._rows)
+        self.stats["queued_row_steps"] += len(self._queue)  # requests waiting for a slot or KV room (flows/usage.py)
         drafts = self._drafts()
         if any(drafts):
             return self._draft_step(drafts)
@@ -349,7 +356,8 @@ class BatchEngine(Drafts, Reuse):
         self._count_kv()
         t0 = time.perf_counter()
         try:
-            logits = self._forward(self._last[:, None], self._mask, self._pos[:, None], self._cache)
+            with reuse_output(self._head, self._logits):  # read by _sample before the next forward
+                logits = self._forward(self._last[:, None], self._mask, self._pos[:, None], self._cache)
         except Exception as e:
             self._recover(e)
             return
@@ -387,7 +395,7 @@ class BatchEngine(Drafts, Reuse):
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> torch.Tensor:
         """Next token per row: greedy argmax, or the row's own seeded generator (so rows never share RNG)."""
-        nxt = logits.argmax(dim=-1)
+        nxt = argmax(logits)  # torch's indices, compiled on CPU (native.argmax: 8 ms a step at 32 rows was torch's)
         for i, r in enumerate(rows):
             if r.generator is not None:
                 t = self._pick(r, logits[i])
@@ -401,7 +409,7 @@ class BatchEngine(Drafts, Reuse):
     def _pick(self, r: _Row, logits: torch.Tensor) -> int | None:
         """One row's next token from its logits [V]; None when they cannot be sampled (the row then fails)."""
         if r.generator is None:
-            return int(logits.argmax())
+            return int(argmax(logits))
         try:
             probs = torch.softmax(logits / float(r.req.temperature), dim=-1)
             return int(torch.multinomial(probs, 1, generator=r.generator)[0])

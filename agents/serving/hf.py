@@ -83,6 +83,10 @@ class TransformersModel:
             if self._cores is not None:
                 self._cores.release()
             raise
+        if self.device.type == "cpu":  # serving runs in the engine's thread: end the loader thread's OpenMP team (cores.py)
+            from .cores import release_thread_team
+
+            release_thread_team()
 
     def use_runtime(self, runtime: str) -> None:
         """Serve through `runtime` (engine | continuous | static) from now on, on the weights already loaded (the
@@ -173,6 +177,10 @@ class TransformersModel:
             from .cpu_attention import use_grouped_attention
 
             use_grouped_attention(self.model)  # decode steps in fp32: grouped heads as batched matmuls
+        if self.device.type == "cpu" and self.dtype == torch.float32 and self.tuning.fused_ops:
+            from .fused import use_fused_ops
+
+            use_fused_ops(self.model)  # norms, rotary and the MLP's product as one loop each, bit-equal (fused.py)
 
     def _why_not_repeatable(self) -> str:
         """'' when a request's answer depends only on its own prompt, seed and temperature (what shares its batch,
@@ -257,6 +265,12 @@ class TransformersModel:
 
     def activity(self) -> dict | None:
         return self.engine.activity() if self.engine is not None else None
+
+    def engine_stats(self) -> dict | None:
+        """fixlab's engine's running totals (seconds prefilling, decoding and idle, steps, rows...), None on another
+        runtime: what a job's usage reports (flows/usage.py)."""
+        stats = getattr(self.engine, "stats", None)
+        return dict(stats) if isinstance(stats, dict) else None
 
     def close(self) -> None:
         if self.engine is not None:

@@ -50,6 +50,7 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _ONLY = threading.local()  # .rows = (n, index): inside only_rows, what Int8Linear computes of an n-row input
+_OUT = threading.local()  # .lent = (module, pool): inside reuse_output, where that Int8Linear's output goes
 
 
 class only_rows:
@@ -68,11 +69,44 @@ class only_rows:
         _ONLY.rows = self.saved
 
 
+class OutputPool:
+    """One float32 buffer, grown to the largest output asked of it, that reuse_output lends to Int8Linear."""
+
+    def __init__(self):
+        self.buffer = torch.empty(0, dtype=torch.float32)
+
+    def take(self, rows: int, cols: int) -> torch.Tensor:
+        if self.buffer.numel() < rows * cols:
+            self.buffer = torch.empty(rows * cols, dtype=torch.float32)
+        return self.buffer[:rows * cols].view(rows, cols)
+
+
+class reuse_output:
+    """Inside this block, `module` (an Int8Linear: the output layer) writes an output of at least MIN_BYTES into
+    `pool`'s buffer, which its next call overwrites: for the engine's decode and draft steps, whose logits (19 MB at
+    32 rows of Qwen2.5's 151,936) are read before the next forward. Outside a pool a tensor that large is a fresh
+    mapping (heap.py: 4 MiB and up while decoding) whose pages fault in on every step. Values are the same either
+    way. Only that module: two layers sharing one buffer would overwrite each other within a forward."""
+
+    MIN_BYTES = 4 << 20
+
+    def __init__(self, module, pool: OutputPool):
+        self.lent = (module, pool) if isinstance(module, Int8Linear) else None
+
+    def __enter__(self):
+        self.saved, _OUT.lent = getattr(_OUT, "lent", None), self.lent
+
+    def __exit__(self, *exc):
+        _OUT.lent = self.saved
+
+
 @dataclass(frozen=True)
 class Int8Plan:
     """Which int8 kernel multiplies an input of a given number of rows (tokens): `small` up to `split` rows, `large`
-    above. A kernel is "torch" (torch._int_mm) or "fixlab" (native.PackedInt8 of build `isa`, None = this CPU's).
-    Both give the same values, so a plan changes speed only. Int8Linear keeps only the weight layouts its plan uses."""
+    above. A kernel is "torch" (torch._int_mm), "fixlab" (native.PackedInt8 of build `isa`, None = this CPU's) or
+    "onednn" (oneDNN's int8 matmul over weights it packed once: torch.ops.onednn.qlinear_prepack, AMX or VNNI where
+    the CPU has them; torch._int_mm reorders the weights on every call and took twice as long at 64-896 rows here).
+    All give the same values, so a plan changes speed only. Int8Linear keeps only the weight layouts its plan uses."""
 
     small: str = "torch"
     large: str = "torch"
@@ -92,14 +126,20 @@ class Int8Plan:
         return {self.large} | ({self.small} if self.split > 0 else set())
 
     def describe(self) -> str:
-        name = {"torch": "torch._int_mm", "fixlab": f"fixlab {kernels.gemm_isa(self.isa)}"
+        name = {"torch": "torch._int_mm", "onednn": "oneDNN packed", "fixlab": f"fixlab {kernels.gemm_isa(self.isa)}"
                 if "fixlab" in self.kernels else "fixlab"}
         if len(self.kernels) == 1:
             return name[self.large]
         return f"{name[self.small]} up to {self.split} rows, {name[self.large]} above"
 
 
-INT8_KERNELS = ("torch", "fixlab")
+INT8_KERNELS = ("torch", "fixlab", "onednn")
+
+
+def onednn_available() -> bool:
+    """oneDNN's packed int8 matmul is in this torch (x86 CPU builds) and fixlab's scaling loop is built."""
+    return (hasattr(torch.ops.onednn, "qlinear_prepack") and torch.backends.mkldnn.is_available()
+            and kernels.available())
 
 
 class Int8Linear(torch.nn.Module):
@@ -114,6 +154,8 @@ class Int8Linear(torch.nn.Module):
         self.plan = plan or Int8Plan()
         if "fixlab" in self.plan.kernels and not kernels.available():
             raise RuntimeError("int8 kernel fixlab needs fixlab's compiled kernels, which could not be built here")
+        if "onednn" in self.plan.kernels and not onednn_available():
+            raise RuntimeError("int8 kernel onednn needs torch's oneDNN int8 ops and fixlab's compiled kernels")
         if quantized is not None:
             scale, q = quantized
         else:
@@ -125,6 +167,14 @@ class Int8Linear(torch.nn.Module):
             self.register_buffer("packed_weight", self.packed.data, persistent=False)
             self.register_buffer("packed_colsum", self.packed.colsum, persistent=False)
         self.register_buffer("qweight", q.contiguous() if "torch" in self.plan.kernels else None)
+        # oneDNN: its own packing of the weights, and unit scales: it gives the products as (float)int32 sums,
+        # which scale_floats scales as scale_products does the int32 ones
+        onednn = "onednn" in self.plan.kernels
+        self.register_buffer("onednn_weight", torch.ops.onednn.qlinear_prepack(q.contiguous(), None) if onednn
+                             else None, persistent=False)
+        self.register_buffer("unit_scales", torch.ones(q.shape[0]) if onednn else None, persistent=False)
+        self.register_buffer("zero_points", torch.zeros(q.shape[0], dtype=torch.long) if onednn else None,
+                             persistent=False)
         self.register_buffer("scale", scale)
         self.bias = None if linear.bias is None else torch.nn.Parameter(linear.bias.detach().float(),
                                                                         requires_grad=False)
@@ -141,18 +191,37 @@ class Int8Linear(torch.nn.Module):
         return y.reshape(*shape[:-1], self.out_features).to(dtype)
 
     def _rows(self, rows: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and self.plan.kernel(rows.shape[0]) == "fixlab":  # same values, fixlab's kernel
+        if self.native or self.qweight is None:  # the rounding as a compiled loop (native.py), then the plan's kernel
             xq, xs = kernels.quantize_rows(rows)
-            return self.packed.matmul(xq, xs, self.scale, self.bias)
-        if self.native:  # the same values from two compiled loops (native.py)
-            xq, xs = kernels.quantize_rows(rows)
-            return kernels.scale_products(torch._int_mm(xq, self.qweight.t()), xs, self.scale, self.bias)
+            return self.quantized(xq, xs)
         xs = (rows.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
         xq = torch.round(rows / xs).to(torch.int8)
         y = torch._int_mm(xq, self.qweight.t()).float().mul_(xs).mul_(self.scale)
         if self.bias is not None:
             y.add_(self.bias)
         return y
+
+    def quantized(self, xq: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+        """The product for input rows already rounded as _rows rounds them (xq int8 (M, K), xs float32 (M, 1)): the
+        same values. Needs the compiled loops (fused.py rounds the MLP's product itself)."""
+        out = self._out(xq.shape[0])
+        kernel = self.plan.kernel(xq.shape[0])
+        if self.packed is not None and kernel == "fixlab":
+            return self.packed.matmul(xq, xs, self.scale, self.bias, out)
+        if self.onednn_weight is not None and kernel == "onednn":
+            y = torch.ops.onednn.qlinear_pointwise(xq, 1.0, 0, self.onednn_weight, self.unit_scales, self.zero_points,
+                                                   None, 1.0, 0, torch.float32, "none", [], "")
+            return kernels.scale_floats(y, xs, self.scale, self.bias)
+        acc = torch._int_mm(xq, self.qweight.t()) if out is None else torch._int_mm(
+            xq, self.qweight.t(), out=out.view(torch.int32))
+        return kernels.scale_products(acc, xs, self.scale, self.bias)
+
+    def _out(self, rows: int) -> torch.Tensor | None:
+        """The pool's buffer for a large output inside reuse_output, else None (a new tensor)."""
+        lent = getattr(_OUT, "lent", None)
+        if lent is None or lent[0] is not self or rows * self.out_features * 4 < reuse_output.MIN_BYTES:
+            return None
+        return lent[1].take(rows, self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row x per-channel, "

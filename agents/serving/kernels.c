@@ -6,6 +6,9 @@
    2. Attention over a KV cache kept in float16, prefill, decode and draft checks alike, each query's sums in an order
       fixed by its row's own tokens (cpu_attention.py).
    4. A float32 matmul over packed weights whose rows do not depend on the batch (f32.py).
+   5. Each row's argmax, as torch.argmax (the engine's greedy choice).
+   6. The float work between a decode step's matmuls (RMSNorm's tail, rotary embedding, the MLP's product and its
+      rounding), bit-equal to transformers' eager ops (fused.py).
 
    1. is bit-equal to the eager torch ops they replace (test: tests/test_models_int8.py), so answers do not move:
    - the scale is absmax / 127.0f clamped to 1e-12f, as `rows.abs().amax(1) / 127.0` then `.clamp(min=1e-12)`;
@@ -56,9 +59,11 @@ void fixlab_quantize_rows(const float *x, int64_t rows, int64_t k, int64_t ldx, 
     }
 }
 
-/* acc: rows x n int32 products, contiguous, overwritten in place by their float32 values. bias may be NULL. */
-void fixlab_scale_products(int32_t *acc, int64_t rows, int64_t n, const float *xs, const float *ws,
-                           const float *bias, int threads) {
+/* acc: rows x n int32 products, contiguous, overwritten in place by their float32 values. bias may be NULL.
+   `floats`: acc already holds the products as float32 ((float)acc, what oneDNN's int8 matmul gives with unit scales:
+   the same IEEE conversion), scaled the same way. */
+static void scale_rows(int32_t *acc, int floats, int64_t rows, int64_t n, const float *xs, const float *ws,
+                       const float *bias, int threads) {
     int64_t total = rows * n;
     /* columns in blocks, so that one row (decode: a few rows of 150k columns) still splits across threads */
     const int64_t block = 4096;
@@ -70,7 +75,20 @@ void fixlab_scale_products(int32_t *acc, int64_t rows, int64_t n, const float *x
         int32_t *ar = acc + r * n;
         float *yr = (float *)ar;
         float s = xs[r];
-        if (bias) {
+        if (floats) {
+            if (bias) {
+                for (int64_t c = c0; c < c1; c++) {
+                    float p = yr[c] * s;
+                    p = p * ws[c];
+                    yr[c] = p + bias[c];
+                }
+            } else {
+                for (int64_t c = c0; c < c1; c++) {
+                    float p = yr[c] * s;
+                    yr[c] = p * ws[c];
+                }
+            }
+        } else if (bias) {
             for (int64_t c = c0; c < c1; c++) {
                 float p = (float)ar[c] * s;
                 p = p * ws[c];
@@ -83,6 +101,16 @@ void fixlab_scale_products(int32_t *acc, int64_t rows, int64_t n, const float *x
             }
         }
     }
+}
+
+void fixlab_scale_products(int32_t *acc, int64_t rows, int64_t n, const float *xs, const float *ws,
+                           const float *bias, int threads) {
+    scale_rows(acc, 0, rows, n, xs, ws, bias, threads);
+}
+
+void fixlab_scale_floats(float *y, int64_t rows, int64_t n, const float *xs, const float *ws, const float *bias,
+                         int threads) {
+    scale_rows((int32_t *)y, 1, rows, n, xs, ws, bias, threads);
 }
 
 /* ---- 2. attention (decode, draft checks and prefill) --------------------------------------------------------------
@@ -99,6 +127,27 @@ void fixlab_scale_products(int32_t *acc, int64_t rows, int64_t n, const float *x
    seen_sum's fixed lanes: tests/test_determinism.py). */
 
 typedef _Float16 half;
+
+/* Prefetching. A decode step reads the whole KV cache once (32 rows x 700 tokens: 569 MB over 28 layers), more than
+   any cache holds, so each work item's K and V (about 180 KB each) come from memory. With the hardware prefetcher
+   alone the kernel read them at 7.4 GB/s on the 2-core Xeon (AMX, 12-14 GB/s streaming); asking for each K row
+   PF_ROWS rows ahead, for the item's V rows (into L2) while its scores are computed, and for each V row ahead in the
+   values' pass: 12 GB/s, 71 -> 48 ms a step (issue #52). Prefetches change no value. */
+#define PF_ROWS 32
+
+static inline void prefetch_row(const half *p, int64_t D, int near) {
+    for (int64_t o = 0; o < D * (int64_t)sizeof(half); o += 64) {
+        if (near) __builtin_prefetch((const char *)p + o, 0, 3); /* into L1 */
+        else __builtin_prefetch((const char *)p + o, 0, 2);      /* into L2 */
+    }
+}
+
+/* while the scores read K row l: K row l + PF_ROWS, and V row l for the values' pass */
+static inline void prefetch_scores(const half *kb, int64_t ksl, const half *vb, int64_t vsl, int64_t l, int64_t Lb,
+                                   int64_t D) {
+    if (l + PF_ROWS < Lb) prefetch_row(kb + (l + PF_ROWS) * ksl, D, 1);
+    prefetch_row(vb + l * vsl, D, 0);
+}
 
 static inline float exp_neg(float x) {
     /* e^x for x <= 0 (x - max of a softmax), relative error about 2e-7; branch-free, so loops of it vectorize.
@@ -155,6 +204,7 @@ static inline void widen(const half *s, int64_t d, float *dst) { /* exact: every
    sums kept in registers over every column, 64 dimensions (4 vectors) at a time. The same bits as the AVX2 path and
    the portable loops (canon_dot). */
 #define VR 6 /* query rows whose sums stay in registers: 6 x 4 vectors + 4 for V, of 32 */
+#define VSTEP 16 /* floats a vector */
 
 static inline __attribute__((always_inline)) void values_block(const float *scores, int64_t L, int64_t Lb,
                                                                 const uint8_t *any, const half *vb, int64_t vsl,
@@ -166,6 +216,7 @@ static inline __attribute__((always_inline)) void values_block(const float *scor
     for (int64_t l = 0; l < Lb; l++) {
         if (!any[l]) continue;
         const half *vr = vb + l * vsl + d0;
+        if (l + PF_ROWS < Lb) prefetch_row(vr + PF_ROWS * vsl, nc * VSTEP, 1);
         __m512 x[4];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
@@ -203,12 +254,14 @@ static inline float tree16(__m512 t) {
 }
 
 static void scores_avx512(const float *const *qrows, const uint8_t *sees, const uint8_t *any, int64_t Q, int64_t GQ,
-                          const half *kb, int64_t ksl, int64_t Lb, int64_t L, int64_t D, float scale, float *scores) {
+                          const half *kb, int64_t ksl, const half *vb, int64_t vsl, int64_t Lb, int64_t L, int64_t D,
+                          float scale, float *scores) {
     const int64_t nc = D / 16;
     __m512 k[16];
     for (int64_t l = 0; l < Lb; l++) {
         if (!any[l]) continue;
         const half *kr = kb + l * ksl;
+        prefetch_scores(kb, ksl, vb, vsl, l, Lb, D);
         for (int64_t c = 0; c < nc; c++) k[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + 16 * c)));
         for (int64_t r = 0; r < GQ; r++) {
             float *srow = scores + r * L;
@@ -232,6 +285,7 @@ static void scores_avx512(const float *const *qrows, const uint8_t *sees, const 
    and 16 registers. Values: blocks of up to 6 probability rows x 16 dimensions (12 sums + 2 V vectors + 1 broadcast).
    Scores: one K row widened once into a buffer, its dot with each query row as the AVX-512 path's 16 lanes. */
 #define VR 6
+#define VSTEP 8
 
 static inline __attribute__((always_inline)) void values_block(const float *scores, int64_t L, int64_t Lb,
                                                                 const uint8_t *any, const half *vb, int64_t vsl,
@@ -245,6 +299,7 @@ static inline __attribute__((always_inline)) void values_block(const float *scor
     for (int64_t l = 0; l < Lb; l++) {
         if (!any[l]) continue;
         const half *vr = vb + l * vsl + d0;
+        if (l + PF_ROWS < Lb) prefetch_row(vr + PF_ROWS * vsl, nc * VSTEP, 1);
         const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)vr));
         const __m256 x1 = nc > 1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vr + 8))) : x0;
 #pragma GCC unroll 6
@@ -272,13 +327,15 @@ VALUES_DRIVER(values_avx2, 16, NC8)
 #undef VB
 
 static void scores_avx2(const float *const *qrows, const uint8_t *sees, const uint8_t *any, int64_t Q, int64_t GQ,
-                        const half *kb, int64_t ksl, int64_t Lb, int64_t L, int64_t D, float scale, float *scores) {
+                        const half *kb, int64_t ksl, const half *vb, int64_t vsl, int64_t Lb, int64_t L, int64_t D,
+                        float scale, float *scores) {
     /* the AVX-512 path's sums lane for lane (canon_dot): each 16-float block as two 8-float halves, the same
        chains and the same tree, so both builds give the same bits */
     float k[256];
     const int64_t nc = D / 16;
     for (int64_t l = 0; l < Lb; l++) {
         if (!any[l]) continue;
+        prefetch_scores(kb, ksl, vb, vsl, l, Lb, D);
         widen(kb + l * ksl, D, k);
         for (int64_t r = 0; r < GQ; r++) {
             float *srow = scores + r * L;
@@ -408,11 +465,12 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
 #if defined(FAST_D)
             if (fast) {
                 for (int64_t r = 0; r < GQ; r++) qrows[r] = qbase + (kh * G + r / Qn) * qsh + (r % Qn) * qsq;
-                FAST_SCORES(qrows, sees, any, Qn, GQ, kb, ksl, Lb, L, D, scale, scores);
+                FAST_SCORES(qrows, sees, any, Qn, GQ, kb, ksl, vb, vsl, Lb, L, D, scale, scores);
             } else
 #endif
             for (int64_t l = 0; l < Lb; l++) {
                 if (!any[l]) continue;
+                prefetch_scores(kb, ksl, vb, vsl, l, Lb, D);
                 widen(kb + l * ksl, D, kv);
                 for (int64_t g = 0; g < G; g++)
                     for (int64_t qi = 0; qi < Qn; qi++) {
@@ -445,6 +503,7 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                 for (int64_t i = 0; i < GQ * D; i++) acc[i] = 0.0f;
                 for (int64_t l = 0; l < Lb; l++) {
                     if (!any[l]) continue;
+                    if (l + PF_ROWS < Lb) prefetch_row(vb + (l + PF_ROWS) * vsl, D, 1);
                     widen(vb + l * vsl, D, kv);
                     for (int64_t r = 0; r < GQ; r++) {
                         const float p = scores[r * L + l];
@@ -838,5 +897,111 @@ void fixlab_f32_matmul(const float *x, int64_t m, int64_t k, int64_t ldx, const 
                     }
                 }
             }
+    }
+}
+
+/* ---- 5. greedy choice: each row's argmax ---------------------------------------------------------------------------
+
+   out[r] = the index torch.argmax(x[r]) gives: the first index of the row's largest value, or of its first NaN when
+   it has one (NaN counts as the largest). Why: torch's took 3.7 ms for 32 rows of Qwen2.5's 151,936 logits on 2
+   cores, 8 ms inside a decode step (issue #52's profile), for 19 MB that stream at about 12 GB/s. Here one pass keeps
+   16 running lane maxima (a select the compiler vectorizes, no fast-math) and any NaN, then the row's largest value
+   is looked up from the start; +0 and -0 compare equal, so the first of either is taken, as torch's. */
+void fixlab_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t ldx, int64_t *out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * ldx;
+        float lm[16];
+        int nan[16];
+        for (int j = 0; j < 16; j++) { lm[j] = -INFINITY; nan[j] = 0; }
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            for (int j = 0; j < 16; j++) {
+                const float v = xr[i + j];
+                lm[j] = v > lm[j] ? v : lm[j];
+                nan[j] |= v != v;
+            }
+        float m = -INFINITY;
+        int any_nan = 0;
+        for (; i < n; i++) { m = xr[i] > m ? xr[i] : m; any_nan |= xr[i] != xr[i]; }
+        for (int j = 0; j < 16; j++) { m = lm[j] > m ? lm[j] : m; any_nan |= nan[j]; }
+        int64_t at = 0;
+        if (any_nan) {
+            while (xr[at] == xr[at]) at++;
+        } else {
+            while (at < n - 1 && xr[at] != m) at++; /* every value is -inf: index 0, as torch */
+        }
+        out[r] = at;
+    }
+}
+
+/* ---- 6. a decode step's float work around the matmuls, fused (fused.py) -----------------------------------------
+
+   Each is bit-equal to the transformers eager ops it replaces: the same IEEE operations in the same order on each
+   element (-ffp-contract=off: no fused multiply-add), only without a pass over memory, an allocation and a dispatch
+   per op (issue #52's profile: 257 multiplies, 172 adds and 57 norms a decode step of the 1.5B pack, 40 ms of a 325 ms
+   step outside matmuls and attention). tests/test_fused.py holds them equal to transformers' ops on every build.
+
+   RMSNorm's tail: out = w * (x * (1 / sqrt(var + eps))) per row, from the row's variance as torch computed it
+   (x.pow(2).mean(-1): its sum's order is torch's own), as `hidden_states * torch.rsqrt(variance + eps)` then
+   `self.weight * hidden_states` (torch's rsqrt is 1 / sqrt, both correctly rounded). */
+void fixlab_rms_scale(const float *x, int64_t rows, int64_t n, int64_t ldx, const float *var, float eps,
+                      const float *w, float *out, int64_t ldo, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * n >= 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        const float inv = 1.0f / sqrtf(var[r] + eps);
+        const float *xr = x + r * ldx;
+        float *o = out + r * ldo;
+        for (int64_t i = 0; i < n; i++) o[i] = w[i] * (xr[i] * inv);
+    }
+}
+
+/* Rotary embedding of one tensor (query or key): x (B, H, L, D) with any strides, cos and sin (B or 1, L, D) with
+   rows D apart, `cb` apart per batch row (0: one for every row);
+   out (B, L, H, D) contiguous = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[D/2:], x[:D/2]), as
+   transformers' apply_rotary_pos_emb: two products, each rounded, then their sum. */
+void fixlab_rotary(const float *x, int64_t B, int64_t H, int64_t L, int64_t D, int64_t sb, int64_t sh, int64_t sl,
+                   const float *cos_, const float *sin_, int64_t cb, float *out, int threads) {
+    const int64_t half_ = D / 2;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (B * H * L * D >= 65536)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t l = 0; l < L; l++) {
+            const float *c = cos_ + b * cb + l * D, *s = sin_ + b * cb + l * D;
+            for (int64_t h = 0; h < H; h++) {
+                const float *xr = x + b * sb + h * sh + l * sl;
+                float *o = out + ((b * L + l) * H + h) * D;
+                for (int64_t d = 0; d < half_; d++) {
+                    const float a = xr[d] * c[d], t = (-xr[d + half_]) * s[d];
+                    o[d] = a + t;
+                }
+                for (int64_t d = half_; d < D; d++) {
+                    const float a = xr[d] * c[d], t = xr[d - half_] * s[d];
+                    o[d] = a + t;
+                }
+            }
+        }
+}
+
+/* The MLP's product, rounded for the down projection: h = a * b (the activated gate times the up projection), then
+   Int8Linear's rounding of h's rows (fixlab_quantize_rows' exact steps), without writing h. */
+void fixlab_mul_quantize_rows(const float *a, const float *b, int64_t rows, int64_t k, int64_t lda, int64_t ldb,
+                              int8_t *q, float *scales, int threads) {
+#pragma omp parallel num_threads(threads) if (rows * k >= 65536)
+    {
+        float *h = malloc((size_t)k * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const float *ar = a + r * lda, *br = b + r * ldb;
+            for (int64_t i = 0; i < k; i++) h[i] = ar[i] * br[i];
+            const float sc = row_scale(h, k);
+            scales[r] = sc;
+            int8_t *qr = q + r * k;
+            for (int64_t i = 0; i < k; i++) {
+                float v = h[i] / sc;
+                float t = (v + ROUNDER) - ROUNDER;
+                qr[i] = (int8_t)(int32_t)t;
+            }
+        }
+        free(h);
     }
 }

@@ -85,7 +85,8 @@ def _build(isa: str) -> ctypes.CDLL | None:
     lib.fixlab_decode_attention.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, p, i64, i64,
                                             i64, i64, i64, i64, i64, i64, p, i64, i64, ctypes.c_int, ctypes.c_float,
                                             p, ctypes.c_int]
-    lib.fixlab_quantize_rows.restype = lib.fixlab_scale_products.restype = None
+    lib.fixlab_scale_floats.argtypes = [p, i64, i64, p, p, p, ctypes.c_int]
+    lib.fixlab_quantize_rows.restype = lib.fixlab_scale_products.restype = lib.fixlab_scale_floats.restype = None
     lib.fixlab_decode_attention.restype = None
     lib.fixlab_gemm_isa.restype = ctypes.c_char_p
     lib.fixlab_gemm_isa.argtypes = []
@@ -101,6 +102,12 @@ def _build(isa: str) -> ctypes.CDLL | None:
     lib.fixlab_f32_pack.restype = None
     lib.fixlab_f32_matmul.argtypes = [p, i64, i64, i64, p, i64, p, p, i64, ctypes.c_int]
     lib.fixlab_f32_matmul.restype = None
+    lib.fixlab_argmax_rows.argtypes = [p, i64, i64, i64, p, ctypes.c_int]
+    lib.fixlab_argmax_rows.restype = None
+    lib.fixlab_rms_scale.argtypes = [p, i64, i64, i64, p, ctypes.c_float, p, p, i64, ctypes.c_int]
+    lib.fixlab_rotary.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, p, i64, p, ctypes.c_int]
+    lib.fixlab_mul_quantize_rows.argtypes = [p, p, i64, i64, i64, i64, p, p, ctypes.c_int]
+    lib.fixlab_rms_scale.restype = lib.fixlab_rotary.restype = lib.fixlab_mul_quantize_rows.restype = None
     return lib
 
 
@@ -161,11 +168,12 @@ class PackedInt8:
         self.lib.fixlab_int8_pack(q.data_ptr(), n, k, k, self.data.data_ptr(), self.colsum.data_ptr(),
                                   torch.get_num_threads())
 
-    def matmul(self, xq: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def matmul(self, xq: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor, bias: torch.Tensor | None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """float32 (M, N) = ((xq @ w.T as exact int32) * xs) * ws + bias, for xq (M, K) int8 with unit column
-        stride and xs (M, 1)."""
+        stride and xs (M, 1); into `out` (contiguous float32 (M, N)) when given."""
         m = xq.shape[0]
-        y = torch.empty((m, self.n), dtype=torch.float32)
+        y = torch.empty((m, self.n), dtype=torch.float32) if out is None else out
         self.lib.fixlab_int8_matmul(xq.data_ptr(), m, self.k, xq.stride(0), self.data.data_ptr(),
                                     self.colsum.data_ptr(), self.n, xs.data_ptr(), ws.data_ptr(),
                                     None if bias is None else bias.data_ptr(), y.data_ptr(), self.n,
@@ -216,6 +224,14 @@ def scale_products(acc: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor, bias: 
     return acc.view(torch.float32)
 
 
+def scale_floats(y: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """y (M, N) float32 products ((float)acc), contiguous, scaled in place as scale_products scales int32 ones."""
+    m, n = y.shape
+    library().fixlab_scale_floats(y.data_ptr(), m, n, xs.data_ptr(), ws.data_ptr(),
+                                  None if bias is None else bias.data_ptr(), torch.get_num_threads())
+    return y
+
+
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                      causal: bool, scale: float) -> torch.Tensor:
     """query (B, H, Q, D) float32; key, value (B, KV, L, D) float16, last dim contiguous; mask None or
@@ -238,3 +254,48 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         None if mask is None else mask.data_ptr(), msb, msq, int(causal), float(scale), out.data_ptr(),
         torch.get_num_threads())
     return out
+
+
+
+def argmax(x: torch.Tensor, isa: str | None = None) -> torch.Tensor:
+    """x.argmax(dim=-1) for a CPU float32 tensor of 1 or 2 dims (the same indices: kernels.c section 5), through the
+    compiled loop of build `isa` (None: this process's) where it is built; torch's otherwise."""
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() not in (1, 2) or x.shape[-1] == 0
+            or x.stride(-1) != 1 or library(isa) is None):
+        return x.argmax(dim=-1)
+    rows = x.view(1, -1) if x.dim() == 1 else x
+    out = torch.empty(rows.shape[0], dtype=torch.int64)
+    library(isa).fixlab_argmax_rows(rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0), out.data_ptr(),
+                                    torch.get_num_threads())
+    return out[0] if x.dim() == 1 else out
+
+
+# kernels.c section 6 (fused.py says when they apply): float32 CPU tensors, last dim contiguous.
+def rms_scale(x: torch.Tensor, var: torch.Tensor, eps: float, w: torch.Tensor, isa: str | None = None) -> torch.Tensor:
+    """w * (x * (1 / sqrt(var + eps))) for x (M, N), var (M, 1) contiguous, w (N,) contiguous: RMSNorm's tail."""
+    m, n = x.shape
+    out = torch.empty((m, n), dtype=torch.float32)
+    library(isa).fixlab_rms_scale(x.data_ptr(), m, n, x.stride(0), var.data_ptr(), float(eps), w.data_ptr(),
+                                  out.data_ptr(), n, torch.get_num_threads())
+    return out
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, isa: str | None = None) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin for x (B, H, L, D) and cos, sin (B or 1, L, D) contiguous; the result is
+    (B, H, L, D), laid out (B, L, H, D) as transformers' ops lay out a transposed projection's."""
+    B, H, L, D = x.shape
+    out = torch.empty((B, L, H, D), dtype=torch.float32)
+    library(isa).fixlab_rotary(x.data_ptr(), B, H, L, D, x.stride(0), x.stride(1), x.stride(2), cos.data_ptr(),
+                               sin.data_ptr(), 0 if cos.shape[0] == 1 else L * D, out.data_ptr(),
+                               torch.get_num_threads())
+    return out.transpose(1, 2)
+
+
+def mul_quantize_rows(a: torch.Tensor, b: torch.Tensor, isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows(a * b) for a, b (M, K) without writing the product: (int8 rows, scales (M, 1))."""
+    m, k = a.shape
+    q = torch.empty((m, k), dtype=torch.int8)
+    xs = torch.empty((m, 1), dtype=torch.float32)
+    library(isa).fixlab_mul_quantize_rows(a.data_ptr(), b.data_ptr(), m, k, a.stride(0), b.stride(0), q.data_ptr(),
+                                          xs.data_ptr(), torch.get_num_threads())
+    return q, xs

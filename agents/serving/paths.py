@@ -39,7 +39,8 @@ from pathlib import Path
 from ..models.config import TransformersModelConf
 from . import machine
 
-CACHE_VERSION = 4  # 2: weights streamed from memory, as a whole model's; 3: the cut's probe is warm; 4: runtime by job time
+CACHE_VERSION = 5  # 2: weights streamed from memory, as a whole model's; 3: the cut's probe is warm; 4: runtime by job time;
+# 5: oneDNN's packed int8 kernel timed too
 ROWS = (1, 8, 16, 32, 64, 128, 512)  # decode steps span 1-128 rows (tokens, drafts included); prefill 512+
 OTHER_ROWS = (1, 32, 128, 512)  # the paths other than int8 are ranked at 32 rows; one kernel serves every width
 DECODE_ROWS = 32  # the width the paths are ranked at: the default job decodes 32 rows most of the time
@@ -129,6 +130,10 @@ def matmul_paths(cpu: dict | None = None) -> list[str]:
         out.append("int8:fixlab")
     if not forced:  # an AVX2-only CPU's torch._int_mm is a reference loop: as forced, it is left out
         out.append("int8:torch")
+        from .int8 import onednn_available
+
+        if onednn_available():  # oneDNN's own packed weights (AMX or VNNI): held to AVX2 like torch's, as forced
+            out.append("int8:onednn")
     out.append("float32")
     if not forced and flags & {"avx512_bf16", "amx_bf16", "bf16"}:
         out.append("bfloat16")

@@ -33,6 +33,8 @@ class EngineTuning:
     sdpa_gqa: bool = field(default=True, metadata={"neutral": SPEED})
     # cpu: fixlab's batch-invariant fp32 attention (cpu_attention.py, kernels.c), what makes answers repeat
     cpu_attention: bool = True
+    # cpu fp32: RMSNorm's tail, rotary embedding and the MLP's product as compiled loops (fused.py), bit-equal
+    fused_ops: bool = field(default=True, metadata={"neutral": "bit-equal: compiled loops or eager ops"})
     # the KV cache: auto = float16 on cpu where the kernels build (decode reads half the bytes), else the model's dtype
     kv_dtype: str = "auto"
     # an idle engine waits this long for concurrent callers, so the job's first wave starts as one batch

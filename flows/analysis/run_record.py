@@ -37,7 +37,7 @@ def rate(rows: list[dict], rnd: int | None = None) -> dict:
 
 def run_record(run_id: str, status: str, params: dict, rows: list[dict], cost: dict, *, machine: str,
                machine_source: str, git_commit: str | None = None, git_dirty=None,
-               trajectories: list[dict] | None = None) -> dict:
+               trajectories: list[dict] | None = None, usage: dict | None = None) -> dict:
     """One run's record: `rows` as flows/job.py's results rows, `cost` its totals (COST keys), `trajectories` its
     trajectory dicts (Trajectory.to_dict) for the overfit gap under docs/hidden."""
     rows = [r for r in rows if r.get("sample", 0) == 0]
@@ -66,6 +66,8 @@ def run_record(run_id: str, status: str, params: dict, rows: list[dict], cost: d
         # each budget 0..iters
         "first_pass_round": {f"{r['task_id']}#{r.get('sample', 0)}": row_verdicts(r) for r in rows},
     }
+    if usage:  # where the job's time went (flows/usage.py): the machine's CPU, the engine busy and idle
+        out["usage"] = usage
     if trajectories is not None:
         gap = overfit_gap(params, [t for t in trajectories if t.get("sample", 0) == 0])
         if gap:

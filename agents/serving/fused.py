@@ -1,0 +1,101 @@
+"""A decode step's float work between the matmuls as compiled loops (EngineTuning.fused_ops; kernels.c section 6).
+
+Why: outside its matmuls and attention, a decode step of the 1.5B pack ran transformers' eager ops, 257 multiplies,
+172 adds and 57 norms at 32 rows, each a dispatch, an allocation and a pass over memory: 40 ms of a 325 ms step on the
+2-core Xeon (issue #52's profile, benchmarks/decode_profile.py). Three of them run here as one loop each, on CPU
+float32 only, bit-equal to the ops they replace (the same IEEE operations in the same order on every element; tests/
+test_fused.py), so answers do not move:
+- RMSNorm (Qwen2, Llama): torch still computes the variance (`x.pow(2).mean(-1)`: the sum's order is torch's); the
+  rest, `weight * (x * rsqrt(variance + eps))`, is one pass.
+- rotary embedding (transformers' `apply_rotary_pos_emb` of those models): query and key, one pass each.
+- the MLP with int8 projections and SiLU: the gate's SiLU stays torch's (in place), and its product with the up
+  projection is rounded for the down projection in the same pass (Int8Linear.quantized), never written.
+Anything else (another dtype or device, a draft step's skipped positions, an unknown model) takes the eager ops.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from . import native
+
+NORMS = ("Qwen2RMSNorm", "LlamaRMSNorm")
+MLPS = ("Qwen2MLP", "LlamaMLP")
+ROTARY_MODULES = ("transformers.models.qwen2.modeling_qwen2", "transformers.models.llama.modeling_llama")
+
+
+def _plain(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype == torch.float32
+
+
+def rms_norm(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Qwen2RMSNorm.forward / LlamaRMSNorm.forward with the tail in one pass."""
+    w = self.weight
+    if not (_plain(hidden_states) and _plain(w) and hidden_states.stride(-1) == 1 and hidden_states.dim() >= 2):
+        return type(self).forward(self, hidden_states)
+    x = hidden_states.reshape(-1, hidden_states.shape[-1])
+    var = x.pow(2).mean(-1, keepdim=True)  # torch's reduction, as the eager norm
+    return native.rms_scale(x, var, self.variance_epsilon, w.detach().contiguous()).view(hidden_states.shape)
+
+
+def rotary(eager):
+    """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1), fused where it applies, else `eager`."""
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if (unsqueeze_dim == 1 and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and all(map(_plain, (q, k, cos, sin)))
+                and q.stride(-1) == 1 and k.stride(-1) == 1 and q.shape[-1] % 2 == 0
+                and cos.shape == sin.shape and cos.shape[1:] == (q.shape[2], q.shape[3]) and k.shape[2:] == q.shape[2:]
+                and cos.shape[0] in (1, q.shape[0]) and q.shape[0] == k.shape[0]
+                and cos.is_contiguous() and sin.is_contiguous()):
+            return native.rotary(q, cos, sin), native.rotary(k, cos, sin)
+        return eager(q, k, cos, sin, unsqueeze_dim)
+    apply_rotary_pos_emb.fixlab_eager = eager
+    return apply_rotary_pos_emb
+
+
+def mlp(self, x: torch.Tensor) -> torch.Tensor:
+    """Qwen2MLP.forward / LlamaMLP.forward over Int8Linear projections: SiLU in place, then the product rounded for the
+    down projection in one pass."""
+    from .int8 import _ONLY
+
+    rows = x.reshape(-1, x.shape[-1])
+    only = getattr(_ONLY, "rows", None)
+    if not _plain(x) or (only is not None and only[0] == rows.shape[0]):
+        return type(self).forward(self, x)
+    gate = self.gate_proj(x)
+    a = torch.nn.functional.silu(gate, inplace=True).reshape(rows.shape[0], -1)  # gate is this call's own tensor
+    u = self.up_proj(x).reshape(rows.shape[0], -1)
+    q, xs = native.mul_quantize_rows(a, u)
+    return self.down_proj.quantized(q, xs).reshape(*x.shape[:-1], self.down_proj.out_features)
+
+
+def use_fused_ops(model) -> int:
+    """Route a loaded CPU float32 model's norms, MLPs and rotary embedding through the fused loops where they apply.
+    Returns how many modules were switched (the rotary embedding, process-wide, counts once); 0 without the compiled
+    kernels."""
+    import importlib
+
+    from torch.nn import SiLU
+    from transformers.activations import SiLUActivation
+
+    from .int8 import Int8Linear
+
+    if not native.available():
+        return 0
+    n = 0
+    for mod in model.modules():
+        name = type(mod).__name__
+        if name in NORMS and hasattr(mod, "variance_epsilon"):
+            mod.forward = types.MethodType(rms_norm, mod)
+            n += 1
+        elif (name in MLPS and isinstance(getattr(mod, "act_fn", None), (SiLUActivation, SiLU))
+              and all(isinstance(getattr(mod, p, None), Int8Linear) for p in ("gate_proj", "up_proj", "down_proj"))):
+            mod.forward = types.MethodType(mlp, mod)
+            n += 1
+    for path in ROTARY_MODULES:
+        if type(model).__module__ == path or any(type(m).__module__ == path for m in model.modules()):
+            module = importlib.import_module(path)
+            if not hasattr(module.apply_rotary_pos_emb, "fixlab_eager"):
+                module.apply_rotary_pos_emb = rotary(module.apply_rotary_pos_emb)
+            n += 1
+    return n

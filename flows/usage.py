@@ -1,0 +1,70 @@
+"""Where a job's time went: the machine's CPU and the model's engine over the job (issue #52, item 1).
+
+A job's results file and summary carry `usage`: wall seconds; the CPU the whole machine was busy over them, in percent
+of one core as `time -v` says it (200% = both of 2 cores; the job is meant to run alone: other load counts too); the
+job's own process and its finished children (sandbox runs) in CPU seconds; and, for fixlab's engine, the seconds it
+prefilled, decoded and sat idle with no request to serve (every task in the sandbox or in agent code, or the job
+loading and ending), decode steps and rows a step. Read from /proc/stat and the engine's running totals: no sampling,
+nothing on the hot path.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+
+def _machine_jiffies() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of every CPU since boot, from /proc/stat; None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            cpu = f.readline().split()[1:]
+    except OSError:
+        return None
+    ticks = [int(x) for x in cpu[:8]]  # user nice system idle iowait irq softirq steal
+    idle = ticks[3] + ticks[4]
+    return sum(ticks) - idle, sum(ticks)
+
+
+class Usage:
+    """Started with the job; `finish(model)` gives the usage dict."""
+
+    def __init__(self):
+        self.t0, self.jiffies, self.times = time.perf_counter(), _machine_jiffies(), os.times()
+
+    def finish(self, model=None) -> dict:
+        wall = time.perf_counter() - self.t0
+        out: dict = {"wall_s": round(wall, 1), "cores": os.cpu_count() or 1}
+        end = _machine_jiffies()
+        if self.jiffies and end and end[1] > self.jiffies[1]:
+            busy, total = end[0] - self.jiffies[0], end[1] - self.jiffies[1]
+            out["machine_cpu_pct"] = round(100.0 * out["cores"] * busy / total, 1)
+        t = os.times()
+        out["process_cpu_s"] = round(t.user + t.system - self.times.user - self.times.system, 1)
+        out["children_cpu_s"] = round(t.children_user + t.children_system - self.times.children_user
+                                      - self.times.children_system, 1)
+        stats = model.engine_stats() if model is not None and hasattr(model, "engine_stats") else None
+        if stats:
+            steps = stats.get("steps", 0) + stats.get("draft_steps", 0)
+            out["engine"] = {
+                "prefill_s": round(stats.get("prefill_s", 0.0), 1), "decode_s": round(stats.get("decode_s", 0.0), 1),
+                "idle_s": round(stats.get("idle_s", 0.0), 1),
+                "prefill_tokens": stats.get("prompt_tokens", 0) - stats.get("reused_tokens", 0),
+                "decode_steps": steps, "rows_a_step": round(stats.get("row_steps", 0) / steps, 1) if steps else None,
+                # requests that waited beside each step: for a free row (max_batch) or KV room (kv_cache_mib)
+                "queued_a_step": round(stats.get("queued_row_steps", 0) / steps, 1) if steps else None,
+                "busy_pct": round(100.0 * (stats.get("prefill_s", 0.0) + stats.get("decode_s", 0.0)) / wall, 1),
+            }
+        return out
+
+    @staticmethod
+    def line(u: dict) -> str:
+        """One line for the job's stderr."""
+        parts = [f"usage: {u['wall_s']:.0f} s"]
+        if "machine_cpu_pct" in u:
+            parts.append(f"machine CPU {u['machine_cpu_pct']:.0f}% of {100 * u['cores']}%")
+        e = u.get("engine")
+        if e:
+            parts.append(f"engine busy {e['busy_pct']:.0f}% (prefill {e['prefill_s']:.0f} s, decode {e['decode_s']:.0f}"
+                         f" s at {e['rows_a_step']} rows a step, {e['queued_a_step']} more queued), idle {e['idle_s']:.0f} s"
+                         " waiting for requests")
+        return "; ".join(parts)
