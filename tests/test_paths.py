@@ -40,6 +40,9 @@ def test_the_chooser_takes_the_fastest_path_and_never_torchs_int8_where_it_is_a_
     assert c.weights == "int8" and (c.int8["small"], c.int8["large"], c.int8["split"]) == ("fixlab", "torch", 16)
     plan = Int8Plan(**{**c.int8, "isa": None})
     assert [plan.kernel(m) for m in (1, 16, 17, 32, 512)] == ["fixlab", "fixlab", "torch", "torch", "torch"]
+    # a kernel that wins at few rows by little is not worth a second copy of the weights: one layout
+    close = {"int8:fixlab": {1: 98.5, 8: 161.0, 32: 228.6}, "int8:onednn": {1: 120.1, 8: 121.3, 32: 160.6}}
+    assert paths.choose(close).int8 == {"small": "onednn", "large": "onednn", "split": 0, "isa": None}
     # where float32 is the fastest (an ARM machine whose int8 is the portable loops), int8 is not taken
     arm = {"int8:fixlab": {1: 300.0, 32: 2000.0}, "float32": {1: 100.0, 32: 400.0}, "bfloat16": {1: 60.0, 32: 200.0}}
     c = paths.choose(arm)

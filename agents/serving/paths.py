@@ -267,6 +267,13 @@ def calibrate_matmuls(shapes: dict, paths: list[str] | None = None, rows: tuple[
     return out
 
 
+# Two int8 kernels mean two copies of the weights in memory (each packs its own layout: 1.5 GB for the 1.5B pack).
+# The kernel that wins at few rows is kept beside the other only where it is at least this much faster there: on the
+# Xeon with AMX fixlab's kernel took 98.5 ms a step at one row against oneDNN's 120, and the second copy took the
+# default job's peak from 5.5 to 7.0 GB (issue #52); on the EPYC without AMX torch's int8 was 2x slower at one row.
+SECOND_LAYOUT_GAIN = 1.5
+
+
 def choose(table: dict, decode_rows: int = DECODE_ROWS, prefill_rows: int = PREFILL_ROWS) -> Choice:
     """The weights, dtype and int8 plan from a calibration table ({path: {rows: ms}}): pure, so tests give it faked
     timings. A path with no figure at the ranking width (cut as hopeless) is never chosen."""
@@ -291,6 +298,9 @@ def choose(table: dict, decode_rows: int = DECODE_ROWS, prefill_rows: int = PREF
                 if k != small:
                     break
                 split = m
+            first = widths[0]
+            if int8[large].get(first, float("inf")) < SECOND_LAYOUT_GAIN * int8[small][first]:
+                small, split = large, 0  # one layout: the second copy of the weights would buy too little
         plan = {"small": small, "large": large, "split": split, "isa": FORCED_ISA}
 
     def step_ms(path, m):
