@@ -2,10 +2,10 @@
 
 A job's results file and summary carry `usage`: wall seconds; the CPU the whole machine was busy over them, in percent
 of one core as `time -v` says it (200% = both of 2 cores; the job is meant to run alone: other load counts too); the
-job's own process and its finished children (sandbox runs) in CPU seconds; and, for fixlab's engine, the seconds it
-prefilled, decoded and sat idle with no request to serve (every task in the sandbox or in agent code, or the job
-loading and ending), decode steps and rows a step. Read from /proc/stat and the engine's running totals: no sampling,
-nothing on the hot path.
+job's own process and its finished children (sandbox runs) in CPU seconds; its peak resident memory; and, for
+fixlab's engine, the seconds it prefilled, decoded and sat idle with no request to serve (every task in the sandbox or
+in agent code), decode steps, rows a step and requests queued beside them. Read from /proc/stat, getrusage and the
+engine's running totals: no sampling, nothing on the hot path.
 """
 from __future__ import annotations
 
@@ -40,6 +40,12 @@ class Usage:
             out["machine_cpu_pct"] = round(100.0 * out["cores"] * busy / total, 1)
         t = os.times()
         out["process_cpu_s"] = round(t.user + t.system - self.times.user - self.times.system, 1)
+        try:  # the job process's peak resident memory so far (Linux: KiB), model and path check included
+            import resource
+
+            out["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+        except (ImportError, OSError):
+            pass
         out["children_cpu_s"] = round(t.children_user + t.children_system - self.times.children_user
                                       - self.times.children_system, 1)
         stats = model.engine_stats() if model is not None and hasattr(model, "engine_stats") else None
@@ -62,6 +68,8 @@ class Usage:
         parts = [f"usage: {u['wall_s']:.0f} s"]
         if "machine_cpu_pct" in u:
             parts.append(f"machine CPU {u['machine_cpu_pct']:.0f}% of {100 * u['cores']}%")
+        if "peak_rss_gib" in u:
+            parts.append(f"peak memory {u['peak_rss_gib']:.2f} GiB")
         e = u.get("engine")
         if e:
             parts.append(f"engine busy {e['busy_pct']:.0f}% (prefill {e['prefill_s']:.0f} s, decode {e['decode_s']:.0f}"

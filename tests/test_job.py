@@ -93,6 +93,10 @@ def test_the_job_writes_its_own_results_file_which_the_analysis_reads(tmp_path, 
     assert [r["passed"] for r in rec["by_round"]] == [4, 4] and rec["per_task_mean"]["model_calls"] == 1.0
     assert rec["first_pass_round"] == {f"Python/{i}#0": [True, True] for i in range(4)}
     assert rec["cost_by_round"] and rec["task_seconds"] is not None and rec["machine_source"] == "job"
+    # where its time went (flows/usage.py): the oracle model has no engine, so wall, CPU and memory only
+    usage = rec["usage"]
+    assert usage == mine["usage"] and 0 < usage["wall_s"] and usage["peak_rss_gib"] > 0 and "engine" not in usage
+    assert 0 <= usage.get("machine_cpu_pct", 0) <= 100 * usage["cores"] + 1
     # the frontier's reader: one record per budget; the report's: a run it can cut
     recs = records_from_file(path)
     assert [(r.params["iters"], r.passed, r.total) for r in recs] == [("0", 4, 4), ("1", 4, 4)]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import threading
 
+import time
+
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -92,6 +94,24 @@ def test_greedy_batched_equals_alone_and_hf_generate(tiny):
     assert batched.engine.stats["max_rows"] == 3
     # batching happened: far fewer forward steps than the sum of tokens
     assert batched.engine.stats["steps"] - steps_before < sum(a.completion_tokens for a in alone) * 0.6
+
+
+def test_a_jobs_usage_reads_where_the_engine_spent_its_time(tiny):
+    """flows/usage.py: prefill, decode and idle seconds from the engine's totals, steps and rows a step; the reference
+    path (no engine) reports none."""
+    from flows.usage import Usage
+
+    batched, single = tiny
+    before = batched.engine_stats()
+    usage = Usage()
+    run_concurrently(batched, [GenRequest(messages=msgs(k), max_new_tokens=5) for k in range(1, 4)])
+    time.sleep(0.15)  # the engine is idle again: waiting for callers
+    after = batched.engine_stats()
+    assert after["prefill_s"] > before["prefill_s"] and after["decode_s"] > before["decode_s"]
+    assert after["idle_s"] > before["idle_s"] and after["steps"] > before["steps"]
+    e = Usage().finish(batched)["engine"]
+    assert e["decode_steps"] > 0 and 1 <= e["rows_a_step"] <= 3 and e["queued_a_step"] >= 0
+    assert "engine busy" in Usage.line(usage.finish(batched)) and single.engine_stats() is None
 
 
 def test_sampling_is_per_request_seeded(tiny):
