@@ -319,3 +319,29 @@ def test_without_a_compiler_int8_keeps_the_eager_ops_and_says_so(monkeypatch, ca
     assert len(err) == 1 and "compiled kernels" in err[0] and "eager" in err[0], err
     x = torch.randn(4, 32)
     assert torch.equal(lin(x), _eager_rows(lin, x))
+
+
+def test_the_output_layer_writes_into_one_reused_buffer_with_the_same_values_on_every_kernel():
+    """int8.reuse_output (the engine's logits): inside it the lent module's large output goes to the pool's buffer,
+    call after call, with the values a fresh tensor gets; another module and a small output are left alone."""
+    from agents.serving import native
+    from agents.serving.int8 import Int8Plan, OutputPool, onednn_available, reuse_output
+
+    torch.manual_seed(5)
+    lin = torch.nn.Linear(16, 131072, bias=True)  # 8 rows x 131072 float32s: 4 MiB, the pool's threshold
+    kernels = ["torch"] + (["fixlab"] if native.available() else []) + (["onednn"] if onednn_available() else [])
+    for kernel in kernels:
+        head = Int8Linear(lin, native=native.available(), plan=Int8Plan(kernel, kernel))
+        other = Int8Linear(lin, native=native.available(), plan=Int8Plan(kernel, kernel))
+        pool = OutputPool()
+        x, y = torch.randn(8, 16), torch.randn(8, 16)
+        want_x, want_y = head(x), head(y)
+        with reuse_output(head, pool):
+            got_x = head(x)
+            assert torch.equal(got_x, want_x), kernel
+            assert not torch.equal(other(y), got_x) and torch.equal(got_x, want_x)  # not lent: its own tensor
+            small = head(x[:1])  # under the threshold: a tensor of its own
+            got_y = head(y)
+            assert torch.equal(got_y, want_y) and torch.equal(small, want_x[:1]), kernel
+        if kernel != "onednn":  # oneDNN gives its own output tensor: the pool serves fixlab's and torch's kernels
+            assert got_x.data_ptr() == got_y.data_ptr() == pool.buffer.data_ptr(), kernel

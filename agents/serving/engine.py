@@ -109,7 +109,8 @@ class BatchEngine(Drafts, Reuse):
         if self.heap_trim:
             map_large_blocks()  # process-wide: freed KV buffers and activations leave at once, not at the next trim
         self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0,
-                      "prefill_s": 0.0, "decode_s": 0.0, "idle_s": 0.0, "queued_row_steps": 0, "prompt_tokens": 0, "reused_tokens": 0,
+                      "prefill_s": 0.0, "decode_s": 0.0, "idle_s": 0.0, "queued_row_steps": 0,
+                      "prompt_tokens": 0, "reused_tokens": 0,
                       "draft_steps": 0, "draft_tokens": 0, "draft_accepted": 0, "compactions": 0,
                       # decode attention reads every row's whole padded width: kv_slots (rows x width, summed over
                       # steps) against kv_tokens (the real tokens among them) is the share spent on left padding

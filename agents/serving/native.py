@@ -256,7 +256,6 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     return out
 
 
-
 def argmax(x: torch.Tensor, isa: str | None = None) -> torch.Tensor:
     """x.argmax(dim=-1) for a CPU float32 tensor of 1 or 2 dims (the same indices: kernels.c section 5), through the
     compiled loop of build `isa` (None: this process's) where it is built; torch's otherwise."""
