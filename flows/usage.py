@@ -50,7 +50,7 @@ class Usage:
                                       - self.times.children_system, 1)
         stats = model.engine_stats() if model is not None and hasattr(model, "engine_stats") else None
         if stats:
-            steps = stats.get("steps", 0) + stats.get("draft_steps", 0)
+            steps = stats.get("steps", 0)  # every forward step, draft steps among them (engine.py, drafts.py)
             out["engine"] = {
                 "prefill_s": round(stats.get("prefill_s", 0.0), 1), "decode_s": round(stats.get("decode_s", 0.0), 1),
                 "idle_s": round(stats.get("idle_s", 0.0), 1),

@@ -96,7 +96,9 @@ def test_answers_do_not_depend_on_batch_order_arrival_prefix_hits_or_drafts(fold
                 assert together(m, reqs, order, delays) == alone, (max_batch, trial)
                 assert together(m, follow_ups(reqs, alone), order, delays) == alone_next, (max_batch, trial)
             st = m.engine.stats
-            assert st["max_rows"] >= 3 and st["reused_tokens"] > 0 and st["draft_steps"] > 0, st  # drafts checked
+            # drafts checked, and prefix hits prefilled together (each row's rest beside others, engine._prefix_layout)
+            assert st["max_rows"] >= 3 and st["reused_tokens"] > 0 and st["draft_steps"] > 0, st
+            assert st["kept_grouped"] > 0, st
         finally:
             m.close()
 

@@ -40,7 +40,7 @@ from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too
 from .batching import gather
 from .drafts import Drafts
 from .heap import map_large_blocks, prefill_blocks, release_free_heap
-from .int8 import OutputPool, reuse_output
+from .int8 import OutputPool, only_rows, reuse_output
 from .kvcache import _GrowingLayer, _left_pad, _set_kv, kv_token_bytes
 from .native import argmax
 from .prefix import PrefixStore, Reuse, _split_copies
@@ -111,6 +111,7 @@ class BatchEngine(Drafts, Reuse):
         self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0,
                       "prefill_s": 0.0, "decode_s": 0.0, "idle_s": 0.0, "queued_row_steps": 0,
                       "prompt_tokens": 0, "reused_tokens": 0,
+                      "kept_grouped": 0,  # rows that reuse kept KV, prefilled in a group of 2 or more
                       "draft_steps": 0, "draft_tokens": 0, "draft_accepted": 0, "compactions": 0,
                       # decode attention reads every row's whole padded width: kv_slots (rows x width, summed over
                       # steps) against kv_tokens (the real tokens among them) is the share spent on left padding
@@ -225,40 +226,72 @@ class BatchEngine(Drafts, Reuse):
                          use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()
 
-    def _prefill(self, rows: list[_Row], prefix: tuple[int, list] | None = None):
+    def _prefill(self, rows: list[_Row], prefixes: list[tuple[int, list]] | None = None):
         """One forward over rows' prompts (+ tokens generated so far, when recovering). Returns cache state.
-        With `prefix` (n, kv), one row whose first n tokens' KV is kept: only the rest is fed."""
+        With `prefixes` [(n, kv)] (one per row), rows whose first n tokens' KV is kept: only the rest is fed (see
+        _prefix_layout)."""
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
         seqs = [r.prompt_ids + r.out_ids for r in rows]
-        skip = prefix[0] if prefix else 0
-        T = max(len(s) for s in seqs)
-        ids = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), T), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, T - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[i, T - len(s):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)
         cache = DynamicCache(config=self.model.config)
         # Full-attention layers get room to grow in place (see _GrowingLayer); others keep their own logic.
         cache.layers = [_GrowingLayer(self.kv_dtype) if type(layer) is DynamicLayer else layer
                         for layer in cache.layers]
-        if skip:
-            if len(rows) != 1 or any(type(layer) is not type(_GrowingLayer()) for layer in cache.layers):
-                raise RequestError("prefix reuse needs one row and full-attention layers only")
-            for layer, (k, v) in zip(cache.layers, prefix[1]):
-                layer.update(k[:, :, :skip], v[:, :, :skip])
-            ids, pos = ids[:, skip:], pos[:, skip:]
+        only = None
+        if prefixes:
+            if any(type(layer) is not type(_GrowingLayer()) for layer in cache.layers):
+                raise RequestError("prefix reuse needs full-attention layers only")
+            ids, mask, pos, only = self._prefix_layout(seqs, prefixes, cache)
+        else:
+            T = max(len(s) for s in seqs)
+            ids = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), T), dtype=torch.long)
+            for i, s in enumerate(seqs):
+                ids[i, T - len(s):] = torch.tensor(s, dtype=torch.long)
+                mask[i, T - len(s):] = 1
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            pos = (mask.cumsum(-1) - 1).clamp_min(0)
         t0 = time.perf_counter()
-        with prefill_blocks(self.heap_trim):  # activations from the heap, not mapped afresh (heap.py)
+        with prefill_blocks(self.heap_trim), only_rows(ids.numel(), only):  # activations from the heap (heap.py)
             logits = self._forward(ids, mask, pos, cache)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.stats["prefill_s"] += time.perf_counter() - t0
         self.stats["prefills"] += 1
         return cache, mask, pos[:, -1] + 1, logits
+
+    def _prefix_layout(self, seqs: list[list[int]], prefixes: list[tuple[int, list]], cache):
+        """Rows that reuse kept KV, prefilled together: each row's kept n tokens end at column C (the longest kept
+        part; left padding before), and its rest ends at the last column, C + W (W: the longest rest). A row with a
+        shorter rest has masked columns between the two (as a rejected draft leaves): attention sums over a row's own
+        unmasked columns only, so each row's values are those of its prefill alone. Returns (ids fed (B, W), mask
+        (B, C + W), positions of the fed tokens, the fed tokens that are not padding or None)."""
+        B, skips = len(seqs), [n for n, _ in prefixes]
+        rests = [s[n:] for s, n in zip(seqs, skips)]
+        C, W = max(skips), max(len(x) for x in rests)
+        ids = torch.full((B, W), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, C + W), dtype=torch.long)
+        for i, (n, x) in enumerate(zip(skips, rests)):
+            ids[i, W - len(x):] = torch.tensor(x, dtype=torch.long)
+            mask[i, C - n:C] = 1
+            mask[i, C + W - len(x):] = 1
+        for j, layer in enumerate(cache.layers):
+            k0, v0 = prefixes[0][1][j]
+            if B == 1:  # the kept part as is (no padding)
+                k, v = k0[:, :, :C], v0[:, :, :C]
+            else:
+                k = k0.new_zeros((B, k0.shape[1], C, k0.shape[3]))
+                v = v0.new_zeros((B, v0.shape[1], C, v0.shape[3]))
+                for i, (n, kv) in enumerate(prefixes):
+                    k[i, :, C - n:] = kv[j][0][0, :, :n]
+                    v[i, :, C - n:] = kv[j][1][0, :, :n]
+            layer.update(k, v)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp_min(0)[:, C:]
+        real = mask[:, C:].bool().reshape(-1)
+        only = None if bool(real.all()) else real.nonzero().squeeze(1)
+        return ids, mask, pos, only
 
     def _prefill_groups(self, rows: list[_Row]):
         """Prefill in groups bounded by max_prefill_tokens (padded); a failing group is retried row by row and
@@ -302,22 +335,33 @@ class BatchEngine(Drafts, Reuse):
             row.future.set_exception(RequestError(f"generation failed: {_first_line(e)}"))
 
     def _admit(self, new: list[_Row]) -> None:
-        plain = []
+        plain, kept = [], []
         for r in new:
             self.stats["prompt_tokens"] += len(r.prompt_ids)
             n, kv = self.prefixes.longest(r.prompt_ids) if self.prefixes is not None else (0, None)
             if kv is None:
                 plain.append(r)
+            else:
+                kept.append((r, (n, kv)))
+        for group in self._prefix_groups(kept):  # rows that reuse kept KV: prefilled together, only their rest fed
+            try:
+                state = self._prefill([r for r, _ in group], prefixes=[p for _, p in group])
+            except Exception:  # alone, each; then (e.g. a cache layout this model does not allow) the whole prompt
+                log.warning("prefix reuse failed for %d rows; retrying", len(group), exc_info=True)
+                state = None
+            if state is not None:
+                self.stats["kept_grouped"] += len(group) if len(group) > 1 else 0
+                self._merge_kept(group, state)
+                del state
                 continue
-            try:  # alone: its cached part is unpadded, so it cannot share a left-padded prefill
-                cache, mask, pos, logits = self._prefill([r], prefix=(n, kv))
-            except Exception:  # e.g. a cache layout this model does not allow: compute it all
-                log.warning("prefix reuse failed; prefilling the whole prompt", exc_info=True)
-                plain.append(r)
-                continue
-            r.reused = n
-            self.stats["reused_tokens"] += n
-            self._merge([r], cache, mask, pos, self._sample([r], logits))
+            for r, p in group if len(group) > 1 else []:
+                try:
+                    self._merge_kept([(r, p)], self._prefill([r], prefixes=[p]))
+                except Exception:
+                    log.warning("prefix reuse failed; prefilling the whole prompt", exc_info=True)
+                    plain.append(r)
+            if len(group) == 1:
+                plain.append(group[0][0])
         plain, copies = _split_copies(plain)
         for rows, (cache, mask, pos, logits) in self._prefill_groups(plain):
             rows, cache, mask, pos, logits = self._add_copies(rows, copies, cache, mask, pos, logits)
@@ -328,6 +372,27 @@ class BatchEngine(Drafts, Reuse):
             for rows, (cache, mask, pos, logits) in self._prefill_groups([r]):
                 self._merge(rows, cache, mask, pos, self._sample(rows, logits))
         self._retire()
+
+    def _prefix_groups(self, kept: list) -> list[list]:
+        """Rows that reuse kept KV, in groups whose fed block (rows x the longest rest) stays within
+        max_prefill_tokens; rests of similar length together (less padding)."""
+        kept = sorted(kept, key=lambda rp: len(rp[0].prompt_ids) + len(rp[0].out_ids) - rp[1][0])
+        groups, cur = [], []
+        for r, p in kept:
+            rest = len(r.prompt_ids) + len(r.out_ids) - p[0]
+            if cur and rest * (len(cur) + 1) > self.max_prefill_tokens:
+                groups.append(cur)
+                cur = []
+            cur.append((r, p))
+        return groups + [cur] if cur else groups
+
+    def _merge_kept(self, group: list, state) -> None:
+        cache, mask, pos, logits = state
+        rows = [r for r, _ in group]
+        for r, (n, _) in group:
+            r.reused = n
+            self.stats["reused_tokens"] += n
+        self._merge(rows, cache, mask, pos, self._sample(rows, logits))
 
     def _merge(self, rows, cache, mask, pos, nxt) -> None:
         """Append prefilled rows to the running batch: left-pad the shorter KV cache to a common length."""

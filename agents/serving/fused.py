@@ -55,18 +55,32 @@ def rotary(eager):
 
 def mlp(self, x: torch.Tensor) -> torch.Tensor:
     """Qwen2MLP.forward / LlamaMLP.forward over Int8Linear projections: SiLU in place, then the product rounded for the
-    down projection in one pass."""
+    down projection in one pass. Inside int8.only_rows (a draft step's or a grouped prefill's padding positions): the
+    real positions are taken out once, go through the three projections as one compact block, and come back once
+    (padding positions give zeros, as each projection would give them)."""
     from .int8 import _ONLY
 
     rows = x.reshape(-1, x.shape[-1])
     only = getattr(_ONLY, "rows", None)
-    if not _plain(x) or (only is not None and only[0] == rows.shape[0]):
+    if not _plain(x):
         return type(self).forward(self, x)
-    gate = self.gate_proj(x)
-    a = torch.nn.functional.silu(gate, inplace=True).reshape(rows.shape[0], -1)  # gate is this call's own tensor
-    u = self.up_proj(x).reshape(rows.shape[0], -1)
-    q, xs = native.mul_quantize_rows(a, u)
-    return self.down_proj.quantized(q, xs).reshape(*x.shape[:-1], self.down_proj.out_features)
+    if only is not None and only[0] == rows.shape[0]:
+        _ONLY.rows = None  # the compact block has no padding
+        try:
+            y = _mlp_rows(self, rows[only[1]])
+        finally:
+            _ONLY.rows = only
+        out = rows.new_zeros(rows.shape[0], y.shape[1]).index_copy_(0, only[1], y)
+    else:
+        out = _mlp_rows(self, rows)
+    return out.reshape(*x.shape[:-1], self.down_proj.out_features)
+
+
+def _mlp_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    """The fused MLP of (M, hidden) float32 rows: (M, hidden)."""
+    a = torch.nn.functional.silu(self.gate_proj(rows), inplace=True)  # the projection's own tensor
+    q, xs = native.mul_quantize_rows(a, self.up_proj(rows))
+    return self.down_proj.quantized(q, xs)
 
 
 def use_fused_ops(model) -> int:
