@@ -130,6 +130,26 @@ def test_one_query_gets_the_same_attention_alone_padded_in_a_batch_and_inside_a_
             assert torch.equal(_attention(qb, kb, vb, mask)[1, 0], alone[0, 0]), (p, pad)
 
 
+def test_padding_query_positions_are_skipped_and_the_real_ones_keep_their_numbers():
+    """A draft step feeds every row as many positions as the longest draft: a shorter row's extra positions (named
+    padding by the engine, int8.only_rows) come out as zeros, not computed, and the real ones get what they get alone."""
+    torch.manual_seed(1)
+    H, KV, D, ctx, Q = 4, 2, 64, 30, 4
+    k, v = torch.randn(2, KV, ctx + Q, D).half(), torch.randn(2, KV, ctx + Q, D).half()
+    q = torch.randn(2, H, Q, D)
+    mask = torch.ones(2, 1, Q, ctx + Q, dtype=torch.bool).tril(ctx)  # each fed position sees the cache and itself
+    mask[1, :, :, ctx + 2:] = False  # row 1 drafted one token: its last two positions are padding
+    real = torch.ones(2 * Q, dtype=torch.bool)
+    real[Q + 2:] = False
+    out = native.decode_attention(q, k, v, mask, False, D ** -0.5, real)
+    assert torch.count_nonzero(out[1, 2:]) == 0 and torch.count_nonzero(out[1, :2]) > 0
+    assert torch.count_nonzero(_attention(q, k, v, mask)[1, 2:]) > 0  # unnamed, they are computed
+    for b, n in ((0, 4), (1, 2)):
+        for p in range(n):
+            alone = _attention(q[b:b + 1, :, p:p + 1], k[b:b + 1, :, :ctx + p + 1], v[b:b + 1, :, :ctx + p + 1], None)
+            assert torch.equal(alone[0, 0], out[b, p]), (b, p)
+
+
 def test_float32_matmul_rows_are_the_same_at_any_batch_and_on_every_build():
     torch.manual_seed(0)
     w, bias = torch.randn(200, 96), torch.randn(200)

@@ -57,7 +57,7 @@ def grouped_attention(module, query, key, value, attention_mask, dropout: float 
             and (attention_mask is None or attention_mask.dtype == torch.bool)):
         causal = attention_mask is None and Q > 1 and (is_causal if is_causal is not None
                                                        else getattr(module, "is_causal", True))
-        return native.decode_attention(query, key, value, attention_mask, causal, scale), None
+        return native.decode_attention(query, key, value, attention_mask, causal, scale, _real(B * Q)), None
     if key.dtype != query.dtype and query.device.type == "cpu":  # a float16 KV cache (kv_dtype) read by prefill
         key, value = key.to(query.dtype), value.to(query.dtype)
     if not plain or Q > SMALL_QUERY:
@@ -83,6 +83,23 @@ def grouped_attention(module, query, key, value, attention_mask, dropout: float 
     p = torch.softmax(s, dim=-1).view(B * KV, G * Q, L)
     out = torch.bmm(p, v).view(B, H, Q, D)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _real(n: int) -> torch.Tensor | None:
+    """Inside int8.only_rows over these n query positions (a draft step, a grouped prefill): which are real, as the
+    kernel reads them (one flag a position); None elsewhere. One tensor serves every layer of a forward."""
+    from .int8 import _ONLY
+
+    only = getattr(_ONLY, "rows", None)
+    if only is None or only[0] != n:
+        return None
+    seen = getattr(_memo, "real", None)
+    if seen is not None and seen[0] is only:
+        return seen[1]
+    real = torch.zeros(n, dtype=torch.bool)
+    real[only[1]] = True
+    _memo.real = (only, real)
+    return real
 
 
 # A row's left padding is skipped (each row attends to its own columns only, one pair of matmuls per row) when the

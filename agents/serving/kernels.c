@@ -431,8 +431,8 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                              int64_t qsb, int64_t qsh, int64_t qsq,
                              const half *k, const half *v, int64_t KV, int64_t L,
                              int64_t ksb, int64_t ksh, int64_t ksl, int64_t vsb, int64_t vsh, int64_t vsl,
-                             const uint8_t *mask, int64_t msb, int64_t msq, int causal, float scale, float *out,
-                             int threads) {
+                             const uint8_t *mask, int64_t msb, int64_t msq, int causal, float scale,
+                             const uint8_t *real, float *out, int threads) {
     const int64_t G = H / KV, QB = Q < QBLOCK ? Q : QBLOCK, nqb = (Q + QB - 1) / QB, GQB = G * QB;
 #if defined(FAST_D)
     const int fast = FAST_D(D);
@@ -448,23 +448,38 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < B * KV * nqb; item++) {
             const int64_t b = item / (KV * nqb), kh = (item / nqb) % KV, q0 = (item % nqb) * QB;
-            const int64_t Qn = Q - q0 < QB ? Q - q0 : QB, GQ = G * Qn;
+            const int64_t Qall = Q - q0 < QB ? Q - q0 : QB;
             /* which query sees which column; any[l]: some query does. A causal block sees nothing past its last
                query, so the columns after it are never read */
-            uint8_t *sees = seen, *any = seen + Qn * L;
-            const int64_t Lb = mask || !causal ? L : L - Q + q0 + Qn;
+            uint8_t *sees = seen, *any = seen + QB * L;
+            const int64_t Lb = mask || !causal ? L : L - Q + q0 + Qall;
+            /* real (B x Q flags, or NULL: all): the caller's padding positions (a shorter draft's, a grouped
+               prefill's) get zeros and are not computed. Their values are never read (the int8 matmuls skip them too,
+               int8.only_rows), and the real queries' numbers do not depend on which others share their block. */
+            int64_t qidx[QBLOCK], Qn = 0;
+            for (int64_t qi = 0; qi < Qall; qi++) {
+                if (!real || real[b * Q + q0 + qi]) qidx[Qn++] = qi;
+                else
+                    for (int64_t h = 0; h < G; h++) {
+                        float *o = out + ((b * Q + q0 + qi) * H + kh * G + h) * D;
+                        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+                    }
+            }
+            if (Qn == 0) continue;
+            const int64_t GQ = G * Qn;
             for (int64_t l = 0; l < Lb; l++) any[l] = 0;
-            for (int64_t qi = 0; qi < Qn; qi++)
+            for (int64_t j = 0; j < Qn; j++)
                 for (int64_t l = 0; l < Lb; l++) {
+                    const int64_t qi = qidx[j];
                     uint8_t s = mask ? mask[b * msb + (q0 + qi) * msq + l] != 0 : (!causal || l <= L - Q + q0 + qi);
-                    sees[qi * L + l] = s;
+                    sees[j * L + l] = s;
                     any[l] |= s;
                 }
             const half *kb = k + b * ksb + kh * ksh, *vb = v + b * vsb + kh * vsh;
             const float *qbase = q + b * qsb + q0 * qsq;
 #if defined(FAST_D)
             if (fast) {
-                for (int64_t r = 0; r < GQ; r++) qrows[r] = qbase + (kh * G + r / Qn) * qsh + (r % Qn) * qsq;
+                for (int64_t r = 0; r < GQ; r++) qrows[r] = qbase + (kh * G + r / Qn) * qsh + qidx[r % Qn] * qsq;
                 FAST_SCORES(qrows, sees, any, Qn, GQ, kb, ksl, vb, vsl, Lb, L, D, scale, scores);
             } else
 #endif
@@ -476,7 +491,7 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                     for (int64_t qi = 0; qi < Qn; qi++) {
                         float *srow = scores + (g * Qn + qi) * L;
                         if (!sees[qi * L + l]) { srow[l] = -INFINITY; continue; }
-                        const float *qv = qbase + (kh * G + g) * qsh + qi * qsq;
+                        const float *qv = qbase + (kh * G + g) * qsh + qidx[qi] * qsq;
                         srow[l] = canon_dot(qv, kv, D) * scale;
                     }
             }
@@ -513,7 +528,7 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                 }
             }
             for (int64_t r = 0; r < GQ; r++) {
-                const int64_t g = r / Qn, qi = r % Qn;
+                const int64_t g = r / Qn, qi = qidx[r % Qn];
                 float *o = out + ((b * Q + q0 + qi) * H + kh * G + g) * D;
                 const float inv = sum[r] > 0.0f ? 1.0f / sum[r] : 0.0f;
                 for (int64_t d = 0; d < D; d++) o[d] = acc[r * D + d] * inv;

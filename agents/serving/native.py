@@ -84,7 +84,7 @@ def _build(isa: str) -> ctypes.CDLL | None:
     lib.fixlab_scale_products.argtypes = [p, i64, i64, p, p, p, ctypes.c_int]
     lib.fixlab_decode_attention.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, p, i64, i64,
                                             i64, i64, i64, i64, i64, i64, p, i64, i64, ctypes.c_int, ctypes.c_float,
-                                            p, ctypes.c_int]
+                                            p, p, ctypes.c_int]
     lib.fixlab_scale_floats.argtypes = [p, i64, i64, p, p, p, ctypes.c_int]
     lib.fixlab_quantize_rows.restype = lib.fixlab_scale_products.restype = lib.fixlab_scale_floats.restype = None
     lib.fixlab_decode_attention.restype = None
@@ -233,9 +233,10 @@ def scale_floats(y: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor, bias: torc
 
 
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                     causal: bool, scale: float) -> torch.Tensor:
+                     causal: bool, scale: float, real: torch.Tensor | None = None) -> torch.Tensor:
     """query (B, H, Q, D) float32; key, value (B, KV, L, D) float16, last dim contiguous; mask None or
-    bool (B or 1, 1, Q, >= L), True = attend. Returns (B, Q, H, D) float32, as transformers' attention functions."""
+    bool (B or 1, 1, Q, >= L), True = attend; real None or bool (B * Q): the query positions to compute (the others,
+    padding, give zeros). Returns (B, Q, H, D) float32, as transformers' attention functions."""
     B, H, Q, D = query.shape
     KV, L = key.shape[1], key.shape[2]
     if query.stride(-1) != 1:
@@ -251,7 +252,8 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         query.data_ptr(), B, H, Q, D, query.stride(0), query.stride(1), query.stride(2),
         key.data_ptr(), value.data_ptr(), KV, L,
         key.stride(0), key.stride(1), key.stride(2), value.stride(0), value.stride(1), value.stride(2),
-        None if mask is None else mask.data_ptr(), msb, msq, int(causal), float(scale), out.data_ptr(),
+        None if mask is None else mask.data_ptr(), msb, msq, int(causal), float(scale),
+        None if real is None else real.data_ptr(), out.data_ptr(),
         torch.get_num_threads())
     return out
 
