@@ -44,6 +44,7 @@ from .int8 import OutputPool, only_rows, reuse_output
 from .kvcache import _GrowingLayer, _left_pad, _set_kv, kv_token_bytes
 from .native import argmax
 from .prefix import PrefixStore, Reuse, _split_copies
+from .sampling import multinomial, row_generator
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class _Row:
     max_new: int
     future: Future
     t_submit: float
-    generator: torch.Generator | None = None
+    generator: object = None  # sampled rows: sampling.row_generator's stream
     out_ids: list[int] = field(default_factory=list)
     finish: str | None = None
     stop_window: int = 0  # how many trailing tokens can contain a stop string
@@ -130,9 +131,9 @@ class BatchEngine(Drafts, Reuse):
         # Clamp rather than fail: the caller sees finish_reason="length".
         max_new = max(1, min(int(req.max_new_tokens), self.max_context - n))
         gen = None
-        if req.temperature and req.temperature > 0:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(req.seed if req.seed is not None else random.SystemRandom().randrange(2**63))
+        if req.temperature and req.temperature > 0:  # torch's seeded generator's draws (sampling.py)
+            gen = row_generator(req.seed if req.seed is not None else random.SystemRandom().randrange(2**63),
+                                self.device)
         stop_window = max((len(s) for s in req.stop), default=0) + 2 if req.stop else 0
         row = _Row(req, list(prompt_ids), max_new, fut, time.perf_counter(), gen, stop_window=stop_window)
         with self._cv:
@@ -478,7 +479,7 @@ class BatchEngine(Drafts, Reuse):
             return int(argmax(logits))
         try:
             probs = torch.softmax(logits / float(r.req.temperature), dim=-1)
-            return int(torch.multinomial(probs, 1, generator=r.generator)[0])
+            return multinomial(probs, r.generator)
         except RuntimeError as e:  # e.g. NaN/inf logits: this row fails, not the batch
             r.error, r.finish = e, "error"
             return None

@@ -1020,3 +1020,93 @@ void fixlab_mul_quantize_rows(const float *a, const float *b, int64_t rows, int6
         free(h);
     }
 }
+
+/* ---- 7. sampling: torch.multinomial(probs, 1, generator) of a CPU generator, the same draw ----------------------
+
+   torch (ATen/core/MT19937RNGEngine.h, DistributionsHelper.h, TransformationHelper.h; Distributions.cpp) draws one
+   sample as argmax(p / q) with q = empty_like(p).exponential_(1, generator): for each element in order, two 32-bit
+   words of the generator's MT19937 make u = (w1 << 32 | w2) & (2^53 - 1) * 2^-53, and q = (float)(-1.0 * log1p(-u)).
+   The state (st: 624 words, then left and next) is the one torch.Generator.manual_seed(seed) makes; the draws are
+   checked against torch's at first use (sampling.py), which serves the rows otherwise.
+
+   Why: exponential_ runs one element at a time (2.7 ms for a 151,936-token vocabulary, most of a sampled token's
+   cost). Here the words are drawn for every element (the stream must advance as torch's does), but the logarithm and
+   the division only where the element can still win: q >= u (log1p(-u) <= -u), so p / q <= p / u, and an element
+   whose bound is below the best exact value so far cannot be the argmax. The winner's value is the exact one, the
+   ties and NaN order are torch's argmax (the first maximum; a NaN wins, the first NaN). */
+#define MT_N 624
+#define MT_M 397
+
+void fixlab_mt_seed(uint32_t *st, uint64_t seed) {
+    st[0] = (uint32_t)(seed & 0xffffffffu);
+    for (int j = 1; j < MT_N; j++) st[j] = 1812433253u * (st[j - 1] ^ (st[j - 1] >> 30)) + (uint32_t)j;
+    st[MT_N] = 1;     /* left */
+    st[MT_N + 1] = 0; /* next */
+}
+
+static inline uint32_t mt_twist(uint32_t u, uint32_t v) {
+    return (((u & 0x80000000u) | (v & 0x7fffffffu)) >> 1) ^ ((v & 1u) ? 0x9908b0dfu : 0u);
+}
+
+static void mt_refill(uint32_t *s) {
+    int j = 0;
+    for (; j < MT_N - MT_M; j++) s[j] = s[j + MT_M] ^ mt_twist(s[j], s[j + 1]);
+    for (; j < MT_N - 1; j++) s[j] = s[j + MT_M - MT_N] ^ mt_twist(s[j], s[j + 1]);
+    s[MT_N - 1] = s[MT_M - 1] ^ mt_twist(s[MT_N - 1], s[0]);
+}
+
+static inline uint32_t mt_next(uint32_t *st) {
+    if (--st[MT_N] == 0) {
+        mt_refill(st);
+        st[MT_N] = MT_N;
+        st[MT_N + 1] = 0;
+    }
+    uint32_t y = st[st[MT_N + 1]++];
+    y ^= (y >> 11);
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    y ^= (y >> 18);
+    return y;
+}
+
+static inline double mt_uniform53(uint32_t *st) {
+    const uint64_t hi = mt_next(st), lo = mt_next(st);
+    return (double)(((hi << 32) | lo) & ((UINT64_C(1) << 53) - 1)) * (1.0 / (double)(UINT64_C(1) << 53));
+}
+
+static inline float exp_draw(double u) { return (float)(-1.0 * log1p(-u)); }
+
+/* torch's exponential_(1) on n floats (what the first-use check compares) */
+void fixlab_exponential(uint32_t *st, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = exp_draw(mt_uniform53(st));
+}
+
+/* One multinomial draw from p (n floats, contiguous): the index, or -1 when p holds an inf, a NaN or a negative
+   value, -2 when every p is 0 (torch's two errors, raised before it draws: nothing drawn then). */
+int64_t fixlab_multinomial1(uint32_t *st, const float *p, int64_t n) {
+    int any = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = p[i];
+        if (!(x >= 0.0f) || isinf(x)) return -1;
+        any |= x > 0.0f;
+    }
+    if (!any) return -2;
+    int64_t best = -1;
+    float bv = 0.0f;
+    int bnan = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double u = mt_uniform53(st);
+        if (best >= 0 && !bnan && u > 0.0) {
+            /* p / q <= p / u; u * (1 - 2^-20) below the float q's rounding: a safe bound */
+            const double bound = (double)p[i] / (u * (1.0 - 0x1p-20));
+            if (bound < (double)bv) continue;
+        } else if (bnan) {
+            continue; /* a NaN already won: the first one stays */
+        }
+        const float v = p[i] / exp_draw(u);
+        if (best < 0) { best = i; bv = v; bnan = isnan(v); continue; }
+        if (isnan(v)) { best = i; bv = v; bnan = 1; }
+        else if (v > bv) { best = i; bv = v; }
+    }
+    return best;
+}

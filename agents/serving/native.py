@@ -108,6 +108,11 @@ def _build(isa: str) -> ctypes.CDLL | None:
     lib.fixlab_rotary.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, p, i64, p, ctypes.c_int]
     lib.fixlab_mul_quantize_rows.argtypes = [p, p, i64, i64, i64, i64, p, p, ctypes.c_int]
     lib.fixlab_rms_scale.restype = lib.fixlab_rotary.restype = lib.fixlab_mul_quantize_rows.restype = None
+    lib.fixlab_mt_seed.argtypes = [p, ctypes.c_uint64]
+    lib.fixlab_exponential.argtypes = [p, p, i64]
+    lib.fixlab_multinomial1.argtypes = [p, p, i64]
+    lib.fixlab_mt_seed.restype = lib.fixlab_exponential.restype = None
+    lib.fixlab_multinomial1.restype = i64
     return lib
 
 
