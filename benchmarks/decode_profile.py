@@ -10,6 +10,8 @@ max_prefill_tokens) is split the same way, per prompt token.
 
     .venv/bin/python benchmarks/decode_profile.py                      # B=32, C=700, 48 new tokens a row
     .venv/bin/python benchmarks/decode_profile.py --rows 16 --context 300 --set cpu_attention=false
+    .venv/bin/python benchmarks/decode_profile.py --drafts --rows 24 --new 400   # a job's steps: real repair
+        prompts, the pack's drafts, every other row sampled at temperature 0.8, rows ending at their EOS
 
 --set KEY=VALUE sets a model knob (TransformersModelConf) or one of the engine's own settings (EngineTuning,
 agents/serving/tuning.py: cpu_attention, kv_dtype, int8_kernel...).
@@ -38,20 +40,21 @@ from agents.serving.machine import describe  # noqa: E402
 from flows.results import write  # noqa: E402
 from weights import decode_ids, prompts, split_settings  # noqa: E402
 
-PARTS = ("int8 matmuls", "lm_head", "attention", "rest of the forward", "engine outside the forward")
+PARTS = ("int8 matmuls", "lm_head", "attention", "rest of the forward", "engine outside the forward", "sampling")
 # inside "int8 matmuls": torch._int_mm itself; the rest is rounding each input row and scaling the product back
 MM = "of which torch._int_mm"
 
 
 # What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
 DECODE = ("int8 matmuls", "of which torch._int_mm", "lm_head", "attention", "rest of the forward",
-          "engine outside the forward")
+          "engine outside the forward", "of which sampling")
 PREFILL = ("int8 matmuls", "of which torch._int_mm", "attention", "rest of the forward")
 TITLE = "Where a decode step and a prefill go (`benchmarks/decode_profile.py`)"
 TEXT = ("The 1.5B pack in fixlab's engine, each part timed at its Python entry point: decode over the steps after a "
         "warm-up, the prefill of the same prompts per prompt token. `torch._int_mm` is the integer products inside the "
         "int8 matmuls.")
-TABLE = {"rows": ".", "columns": [["rows", "rows"], ["context", "context"], ["steps", "steps_timed"],
+TABLE = {"rows": ".", "columns": [["rows", "rows"], ["context", "context"], ["drafts", "drafts"],
+                                  ["tokens a step", "tokens_a_step"], ["steps", "steps_timed"],
                                   ["step ms", "step_ms"], ["tokens/s", "decode_tok_s"],
                                   *([f"{k} ms", f"ms_per_step.{k}"] for k in DECODE),
                                   ["prefill tokens/s", "prefill.tok_s"],
@@ -114,16 +117,21 @@ def instrument(m: TransformersModel, clock: Clock) -> None:
         AttentionInterface.register(impl, clock.wrap("attention", fn))
     eng = m.engine
     eng._forward = clock.wrap("forward", eng._forward)
+    eng._real_logits = clock.wrap("forward", eng._real_logits)  # a draft step's forward
+    eng._pick = clock.wrap("sampling", eng._pick)
     step = eng._step
 
     def timed_step():
         clock.on = eng.stats["steps"] >= 4  # warm-up steps not counted
+        live = list(eng._rows)
+        rows, before = len(live), sum(len(r.out_ids) for r in live)
         t0 = time.perf_counter()
         step()
         if clock.on:
             clock.s["step"] += time.perf_counter() - t0
             clock.steps += 1
-            clock.rows += len(eng._rows) if eng._rows else 0
+            clock.rows += rows
+            clock.tokens += sum(len(r.out_ids) for r in live) - before  # rows that finished included
         clock.on = False
     prefill = eng._prefill
 
@@ -137,7 +145,7 @@ def instrument(m: TransformersModel, clock: Clock) -> None:
             clock.prefill_tokens += sum(len(r.prompt_ids) + len(r.out_ids) for r in rows)
             clock.prefill_padded += len(rows) * max(len(r.prompt_ids) + len(r.out_ids) for r in rows)
             clock.on, clock.phase = False, "decode"
-    clock.steps = clock.rows = clock.prefill_tokens = clock.prefill_padded = 0
+    clock.steps = clock.rows = clock.tokens = clock.prefill_tokens = clock.prefill_padded = 0
     eng._step = timed_step
     eng._prefill = timed_prefill
 
@@ -149,22 +157,33 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=48, help="new tokens a row (fixed length, no EOS)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="model config or EngineTuning override (yaml value)")
+    ap.add_argument("--drafts", action="store_true",
+                    help="a job's steps: real repair prompts (context ignored), the pack's drafts, every other row "
+                         "sampled at temperature 0.8, rows ending at their EOS or --new")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import yaml
 
     overrides = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
     model_set, tuning = split_settings({"max_batch": args.rows, "gather_ms": 1000, "prefix_cache_mib": 0,
-                                        "draft_tokens": 0, **overrides})
+                                        **({} if args.drafts else {"draft_tokens": 0}), **overrides})
     m = TransformersModel(default_model(model_set), tuning=tuning)
     clock = Clock()
     try:
-        msgs = prompts(8)
-        ids = [decode_ids(m.prompt_ids(GenRequest(messages=msgs[i % 8])), i, args.context) for i in range(args.rows)]
-        m.engine.eos_ids = set()
+        if args.drafts:
+            msgs = prompts(args.rows)
+            reqs = [GenRequest(messages=msgs[i], max_new_tokens=args.new, temperature=0.8 if i % 2 else 0.0,
+                               seed=i if i % 2 else None) for i in range(args.rows)]
+            ids = [m.prompt_ids(r) for r in reqs]
+        else:
+            msgs = prompts(8)
+            ids = [decode_ids(m.prompt_ids(GenRequest(messages=msgs[i % 8])), i, args.context)
+                   for i in range(args.rows)]
+            reqs = [GenRequest(messages=(), max_new_tokens=args.new)] * args.rows
+            m.engine.eos_ids = set()
         instrument(m, clock)
         t0 = time.perf_counter()
-        futs = [m.engine.submit(GenRequest(messages=(), max_new_tokens=args.new), i) for i in ids]
+        futs = [m.engine.submit(r, i) for r, i in zip(reqs, ids)]
         [f.result() for f in futs]
         wall = time.perf_counter() - t0
     finally:
@@ -185,14 +204,17 @@ def main() -> None:
     out = {"model": {k: v for k, v in setting.items() if k in (
                "name", "pack", "weights", "dtype", "cpu_attention", "int8_skip", "skinny_matmul", "max_prefill_tokens",
                *overrides)},
-           "rows": args.rows, "context": args.context, "new_tokens": args.new, "steps_timed": clock.steps,
-           "step_ms": round(s["step"] / clock.steps * 1000, 1), "decode_tok_s": round(clock.rows / s["step"], 1),
+           "rows": args.rows, "context": "repair prompts" if args.drafts else args.context, "new_tokens": args.new,
+           "drafts": bool(args.drafts), "steps_timed": clock.steps,
+           "rows_a_step": round(clock.rows / clock.steps, 1), "tokens_a_step": round(clock.tokens / clock.steps, 1),
+           "step_ms": round(s["step"] / clock.steps * 1000, 1), "decode_tok_s": round(clock.tokens / s["step"], 1),
            "ms_per_step": per_step, "share": {k: round(v / s["step"], 3) for k, v in split.items()},
            "prefill": prefill, "wall_s_with_prefill": round(wall, 1)}
     dest = write("decode_profile", out, title=TITLE, text=TEXT, table=TABLE, out=args.out,
                  config={f"model.{k}": v for k, v in out["model"].items()},
                  machine=describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()))
-    print(f"{args.rows} rows at ~{args.context} tokens: {out['step_ms']} ms a step, {out['decode_tok_s']} tokens/s")
+    print(f"{out['rows_a_step']} rows a step at ~{out['context']} tokens, {out['tokens_a_step']} tokens a step: "
+          f"{out['step_ms']} ms a step, {out['decode_tok_s']} tokens/s")
     for k in split:
         print(f"  {k:<28} {per_step[k]:>7.1f} ms  {out['share'][k] * 100:5.1f}%")
     if p["step"]:
@@ -208,7 +230,7 @@ def _split(s: dict, head_int8: bool) -> dict:
     int8 = s["int8 matmuls"] - (s["lm_head"] if head_int8 else 0.0)  # the decoder's linears
     return {"int8 matmuls": int8, MM: s[MM], "lm_head": s["lm_head"], "attention": s["attention"],
             "rest of the forward": s["forward"] - int8 - s["lm_head"] - s["attention"],
-            "engine outside the forward": s["step"] - s["forward"]}
+            "engine outside the forward": s["step"] - s["forward"], "of which sampling": s["sampling"]}
 
 
 if __name__ == "__main__":
