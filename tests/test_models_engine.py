@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-
 import time
 
 import pytest
@@ -346,13 +345,22 @@ def test_prefix_reuse_gives_the_same_answers_and_prefills_only_the_new_turn(tiny
                for m in seconds]
         return answers, [f.result(120) for f in two]
 
-    on, off = engine(64), engine(0)
+    on, off, broken = engine(64), engine(0), engine(64)
+
+    def no_layout(*a, **kw):  # a cache layout this model cannot take: the group, then each row, then the whole prompt
+        raise RuntimeError("no kept KV here")
+
+    broken._prefix_layout = no_layout
     try:
         (first_on, second_on), (first_off, second_off) = two_turns(on), two_turns(off)
+        first_broken, second_broken = two_turns(broken)
     finally:
         on.close()
         off.close()
+        broken.close()
     assert [g.text for g in first_on + second_on] == [g.text for g in first_off + second_off]
+    assert [g.text for g in first_broken + second_broken] == [g.text for g in first_off + second_off]
+    assert all(g.prefill_tokens == g.prompt_tokens for g in second_broken) and broken.stats["reused_tokens"] == 0
     assert all(g.prefill_tokens == g.prompt_tokens for g in first_on + first_off + second_off)
     for g, first in zip(second_on, first_on):
         # at least the first turn's prompt came from the store; the new turn itself was computed

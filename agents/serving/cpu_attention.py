@@ -86,20 +86,12 @@ def grouped_attention(module, query, key, value, attention_mask, dropout: float 
 
 
 def _real(n: int) -> torch.Tensor | None:
-    """Inside int8.only_rows over these n query positions (a draft step, a grouped prefill): which are real, as the
-    kernel reads them (one flag a position); None elsewhere. One tensor serves every layer of a forward."""
+    """Inside int8.only_rows over these n query positions (a draft step, a grouped prefill): which are real, one flag
+    a position, as the kernel reads them; None elsewhere."""
     from .int8 import _ONLY
 
     only = getattr(_ONLY, "rows", None)
-    if only is None or only[0] != n:
-        return None
-    seen = getattr(_memo, "real", None)
-    if seen is not None and seen[0] is only:
-        return seen[1]
-    real = torch.zeros(n, dtype=torch.bool)
-    real[only[1]] = True
-    _memo.real = (only, real)
-    return real
+    return only[2] if only is not None and only[0] == n else None
 
 
 # A row's left padding is skipped (each row attends to its own columns only, one pair of matmuls per row) when the

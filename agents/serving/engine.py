@@ -345,24 +345,7 @@ class BatchEngine(Drafts, Reuse):
             else:
                 kept.append((r, (n, kv)))
         for group in self._prefix_groups(kept):  # rows that reuse kept KV: prefilled together, only their rest fed
-            try:
-                state = self._prefill([r for r, _ in group], prefixes=[p for _, p in group])
-            except Exception:  # alone, each; then (e.g. a cache layout this model does not allow) the whole prompt
-                log.warning("prefix reuse failed for %d rows; retrying", len(group), exc_info=True)
-                state = None
-            if state is not None:
-                self.stats["kept_grouped"] += len(group) if len(group) > 1 else 0
-                self._merge_kept(group, state)
-                del state
-                continue
-            for r, p in group if len(group) > 1 else []:
-                try:
-                    self._merge_kept([(r, p)], self._prefill([r], prefixes=[p]))
-                except Exception:
-                    log.warning("prefix reuse failed; prefilling the whole prompt", exc_info=True)
-                    plain.append(r)
-            if len(group) == 1:
-                plain.append(group[0][0])
+            plain += self._prefill_kept(group)
         plain, copies = _split_copies(plain)
         for rows, (cache, mask, pos, logits) in self._prefill_groups(plain):
             rows, cache, mask, pos, logits = self._add_copies(rows, copies, cache, mask, pos, logits)
@@ -386,6 +369,18 @@ class BatchEngine(Drafts, Reuse):
                 cur = []
             cur.append((r, p))
         return groups + [cur] if cur else groups
+
+    def _prefill_kept(self, group: list) -> list[_Row]:
+        """Prefill rows that reuse kept KV together and merge them; a failing group is retried row by row. Returns the
+        rows that failed alone (e.g. a cache layout this model does not allow): their whole prompt is prefilled."""
+        try:
+            state = self._prefill([r for r, _ in group], prefixes=[p for _, p in group])
+        except Exception:
+            log.warning("prefix reuse failed for %d rows", len(group), exc_info=True)
+            return [group[0][0]] if len(group) == 1 else [r for one in group for r in self._prefill_kept([one])]
+        self.stats["kept_grouped"] += len(group) if len(group) > 1 else 0
+        self._merge_kept(group, state)
+        return []
 
     def _merge_kept(self, group: list, state) -> None:
         cache, mask, pos, logits = state

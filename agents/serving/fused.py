@@ -58,18 +58,16 @@ def mlp(self, x: torch.Tensor) -> torch.Tensor:
     down projection in one pass. Inside int8.only_rows (a draft step's or a grouped prefill's padding positions): the
     real positions are taken out once, go through the three projections as one compact block, and come back once
     (padding positions give zeros, as each projection would give them)."""
-    from .int8 import _ONLY
+    from .int8 import _ONLY, only_rows
 
     rows = x.reshape(-1, x.shape[-1])
     only = getattr(_ONLY, "rows", None)
     if not _plain(x):
         return type(self).forward(self, x)
     if only is not None and only[0] == rows.shape[0]:
-        _ONLY.rows = None  # the compact block has no padding
-        try:
-            y = _mlp_rows(self, rows[only[1]])
-        finally:
-            _ONLY.rows = only
+        real = rows[only[1]]
+        with only_rows(real.shape[0], None):  # the compact block has no padding
+            y = _mlp_rows(self, real)
         out = rows.new_zeros(rows.shape[0], y.shape[1]).index_copy_(0, only[1], y)
     else:
         out = _mlp_rows(self, rows)

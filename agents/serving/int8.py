@@ -50,7 +50,7 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scale, q
 
 
-_ONLY = threading.local()  # .rows = (n, index): inside only_rows, what Int8Linear computes of an n-row input
+_ONLY = threading.local()  # .rows = (n, index, real): inside only_rows, what Int8Linear computes of an n-row input
 _OUT = threading.local()  # .lent = (module, pool): inside reuse_output, where that Int8Linear's output goes
 
 
@@ -58,10 +58,16 @@ class only_rows:
     """Inside this block, an Int8Linear whose input has `n` rows (tokens) computes only the rows in `index` and
     gives zeros for the rest. For a forward whose batch carries padding positions (a draft step: rows with fewer
     drafts than the longest): the matmuls cost what the real tokens cost. Rows are independent (per-row scales,
-    exact integer sums), so the computed rows are bit-equal to a full computation's."""
+    exact integer sums), so the computed rows are bit-equal to a full computation's. `real`, the same rows as one flag a
+    position, is what the attention kernel reads (cpu_attention.py: it skips the others too)."""
 
     def __init__(self, n: int, index: torch.Tensor | None):
-        self.value = None if index is None else (n, index)
+        if index is None:
+            self.value = None
+        else:
+            real = torch.zeros(n, dtype=torch.bool)
+            real[index] = True
+            self.value = (n, index, real)
 
     def __enter__(self):
         self.saved, _ONLY.rows = getattr(_ONLY, "rows", None), self.value
