@@ -5,7 +5,8 @@ gives (same generator draws, one per token). At full batch too: the int8 matmuls
 step costs what its real tokens cost (padding positions of rows with shorter drafts are skipped by
 `int8.only_rows`, the output layer runs on real positions only), and about 7 of 10 drafted tokens are kept on real
 repairs. Rejected columns stay in the cache, masked out, until they are HOLES_SHARE of the held tokens; then the
-cache is rebuilt without them. `Generation.draft_tokens` / `draft_accepted` count them.
+cache is rebuilt without them. `Generation.draft_tokens` / `draft_accepted` count them. The decoder layers of a draft
+step carry its real positions only (packed.py).
 `Drafts` is a mixin of BatchEngine: its methods run on the engine's batch state (rows, mask, positions, cache, stats)."""
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 
 import torch
 
+from . import packed
 from .int8 import only_rows, reuse_output
 from .kvcache import _set_kv
 from .native import argmax
@@ -73,7 +75,7 @@ class Drafts:
         only = None if bool(real.all()) else real.nonzero().squeeze(1)
         t0 = time.perf_counter()
         try:
-            with only_rows(B * (K + 1), only), reuse_output(self._head, self._logits):  # read before the next
+            with reuse_output(self._head, self._logits):  # read before the next forward
                 logits = self._real_logits(feed, pos, only)  # (real positions, vocab), row by row
         except Exception as e:
             self._recover(e)
@@ -127,18 +129,23 @@ class Drafts:
 
     def _real_logits(self, feed: torch.Tensor, pos: torch.Tensor, only: torch.Tensor | None) -> torch.Tensor:
         """Logits of a draft step's real positions only, (positions, vocab) in row order: the decoder's hidden
-        states, then the output layer on the real positions (a full (rows, K+1, vocab) float tensor is tens of MB a
-        step at 32 rows). Models whose logits are more than the output layer of the last hidden state (scaled,
-        soft-capped...) take the whole forward."""
-        if type(self.model).__name__ not in PLAIN_HEAD:
-            out = self.model(input_ids=feed, attention_mask=self._mask, position_ids=pos,
-                             past_key_values=self._cache, use_cache=True, logits_to_keep=feed.shape[1])
-            flat = out.logits.float().reshape(-1, out.logits.shape[-1])
-            return flat if only is None else flat[only]
-        h = self.model.model(input_ids=feed, attention_mask=self._mask, position_ids=pos,
-                             past_key_values=self._cache, use_cache=True).last_hidden_state
-        h = h.reshape(-1, h.shape[-1])
-        return self.model.lm_head(h if only is None else h[only]).float()
+        states (over the real positions alone where packed.py runs the model), then the output layer on the real
+        positions (a full (rows, K+1, vocab) float tensor is tens of MB a step at 32 rows). Models whose logits are
+        more than the output layer of the last hidden state (scaled, soft-capped...) take the whole forward."""
+        if self._packs:
+            h = packed.forward(self.model, [packed.Group(feed, self._mask, pos, self._cache, only)])
+            with only_rows(h.shape[0], None):
+                return self.model.lm_head(h).float()
+        with only_rows(feed.numel(), only):
+            if type(self.model).__name__ not in PLAIN_HEAD:
+                out = self.model(input_ids=feed, attention_mask=self._mask, position_ids=pos,
+                                 past_key_values=self._cache, use_cache=True, logits_to_keep=feed.shape[1])
+                flat = out.logits.float().reshape(-1, out.logits.shape[-1])
+                return flat if only is None else flat[only]
+            h = self.model.model(input_ids=feed, attention_mask=self._mask, position_ids=pos,
+                                 past_key_values=self._cache, use_cache=True).last_hidden_state
+            h = h.reshape(-1, h.shape[-1])
+            return self.model.lm_head(h if only is None else h[only]).float()
 
     def _drop_right(self, cut: int) -> None:
         for layer in self._cache.layers:

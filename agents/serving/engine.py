@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
+from . import packed
 from .batching import gather
 from .drafts import Drafts
 from .heap import map_large_blocks, prefill_blocks, release_free_heap
@@ -95,6 +96,7 @@ class BatchEngine(Drafts, Reuse):
         self._name = name
         # state of the running batch (touched only by the worker thread)
         self._rows: list[_Row] = []
+        self._packs = packed.can_pack(model)  # draft steps' decoder layers over their real positions (packed.py)
         self._cache = None
         self._mask: torch.Tensor | None = None  # [B, T] 1 = real token
         self._pos: torch.Tensor | None = None  # [B] position id of the next token fed
