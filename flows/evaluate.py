@@ -24,6 +24,7 @@ from . import schema
 from .schema import CONF_DIR
 from .config import ConfigError, settings_from
 from .job import run_job
+from .mark_killed import OpenRun, hand_over
 from .prefect_api import stop_prefect_api
 from .workers import close_all
 
@@ -75,55 +76,65 @@ def check_overrides(argv: list[str]) -> str | None:
 
 
 class _Stop:
-    """Marks the runs KILLED when a stop cannot wait for the job to unwind (run_job hands over its mark).
+    """Marks the runs KILLED when a stop cannot wait for the job to unwind (run_job hands over its open run).
 
-    The mark starts the moment the signal arrives, in its own thread, and both ways out (the job unwinding, or the
-    watcher after GRACE_S) wait for it until the same deadline: a store write can wait seconds on sqlite's lock while
-    workers still write (CI once left both runs RUNNING when the mark got only the last second)."""
+    The mark starts the moment the signal arrives, in its own thread, over the runs open at that moment, and both ways
+    out (the job unwinding, or the watcher after GRACE_S) wait for it until the same deadline. A store write can wait
+    past it (another thread of the job, torn down mid-write, may hold SQLite's lock: CI once left the run RUNNING so);
+    the runs not marked by then go to a detached process that marks them once the job is gone (flows/mark_killed.py)."""
 
-    mark_killed = None
+    job_run: OpenRun | None = None
     GRACE_S = 3.0  # tasks in flight (a model call can take minutes) are dropped after this; resume reruns them
-    # Past the grace, a mark still running gets this much longer; then the process leaves regardless. 1 s was too
-    # short under load (the suite on 2 workers left the runs RUNNING in 2 of 3 runs); a stop whose mark is done by
-    # the end of the grace still leaves at once.
+    # Past the grace, a mark still running gets this much longer; then the process leaves regardless (and hands the
+    # mark over). A stop whose mark is done by the end of the grace still leaves at once.
     MARK_WAIT_S = 5.0
     marker: threading.Thread | None = None
+    runs: list[OpenRun] = []
+    marked: set[str] = set()
     deadline = 0.0
     _lock = threading.Lock()
 
     @classmethod
-    def hold(cls, mark_killed) -> None:
-        cls.mark_killed = mark_killed
+    def hold(cls, run: OpenRun | None) -> None:
+        with cls._lock:
+            if cls.marker is None:  # once a stop began, its runs are fixed: the job unwinding must not drop them
+                cls.job_run = run
 
     @classmethod
     def start_marking(cls) -> None:
+        from .sweep import SweepParentRun
+
         with cls._lock:
             if cls.marker is not None:
                 return
+            cls.runs = [r for r in (cls.job_run, SweepParentRun.open_run()) if r is not None]
             cls.deadline = time.monotonic() + cls.GRACE_S + cls.MARK_WAIT_S
             cls.marker = threading.Thread(target=cls._mark, name="fixlab-mark-killed", daemon=True)
             cls.marker.start()
 
-    @staticmethod
-    def _mark() -> None:
-        from .sweep import SweepParentRun
+    @classmethod
+    def _mark(cls) -> None:
         from .tracking import brief_store_waits
 
         with brief_store_waits():  # the store lock's holder may be a thread this stop tears down
-            for mark in (_Stop.mark_killed, SweepParentRun.mark_stopped):
+            for run in cls.runs:
                 try:
-                    if mark is not None:
-                        mark()
+                    run.mark()
+                    cls.marked.add(run.run_id)
                 except Exception:
                     pass
 
     @classmethod
     def leave(cls) -> None:
-        """Wait for the mark until the deadline (an unmarked run stays RUNNING; resume=last still finds it), say so,
-        and leave at once."""
+        """Wait for the mark until the deadline, hand what is not marked by then to a process of its own, say so, and
+        leave at once (an unmarked run stays RUNNING; resume=last still finds it)."""
         cls.start_marking()
         cls.marker.join(max(0.0, cls.deadline - time.monotonic()))
-        said = "the run is marked KILLED" if not cls.marker.is_alive() else "the store was busy, the run left RUNNING"
+        pending = [r for r in cls.runs if r.run_id not in cls.marked]
+        helper = hand_over(pending) if pending else None
+        said = ("the run is marked KILLED" if not pending else
+                f"the store was busy, so process {helper} marks the run KILLED once it is free" if helper else
+                "the store was busy, the run left RUNNING")
         say(f"fixlab: stopped; {said} and `resume=last` continues it")
         stop_now(130)
 

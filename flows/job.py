@@ -24,6 +24,7 @@ from agents.types import Trajectory
 from . import core
 from .config import ConfigError, JobSettings
 from .core import Job
+from .mark_killed import OpenRun
 from .tracking import RunTracker
 from .usage import Usage
 from .workers import model_and_sandbox
@@ -33,11 +34,11 @@ Runner = Callable[[list[Job], JobSettings, Callable[[Job, Outcome], None]], None
 
 
 def run_job(settings: JobSettings, runner: Runner | None = None,
-            on_open: Callable[[Callable[[], None] | None], None] | None = None) -> dict:
+            on_open: Callable[[OpenRun | None], None] | None = None) -> dict:
     """One job: model and sandbox up front, the MLflow run, the runner over the pending tasks, the summary.
 
-    on_open(mark_killed) is called once the MLflow run exists, with a function that marks it KILLED (for a stop that
-    cannot wait for the job to unwind, flows/evaluate.py), and with None when the job is over."""
+    on_open(run) is called once the MLflow run exists, with what a stop that cannot wait for the job to unwind marks
+    KILLED (flows/evaluate.py, flows/mark_killed.py), and with None when the job is over."""
     from .prefect_flow import check_runner, run_jobs
 
     runner = runner or run_jobs
@@ -66,7 +67,7 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
 
     status = "FAILED"
     if on_open:
-        on_open(lambda: tracker.client.set_terminated(run_id, status="KILLED"))
+        on_open(OpenRun(tracker.uri, run_id, tracker.client))
     try:
         if jobs:
             runner(jobs, settings, finished)

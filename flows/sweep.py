@@ -19,6 +19,7 @@ import time
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from .mark_killed import OpenRun
 from .neutral import result_neutral
 from .schema import TrackingConf, typed, without_retired
 from .stream import stream_plan
@@ -77,10 +78,11 @@ class SweepParentRun(Callback):
             self.run_id = None
 
     @classmethod
-    def mark_stopped(cls) -> None:
-        """SIGTERM/Ctrl-C leave through os._exit, past atexit: mark the sweep's parent run KILLED, as its job is."""
-        if cls.live is not None:
-            cls.live._abandon("KILLED")
+    def open_run(cls) -> OpenRun | None:
+        """SIGTERM/Ctrl-C leave through os._exit, past atexit: the sweep's parent run, for the stop to mark KILLED as it
+        marks its job (flows/evaluate.py)."""
+        live = cls.live
+        return OpenRun(live.tracker.uri, live.run_id, live.tracker.client) if live is not None and live.run_id else None
 
 
 def swept_budgets(overrides: list[str]) -> list[int]:

@@ -1,5 +1,5 @@
-"""A step's decoder layers over its real positions only, in groups over caches of their own (agents/serving/packed.py),
-give each real position the numbers the padded layers give it, and those a row fed alone gets: hidden states and the
+"""A step's decoder layers over its real positions only (agents/serving/packed.py) give each real position the numbers
+the padded layers give it, and those a row fed alone gets: hidden states and the
 keys and values written to the cache, bit for bit, so the engine's answers do not move (issue #52)."""
 from __future__ import annotations
 
@@ -33,10 +33,12 @@ def _padded_forward(model, ids, mask, only):
     return h, cache
 
 
-def _group(model, ids, mask, only):
-    from agents.serving.packed import Group
+def _packed(model, ids, mask, only):
+    from agents.serving.packed import forward
 
-    return Group(ids, mask, (mask.cumsum(-1) - 1).clamp_min(0), _cache(model.config), only)
+    cache = _cache(model.config)
+    with torch.inference_mode():
+        return forward(model, ids, mask, (mask.cumsum(-1) - 1).clamp_min(0), cache, only), cache
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -46,7 +48,7 @@ def test_packed_layers_give_each_real_position_its_padded_and_alone_numbers(arch
     from agents.serving.cpu_attention import use_grouped_attention
     from agents.serving.fused import use_fused_ops
     from agents.serving.int8 import quantize_int8
-    from agents.serving.packed import can_pack, forward
+    from agents.serving.packed import can_pack
     from tests.tiny_models import tiny_qwen2
 
     config = tiny_qwen2(hidden_size=128, intermediate_size=256) if arch == "qwen2" else LlamaConfig(
@@ -65,26 +67,15 @@ def test_packed_layers_give_each_real_position_its_padded_and_alone_numbers(arch
         mask[i, :n] = 1
     only = mask.bool().view(-1).nonzero().squeeze(1)
     padded, padded_cache = _padded_forward(model, ids, mask, only)
-    # the same rows as one group, and beside a second group (rows of their own, over a cache of their own)
-    other = torch.randint(0, 512, (2, 4))
-    other_mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
-    other_only = other_mask.bool().view(-1).nonzero().squeeze(1)
-    other_alone, _ = _padded_forward(model, other, other_mask, other_only)
-    for groups in ([_group(model, ids, mask, only)],
-                   [_group(model, ids, mask, only), _group(model, other, other_mask, other_only)]):
-        with torch.inference_mode():
-            packed = forward(model, groups)
-        assert packed.shape[0] == sum(g.real() for g in groups)  # the layers carried the real positions only
-        assert torch.equal(packed[:len(only)], padded.reshape(-1, padded.shape[-1])[only])
-        if len(groups) > 1:
-            assert torch.equal(packed[len(only):], other_alone.reshape(-1, other_alone.shape[-1])[other_only])
-        for a, b in zip(groups[0].cache.layers, padded_cache.layers):
-            real = mask.bool()
-            assert torch.equal(a.keys.transpose(1, 2)[real], b.keys.transpose(1, 2)[real])
-            assert torch.equal(a.values.transpose(1, 2)[real], b.values.transpose(1, 2)[real])
+    packed, packed_cache = _packed(model, ids, mask, only)
+    assert packed.shape[0] == len(only)  # the layers carried the real positions only
+    assert torch.equal(packed, padded.reshape(-1, padded.shape[-1])[only])
+    for a, b in zip(packed_cache.layers, padded_cache.layers):
+        real = mask.bool()
+        assert torch.equal(a.keys.transpose(1, 2)[real], b.keys.transpose(1, 2)[real])
+        assert torch.equal(a.values.transpose(1, 2)[real], b.values.transpose(1, 2)[real])
     at = 0
     for i, n in enumerate(lengths):  # each row alone, no padding: the same numbers
-        with torch.inference_mode():
-            alone = forward(model, [_group(model, ids[i:i + 1, :n], mask[i:i + 1, :n], None)])
+        alone, _ = _packed(model, ids[i:i + 1, :n], mask[i:i + 1, :n], None)
         assert torch.equal(alone, packed[at:at + n]), i
         at += n

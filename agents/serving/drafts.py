@@ -133,9 +133,8 @@ class Drafts:
         positions (a full (rows, K+1, vocab) float tensor is tens of MB a step at 32 rows). Models whose logits are
         more than the output layer of the last hidden state (scaled, soft-capped...) take the whole forward."""
         if self._packs:
-            h = packed.forward(self.model, [packed.Group(feed, self._mask, pos, self._cache, only)])
-            with only_rows(h.shape[0], None):
-                return self.model.lm_head(h).float()
+            h = packed.forward(self.model, feed, self._mask, pos, self._cache, only)
+            return self.model.lm_head(h).float()
         with only_rows(feed.numel(), only):
             if type(self.model).__name__ not in PLAIN_HEAD:
                 out = self.model(input_ids=feed, attention_mask=self._mask, position_ids=pos,
