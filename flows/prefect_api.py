@@ -18,9 +18,8 @@ import os
 import shutil
 import socket
 import sys
+from functools import cache
 from pathlib import Path
-
-from prefect.server.api.server import SubprocessASGIServer
 
 STARTUP_TIMEOUT_S = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
 
@@ -47,50 +46,58 @@ Server(config).run(sockets=[sock])
 """
 
 
-class _DiesWithJob(SubprocessASGIServer):
-    """Prefect's temporary server, started so that it dies with this process (PR_SET_PDEATHSIG), on a port bound
-    here before the server starts."""
+@cache
+def _dies_with_job():
+    """The server class, made on first use: Prefect's server module takes 2.5 s to import, and a job that reports to
+    PREFECT_API_URL (the tests, a nightly, a user's own server) never starts one."""
+    from prefect.server.api.server import SubprocessASGIServer
 
-    _sock: socket.socket | None = None
+    class _DiesWithJob(SubprocessASGIServer):
+        """Prefect's temporary server, started so that it dies with this process (PR_SET_PDEATHSIG), on a port bound
+        here before the server starts."""
 
-    def find_available_port(self) -> int:
-        # Bound, not listening: until the server listens a connection is refused at once (the start-up health
-        # check waits), and no other process can bind the port in the meantime.
-        self._close_socket()
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind(("127.0.0.1", 0))
-        return self._sock.getsockname()[1]
+        _sock: socket.socket | None = None
 
-    def _close_socket(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        def find_available_port(self) -> int:
+            # Bound, not listening: until the server listens a connection is refused at once (the start-up health
+            # check waits), and no other process can bind the port in the meantime.
+            self._close_socket()
+            self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self._sock.bind(("127.0.0.1", 0))
+            return self._sock.getsockname()[1]
 
-    def _run_uvicorn_command(self):
-        import subprocess
+        def _close_socket(self) -> None:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
 
-        from prefect.settings import get_current_settings
+        def _run_uvicorn_command(self):
+            import subprocess
 
-        if self._sock is None:  # a port given from outside: bind it here all the same
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", int(self.port)))
-            self._sock = sock
-        settings = get_current_settings()
-        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
-               **settings.to_environment_variables(exclude_unset=True)}
-        home = Path(settings.home).expanduser()
-        home.mkdir(parents=True, exist_ok=True)
-        fd = self._sock.fileno()
-        setpriv = shutil.which("setpriv")
-        cmd = [sys.executable, "-c", _SERVE_ON_SOCKET, str(fd), str(home / ".fixlab-server-startup.lock")]
-        try:
-            return subprocess.Popen([setpriv, "--pdeathsig", "KILL", "--", *cmd] if setpriv else cmd,
-                                    env=env, pass_fds=(fd,))
-        finally:
-            self._close_socket()  # the server holds its own copy
+            from prefect.settings import get_current_settings
+
+            if self._sock is None:  # a port given from outside: bind it here all the same
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.bind(("127.0.0.1", int(self.port)))
+                self._sock = sock
+            settings = get_current_settings()
+            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+                   **settings.to_environment_variables(exclude_unset=True)}
+            home = Path(settings.home).expanduser()
+            home.mkdir(parents=True, exist_ok=True)
+            fd = self._sock.fileno()
+            setpriv = shutil.which("setpriv")
+            cmd = [sys.executable, "-c", _SERVE_ON_SOCKET, str(fd), str(home / ".fixlab-server-startup.lock")]
+            try:
+                return subprocess.Popen([setpriv, "--pdeathsig", "KILL", "--", *cmd] if setpriv else cmd,
+                                        env=env, pass_fds=(fd,))
+            finally:
+                self._close_socket()  # the server holds its own copy
+
+    return _DiesWithJob
 
 
-_server: _DiesWithJob | None = None
+_server = None  # this job's temporary server (_dies_with_job)
 
 
 def ensure_prefect_api() -> str:
@@ -99,7 +106,7 @@ def ensure_prefect_api() -> str:
     if os.environ.get("PREFECT_API_URL"):
         return os.environ["PREFECT_API_URL"]
     if _server is None:
-        _server = _DiesWithJob(port=None)
+        _server = _dies_with_job()(port=None)
         _server.start(timeout=STARTUP_TIMEOUT_S)
     os.environ["PREFECT_API_URL"] = _server.api_url
     return _server.api_url

@@ -237,9 +237,9 @@ def test_a_run_that_a_live_job_holds_is_not_resumed_twice(tmp_path):
 def test_temporary_prefect_server_port_is_taken_when_chosen():
     """Two jobs started together must not pick the same port: the port is bound here from the moment it is chosen
     (Prefect's own way picks a free-looking port that its server binds seconds later)."""
-    from flows.prefect_api import _DiesWithJob
+    from flows.prefect_api import _dies_with_job
 
-    server = object.__new__(_DiesWithJob)  # not started: only its choice of port
+    server = object.__new__(_dies_with_job())  # not started: only its choice of port
     port = server.find_available_port()
     other = socket.socket()
     try:
