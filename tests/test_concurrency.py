@@ -275,3 +275,18 @@ def test_a_stops_mark_is_written_while_another_thread_holds_the_store_lock(tmp_p
     took = time.monotonic() - t0
     done.set()
     assert client.get_run(run_id).info.status == "KILLED" and took < 3.0, took
+
+
+def test_the_mark_handed_over_after_a_stop_kills_only_runs_still_running(tmp_path):
+    """flows/mark_killed.py, run once the stopped job is gone: a run it finds RUNNING becomes KILLED; a run that ended
+    meanwhile (the job's own unwinding marked it) keeps its status."""
+    from flows.mark_killed import mark_when_free
+    from flows.tracking import open_client
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = open_client(uri)
+    exp = client.create_experiment("handed-over")
+    running, finished = (client.create_run(exp).info.run_id for _ in range(2))
+    client.set_terminated(finished, status="FINISHED")
+    assert mark_when_free(uri, [running, finished], give_up_s=30) == [running]
+    assert client.get_run(running).info.status == "KILLED" and client.get_run(finished).info.status == "FINISHED"
