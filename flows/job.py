@@ -67,7 +67,7 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
 
     status = "FAILED"
     if on_open:
-        on_open(OpenRun(tracker.uri, run_id, tracker.client))
+        on_open(OpenRun(tracker.uri, run_id, tracker.client, tracker.claim_path(run_id)))
     try:
         if jobs:
             runner(jobs, settings, finished)

@@ -148,10 +148,13 @@ class RunTracker:
 
     # A job holds its run's lock, state/<run id>/job.lock, while it works on the run (the kernel drops it when the
     # process ends, however it ends): two jobs on one run would run and log every task twice.
+    def claim_path(self, run_id: str) -> str:
+        return str(self.store_dir / "state" / run_id / "job.lock")
+
     def _run_lock(self, run_id: str):
         from filelock import FileLock
 
-        return FileLock(str(self.store_dir / "state" / run_id / "job.lock"), thread_local=False)
+        return FileLock(self.claim_path(run_id), thread_local=False)
 
     def _claim_run(self, run_id: str, wait_s: float = 2.0) -> bool:
         from filelock import Timeout

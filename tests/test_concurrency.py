@@ -279,14 +279,23 @@ def test_a_stops_mark_is_written_while_another_thread_holds_the_store_lock(tmp_p
 
 def test_the_mark_handed_over_after_a_stop_kills_only_runs_still_running(tmp_path):
     """flows/mark_killed.py, run once the stopped job is gone: a run it finds RUNNING becomes KILLED; a run that ended
-    meanwhile (the job's own unwinding marked it) keeps its status."""
+    meanwhile (the job's own unwinding marked it) keeps its status, and so does a run a live job holds again (a
+    `resume=last` started at once)."""
+    from filelock import FileLock
+
     from flows.mark_killed import mark_when_free
     from flows.tracking import open_client
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = open_client(uri)
     exp = client.create_experiment("handed-over")
-    running, finished = (client.create_run(exp).info.run_id for _ in range(2))
+    running, finished, resumed = (client.create_run(exp).info.run_id for _ in range(3))
     client.set_terminated(finished, status="FINISHED")
-    assert mark_when_free(uri, [running, finished], give_up_s=30) == [running]
-    assert client.get_run(running).info.status == "KILLED" and client.get_run(finished).info.status == "FINISHED"
+    claim = tmp_path / "job.lock"
+    held = FileLock(str(claim), thread_local=False)
+    held.acquire()  # a resume of that run holds its claim
+    try:
+        assert mark_when_free(uri, [running, finished, f"{resumed}@{claim}"], give_up_s=30) == [running]
+    finally:
+        held.release()
+    assert [client.get_run(r).info.status for r in (running, finished, resumed)] == ["KILLED", "FINISHED", "RUNNING"]
