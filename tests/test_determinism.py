@@ -99,6 +99,8 @@ def test_answers_do_not_depend_on_batch_order_arrival_prefix_hits_or_drafts(fold
             # drafts checked, and prefix hits prefilled together (each row's rest beside others, engine._prefix_layout)
             assert st["max_rows"] >= 3 and st["reused_tokens"] > 0 and st["draft_steps"] > 0, st
             assert st["kept_grouped"] > 0, st
+            # the same prompts again: each is a kept sequence and one token, so it joins the batch without a prefill
+            assert st["kept_joined"] > 0, st
         finally:
             m.close()
 

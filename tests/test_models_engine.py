@@ -103,7 +103,8 @@ def test_a_jobs_usage_reads_where_the_engine_spent_its_time(tiny):
     batched, single = tiny
     before = batched.engine_stats()
     usage = Usage()
-    run_concurrently(batched, [GenRequest(messages=msgs(k), max_new_tokens=5) for k in range(1, 4)])
+    # prompts no earlier test sent: a prompt seen before joins the batch from the prefix store without a prefill
+    run_concurrently(batched, [GenRequest(messages=msgs(k), max_new_tokens=5) for k in range(11, 14)])
     time.sleep(0.15)  # the engine is idle again: waiting for callers
     after = batched.engine_stats()
     assert after["prefill_s"] > before["prefill_s"] and after["decode_s"] > before["decode_s"]
@@ -367,6 +368,33 @@ def test_prefix_reuse_gives_the_same_answers_and_prefills_only_the_new_turn(tiny
         assert first.prompt_tokens <= g.prompt_tokens - g.prefill_tokens < g.prompt_tokens
     assert on.stats["reused_tokens"] == sum(g.prompt_tokens - g.prefill_tokens for g in second_on) > 0
     assert off.stats["reused_tokens"] == 0
+
+
+def test_a_prompt_sent_again_joins_the_batch_without_a_prefill_and_gets_the_same_answer(tiny):
+    """single_shot's later rounds resample the same prompt: its KV is kept with the first answer, so the request joins
+    the running batch with its last prompt token pending (prefix.py _join_kept), no forward of its own, and its
+    tokens are those a fresh engine gives it (greedy, and sampled with its seed)."""
+    batched, _ = tiny
+
+    def engine():
+        return BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256, max_batch=4,
+                           gather_ms=50, prefix_cache_mib=64)
+
+    reqs = [GenRequest(messages=(), max_new_tokens=10), GenRequest(messages=(), max_new_tokens=10, temperature=1.2,
+                                                                    seed=7)]
+    ids = [batched.prompt_ids(GenRequest(messages=msgs(k))) for k in (2, 3)]
+    eng, fresh = engine(), engine()
+    try:
+        first = [f.result(120) for f in [eng.submit(r, i) for r, i in zip(reqs, ids)]]
+        prefills = eng.stats["prefills"]
+        again = [f.result(120) for f in [eng.submit(r, i) for r, i in zip(reqs, ids)]]
+        alone = [fresh.submit(r, i).result(120) for r, i in zip(reqs, ids)]
+    finally:
+        eng.close()
+        fresh.close()
+    assert eng.stats["prefills"] == prefills and eng.stats["kept_joined"] == 2
+    assert [g.prefill_tokens for g in again] == [1, 1] and all(g.prompt_tokens > 1 for g in again)
+    assert [g.text for g in again] == [g.text for g in first] == [g.text for g in alone]
 
 
 def test_prefix_store_keeps_the_longest_match_within_its_budget():

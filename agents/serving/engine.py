@@ -115,6 +115,7 @@ class BatchEngine(Drafts, Reuse):
                       "prefill_s": 0.0, "decode_s": 0.0, "idle_s": 0.0, "queued_row_steps": 0,
                       "prompt_tokens": 0, "reused_tokens": 0,
                       "kept_grouped": 0,  # rows that reuse kept KV, prefilled in a group of 2 or more
+                      "kept_joined": 0,  # rows whose prompt is a kept sequence and one token: no prefill (prefix.py)
                       "draft_steps": 0, "draft_tokens": 0, "draft_accepted": 0, "compactions": 0,
                       # decode attention reads every row's whole padded width: kv_slots (rows x width, summed over
                       # steps) against kv_tokens (the real tokens among them) is the share spent on left padding
@@ -224,6 +225,20 @@ class BatchEngine(Drafts, Reuse):
     def _reset_batch(self) -> None:
         self._rows, self._cache, self._mask, self._pos, self._last = [], None, None, None, None
 
+    def _new_cache(self):
+        """An empty cache whose full-attention layers grow in place (see _GrowingLayer); others keep their own logic."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        cache = DynamicCache(config=self.model.config)
+        cache.layers = [_GrowingLayer(self.kv_dtype) if type(layer) is DynamicLayer else layer
+                        for layer in cache.layers]
+        return cache
+
+    @staticmethod
+    def _all_growing(cache) -> bool:
+        return all(type(layer) is type(_GrowingLayer()) for layer in cache.layers)
+
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache):
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
                          use_cache=True, logits_to_keep=1)
@@ -233,17 +248,11 @@ class BatchEngine(Drafts, Reuse):
         """One forward over rows' prompts (+ tokens generated so far, when recovering). Returns cache state.
         With `prefixes` [(n, kv)] (one per row), rows whose first n tokens' KV is kept: only the rest is fed (see
         _prefix_layout)."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
         seqs = [r.prompt_ids + r.out_ids for r in rows]
-        cache = DynamicCache(config=self.model.config)
-        # Full-attention layers get room to grow in place (see _GrowingLayer); others keep their own logic.
-        cache.layers = [_GrowingLayer(self.kv_dtype) if type(layer) is DynamicLayer else layer
-                        for layer in cache.layers]
+        cache = self._new_cache()
         only = None
         if prefixes:
-            if any(type(layer) is not type(_GrowingLayer()) for layer in cache.layers):
+            if not self._all_growing(cache):
                 raise RequestError("prefix reuse needs full-attention layers only")
             ids, mask, pos, only = self._prefix_layout(seqs, prefixes, cache)
         else:
@@ -344,7 +353,7 @@ class BatchEngine(Drafts, Reuse):
             n, kv = self.prefixes.longest(r.prompt_ids) if self.prefixes is not None else (0, None)
             if kv is None:
                 plain.append(r)
-            else:
+            elif not (n == len(r.prompt_ids) - 1 and self._join_kept(r, n, kv)):
                 kept.append((r, (n, kv)))
         for group in self._prefix_groups(kept):  # rows that reuse kept KV: prefilled together, only their rest fed
             plain += self._prefill_kept(group)

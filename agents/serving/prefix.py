@@ -74,6 +74,27 @@ class Reuse:
             self.stats["reused_tokens"] += c.reused
         return rows + [c for _, c in src], cache, mask[idx], pos[idx], logits[idx]
 
+    def _join_kept(self, r, n: int, kv) -> bool:
+        """A request whose prompt is a kept sequence and one token more (a round that resamples the same prompt,
+        a retry) takes no prefill of its own: its kept KV joins the running batch and its last prompt token becomes
+        its pending token, so the next decode step gives its first token, from the same kernels over the same columns
+        as a prefill of that one token (each row's values depend on its own columns only: tests/test_determinism.py).
+        A prefill of one token took about 0.2 s here (a whole forward, the batch waiting), the extra row a step
+        about 1% of it. False where the cache cannot take it (layers other than full attention): then prefilled."""
+        cache = self._new_cache()
+        if not self._all_growing(cache) or r.out_ids:
+            return False
+        for layer, (k, v) in zip(cache.layers, kv):
+            layer.update(k[:, :, :n], v[:, :, :n])  # a copy: the store's entry stays as it is
+        mask = torch.ones((1, n), dtype=torch.long, device=self.device)
+        pos = torch.tensor([n], dtype=torch.long, device=self.device)
+        last = torch.tensor([r.prompt_ids[-1]], dtype=torch.long, device=self.device)
+        r.reused = n
+        self.stats["reused_tokens"] += n
+        self.stats["kept_joined"] += 1
+        self._merge([r], cache, mask, pos, last)
+        return True
+
     def _keep_prefix(self, i: int, r) -> None:
         """Copy row i's KV (its prompt and all but the last generated token: the last was never fed) into the
         prefix store, so a follow-up turn that repeats this conversation prefills only what is new."""
