@@ -15,6 +15,7 @@ nightly.tolerance or a task on nightly.must_pass fails.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -311,4 +312,6 @@ def cli(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli(sys.argv[1:]))
+    code = cli(sys.argv[1:])
+    gc.freeze()  # the interpreter's last collection would walk every object of the jobs' libraries (flows/evaluate.py)
+    sys.exit(code)
