@@ -32,8 +32,8 @@ def logged_trace_keys(experiment_id: str, run_id: str) -> set[tuple[str, str]]:
 
 class _SpansInOneWrite:
     """Stands in for the trace exporter's client while one trace is logged. MLflow's exporter writes each span in a
-    transaction of its own as the span ends (a trace of 8 spans took 8 writes, about 115 ms of its 190 ms in a SQLite
-    store here); this holds them and writes them all in one `log_spans` just before the exporter records the trace
+    transaction of its own as the span ends (a trace of 13 spans, 13 writes: benchmarks/trace_writes.py times both ways
+    side by side); this holds them and writes them all in one `log_spans` just before the exporter records the trace
     itself (`start_trace`, at the root span's end), the order MLflow's exporter keeps. Anything else goes through."""
 
     def __init__(self, client):
