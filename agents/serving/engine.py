@@ -237,7 +237,8 @@ class BatchEngine(Drafts, Reuse):
 
     @staticmethod
     def _all_growing(cache) -> bool:
-        return all(type(layer) is type(_GrowingLayer()) for layer in cache.layers)
+        growing = type(_GrowingLayer())  # the class is made on first use (kvcache.py)
+        return all(type(layer) is growing for layer in cache.layers)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache):
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,

@@ -81,8 +81,10 @@ class Reuse:
         as a prefill of that one token (each row's values depend on its own columns only: tests/test_determinism.py).
         A prefill of one token took about 0.2 s here (a whole forward, the batch waiting), the extra row a step
         about 1% of it. False where the cache cannot take it (layers other than full attention): then prefilled."""
+        if r.out_ids:  # a recovered row: its generated tokens must be fed too
+            return False
         cache = self._new_cache()
-        if not self._all_growing(cache) or r.out_ids:
+        if not self._all_growing(cache):
             return False
         for layer, (k, v) in zip(cache.layers, kv):
             layer.update(k[:, :, :n], v[:, :, :n])  # a copy: the store's entry stays as it is
