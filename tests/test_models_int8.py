@@ -166,8 +166,25 @@ def test_quantize_rows_equals_the_first_rounding_on_hard_rows():
     w[3, 5] = -0.0
     w[4] = torch.linspace(-1, 1, 64) * 1e-30  # tiny
     w[5, :] = 127 * 0.5  # exact halves round to even
-    scale, q = quantize_rows(w.clone())
+    w[6, ::2] = torch.arange(32) - 15.5  # x.5 after scaling: halves of both parities
     want_q, want_scale = _reference_int8(w)
+    for native in (True, False):  # the compiled loop (weights load through it) and the eager steps
+        scale, q = quantize_rows(w.clone(), native=native)
+        assert torch.equal(q, want_q) and torch.equal(scale, want_scale), native
+
+
+def test_weights_rounded_by_the_compiled_loop_on_every_thread_equal_the_first_rounding():
+    """A matrix large enough that the loop splits its rows across threads, with rows of every scale."""
+    torch.manual_seed(2)
+    w = torch.randn(1536, 256) * torch.logspace(-8, 2, 1536)[:, None]
+    w[7] = 0.0
+    want_q, want_scale = _reference_int8(w)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the suite's workers run on one
+    try:
+        scale, q = quantize_rows(w, native=True)
+    finally:
+        torch.set_num_threads(threads)
     assert torch.equal(q, want_q) and torch.equal(scale, want_scale)
 
 

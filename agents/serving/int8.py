@@ -41,10 +41,16 @@ import torch
 from . import native as kernels
 
 
-def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(w: torch.Tensor, native: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale, q): one scale per row, absmax / 127, and round(w / scale) clamped to [-127, 127] as int8.
+    `native`: the compiled loop that rounds activations (native.quantize_rows: the same steps, one pass over a row,
+    on torch's threads) where it builds. Its values are these: |w / scale| <= 127 (1 + 2^-24) rounds to at most 127,
+    so the clamp never acts. The eager steps below took 10 of the 1.5B's 27 s build (2-core Xeon, AVX-512).
     max(amax, -amin) is absmax exactly, and rounding/clamping in place gives the same values as new tensors; it
-    saves three float32 temporaries per matrix (quantizing the 1.5B took half the time)."""
+    saves three float32 temporaries per matrix."""
+    if native and w.dtype == torch.float32 and w.dim() == 2 and w.device.type == "cpu" and kernels.available():
+        q, xs = kernels.quantize_rows(w)
+        return xs.view(-1), q
     scale = (torch.maximum(w.amax(dim=1), w.amin(dim=1).neg_()) / 127.0).clamp_(min=1e-12)
     q = (w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
     return scale, q
