@@ -41,10 +41,14 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
     KILLED (flows/evaluate.py, flows/mark_killed.py), and with None when the job is over."""
     from .prefect_flow import check_runner, run_jobs
 
-    runner = runner or run_jobs
     t0 = time.perf_counter()
     usage = Usage()  # where the job's time went: the machine's CPU, the engine busy and idle (flows/usage.py)
     apply_offline(settings.offline)
+    if runner is None:  # Prefect's: its temporary server starts up beside the model's build (flows/prefect_api.py)
+        from .prefect_api import start_prefect_api
+
+        start_prefect_api()
+    runner = runner or run_jobs
     tasks = load_tasks(settings.dataset)
     model = _model_up_front(settings)
     check_runner(settings.runner)

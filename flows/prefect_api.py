@@ -18,7 +18,6 @@ import os
 import shutil
 import socket
 import sys
-from functools import cache
 from pathlib import Path
 
 STARTUP_TIMEOUT_S = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120"))
@@ -46,78 +45,105 @@ Server(config).run(sockets=[sock])
 """
 
 
-@cache
-def _dies_with_job():
-    """The server class, made on first use: Prefect's server module takes 2.5 s to import, and a job that reports to
-    PREFECT_API_URL (the tests, a nightly, a user's own server) never starts one."""
-    from prefect.server.api.server import SubprocessASGIServer
+class TemporaryServer:
+    """Prefect's API under uvicorn in a child process that dies with this one (PR_SET_PDEATHSIG), on a socket bound
+    here. Started at once, waited for on first use: a job starts it before it builds its model, so the server's
+    start-up (its imports, the database's migrations: about 5 s here) runs beside the build. Prefect's own
+    SubprocessASGIServer starts and waits in one call, and its module alone took 2.5 s to import."""
 
-    class _DiesWithJob(SubprocessASGIServer):
-        """Prefect's temporary server, started so that it dies with this process (PR_SET_PDEATHSIG), on a port bound
-        here before the server starts."""
+    def __init__(self):
+        import subprocess
 
-        _sock: socket.socket | None = None
+        from prefect.settings import get_current_settings
 
-        def find_available_port(self) -> int:
-            # Bound, not listening: until the server listens a connection is refused at once (the start-up health
-            # check waits), and no other process can bind the port in the meantime.
-            self._close_socket()
-            self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            self._sock.bind(("127.0.0.1", 0))
-            return self._sock.getsockname()[1]
+        settings = get_current_settings()
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+               **settings.to_environment_variables(exclude_unset=True)}
+        home = Path(settings.home).expanduser()
+        home.mkdir(parents=True, exist_ok=True)
+        sock = self.bound_socket()
+        self.port = sock.getsockname()[1]
+        cmd = [sys.executable, "-c", _SERVE_ON_SOCKET, str(sock.fileno()), str(home / ".fixlab-server-startup.lock")]
+        setpriv = shutil.which("setpriv")
+        try:
+            self.process = subprocess.Popen([setpriv, "--pdeathsig", "KILL", "--", *cmd] if setpriv else cmd,
+                                            env=env, pass_fds=(sock.fileno(),))
+        finally:
+            sock.close()  # the server holds its own copy
+        self.ready = False
 
-        def _close_socket(self) -> None:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+    @staticmethod
+    def bound_socket() -> socket.socket:
+        """Bound, not listening: until the server listens a connection is refused at once (the wait below polls), and
+        no other process can bind the port in the meantime."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        return sock
 
-        def _run_uvicorn_command(self):
-            import subprocess
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
 
-            from prefect.settings import get_current_settings
+    def wait(self, timeout_s: float = STARTUP_TIMEOUT_S) -> str:
+        """The API URL once /health answers; RuntimeError if the server exits or does not answer in time."""
+        import time
 
-            if self._sock is None:  # a port given from outside: bind it here all the same
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.bind(("127.0.0.1", int(self.port)))
-                self._sock = sock
-            settings = get_current_settings()
-            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
-                   **settings.to_environment_variables(exclude_unset=True)}
-            home = Path(settings.home).expanduser()
-            home.mkdir(parents=True, exist_ok=True)
-            fd = self._sock.fileno()
-            setpriv = shutil.which("setpriv")
-            cmd = [sys.executable, "-c", _SERVE_ON_SOCKET, str(fd), str(home / ".fixlab-server-startup.lock")]
-            try:
-                return subprocess.Popen([setpriv, "--pdeathsig", "KILL", "--", *cmd] if setpriv else cmd,
-                                        env=env, pass_fds=(fd,))
-            finally:
-                self._close_socket()  # the server holds its own copy
+        deadline = time.monotonic() + timeout_s
+        while not self.ready:
+            if healthy(self.api_url, timeout_s=1):
+                self.ready = True
+            elif self.process.poll() is not None:
+                raise RuntimeError(f"Prefect's temporary server exited with code {self.process.returncode} before it "
+                                   "answered (its error is above); fix: set PREFECT_API_URL to a running server")
+            elif time.monotonic() > deadline:
+                raise RuntimeError(f"Prefect's temporary server did not answer within {timeout_s:.0f} s; fix: raise "
+                                   "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS or set PREFECT_API_URL")
+            else:
+                time.sleep(0.1)
+        return self.api_url
 
-    return _DiesWithJob
+    def stop(self) -> None:
+        import subprocess
+
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
-_server = None  # this job's temporary server (_dies_with_job)
+_server: TemporaryServer | None = None  # this process's temporary server
+
+
+def start_prefect_api() -> None:
+    """Start the temporary server now, without waiting for it, unless PREFECT_API_URL is set or it is started."""
+    global _server
+    if _server is None and not os.environ.get("PREFECT_API_URL"):
+        _server = TemporaryServer()
 
 
 def ensure_prefect_api() -> str:
-    """The API URL this job uses, starting the temporary server if none is configured."""
-    global _server
-    if os.environ.get("PREFECT_API_URL"):
+    """The API URL this job uses: PREFECT_API_URL, else the temporary server's once it answers (started if need be)."""
+    if os.environ.get("PREFECT_API_URL") and _server is None:
         return os.environ["PREFECT_API_URL"]
-    if _server is None:
-        _server = _dies_with_job()(port=None)
-        _server.start(timeout=STARTUP_TIMEOUT_S)
-    os.environ["PREFECT_API_URL"] = _server.api_url
+    start_prefect_api()
+    os.environ["PREFECT_API_URL"] = _server.wait()
+    # Prefect's process-wide settings were read from the environment when prefect was imported, before the URL was
+    # there; a thread outside a flow's context reads those, and without a URL it starts a server of Prefect's own
+    # (seen: one that outlived a stopped job). Read again, they hold the URL.
+    from prefect.context import refresh_global_settings_context
+
+    refresh_global_settings_context()
     return _server.api_url
 
 
-def healthy(url: str) -> bool:
+def healthy(url: str, timeout_s: float = 2) -> bool:
     """Whether a Prefect API answers at `url` (its /health endpoint)."""
     import urllib.request
 
     try:
-        urllib.request.urlopen(url.rstrip("/") + "/health", timeout=2).read()
+        urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s).read()
         return True
     except OSError:
         return False

@@ -237,17 +237,17 @@ def test_a_run_that_a_live_job_holds_is_not_resumed_twice(tmp_path):
 def test_temporary_prefect_server_port_is_taken_when_chosen():
     """Two jobs started together must not pick the same port: the port is bound here from the moment it is chosen
     (Prefect's own way picks a free-looking port that its server binds seconds later)."""
-    from flows.prefect_api import _dies_with_job
+    from flows.prefect_api import TemporaryServer
 
-    server = object.__new__(_dies_with_job())  # not started: only its choice of port
-    port = server.find_available_port()
+    sock = TemporaryServer.bound_socket()  # the server's socket, before the server is started on it
+    port = sock.getsockname()[1]
     other = socket.socket()
     try:
         with pytest.raises(OSError):
             other.bind(("127.0.0.1", port))
     finally:
         other.close()
-        server._close_socket()
+        sock.close()
 
 
 def test_a_stops_mark_is_written_while_another_thread_holds_the_store_lock(tmp_path):
