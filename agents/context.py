@@ -4,9 +4,7 @@ that calls the model, judges an answer and runs it in the sandbox, and the State
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,24 +31,6 @@ CODE_STOP = ("\n```\n",)
 SYNTAX_PATH = True
 OWN_TESTS_TURN = 1000  # the own-tests call's seed slot: apart from every candidate's turn (it is greedy anyway)
 OWN_INPUTS_TURN = OWN_TESTS_TURN + 2  # the own-inputs call's (+1 is single_shot's localisation call)
-# Answers are drafted ahead (Context.answers) only while more than this share of the engine's rows is free: below
-# it, extra rows cost a decode step little (it reads the weights once for all its rows), and the job's own rounds
-# are never kept waiting behind answers that may go unread.
-AHEAD_SPARE = 0.75
-
-
-def in_background(fn, *args) -> Future:
-    """fn(*args) on a daemon thread (an unread answer never holds the process's exit)."""
-    fut: Future = Future()
-
-    def run() -> None:
-        try:
-            fut.set_result(fn(*args))
-        except BaseException as e:  # ModelUnreachable among them: re-raised where the answer is read
-            fut.set_exception(e)
-
-    threading.Thread(target=run, name="fixlab-answer", daemon=True).start()
-    return fut
 
 
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(PROMPTS), undefined=jinja2.StrictUndefined,
@@ -96,7 +76,6 @@ class Context:
         self.side_calls: list[ModelCall] = []  # own-tests and own-inputs calls: the next attempt holds them
         self._failure: str | None = None  # show_failure: the buggy code's feedback ("" = it passed), once a task
         self.side_runs = 0  # sandbox runs made outside an answer's judging, not yet counted on an attempt
-        self._ahead: dict[int, tuple] = {}  # stream position -> (its request's key, the answer drafted ahead)
 
     def call(self, messages: list[dict], rnd: int, turn: int = 0, tools=None, stop: tuple = (),
              temperature: float | None = None) -> ModelCall:
@@ -141,35 +120,16 @@ class Context:
         """Answers at these positions of the task's answer stream (single_shot, flows/stream.py): answer p has the
         seed and temperature of round p, whatever round it is drafted in, so (candidates=k, iters=r) draws exactly
         the stream's first k(r+1) answers. Answers of one round are in flight together (one batch). `messages`
-        and `temperature` may be functions of p (answer_format=line: each answer its own line and pass).
-
-        Answers ahead: an answer depends only on its own request (the prompt, position p's seed and temperature), and
-        a local engine's answers do not depend on what shares its batch, so while the engine has rows to spare the
-        later positions of one prompt are drafted now, beside this round, and a later round takes them as they
-        are (the same code, verdict and tokens as drafted then). A round that passes leaves its drafts ahead
-        unread: they ran on rows nobody else wanted (a job's last tasks, mostly)."""
+        and `temperature` may be functions of p (answer_format=line: each answer its own line and pass)."""
         def one(p: int) -> ModelCall:
             return self.call(messages(p) if callable(messages) else messages, p, stop=stop,
                              temperature=temperature(p) if temperature else None)
-        key = None if callable(messages) or temperature else (repr(messages), stop)
-        pending = {p: self._ahead.pop(p)[1] for p in positions if p in self._ahead and self._ahead[p][0] == key}
-        pending.update({p: in_background(one, p) for p in positions if p not in pending and len(positions) > 1})
-        if key is not None:
-            self._draft_ahead(one, key, positions[-1] + 1)
-        return [pending[p].result() if p in pending else one(p) for p in positions]
+        if len(positions) == 1:
+            return [one(positions[0])]
+        from concurrent.futures import ThreadPoolExecutor
 
-    def _draft_ahead(self, one, key, start: int) -> None:
-        """Draft positions from `start` to the stream's last (the budget's) in the background, one at a time while
-        the engine has more than AHEAD_SPARE of its rows to spare (the model's `spare_rows`; models without it, such
-        as a server, never draft ahead)."""
-        spare = getattr(self.model, "spare_rows", None)
-        last = (self.cfg.iters + 1) * getattr(self.cfg.strategy, "candidates", 1)
-        for p in range(start, last):
-            if p in self._ahead:
-                continue
-            if spare is None or spare() <= AHEAD_SPARE * getattr(self.model, "max_rows", 0):
-                return
-            self._ahead[p] = (key, in_background(one, p))
+        with ThreadPoolExecutor(len(positions)) as pool:
+            return list(pool.map(one, positions))
 
     def execute(self, attempt: Attempt) -> None:
         """Run the visible tests (what the agent learns) and, when they differ, the full test (the verdict)."""

@@ -50,30 +50,3 @@ def test_every_strategy_with_smollm2_on_two_tasks(smollm2):
         assert traj.first_pass_round in (None, 0, 1)
     react = [t for (s, _), t in zip(jobs, trajs) if s == "react"]
     assert all(sum(len(a.calls) for a in t.attempts) <= 3 for t in react)  # the turn cap holds
-
-
-def _answers(traj) -> list:
-    """What a trajectory answered, call by call: everything but timings and how much of a prompt was prefilled."""
-    return [(a.round, a.decision, a.code, a.result.status if a.result else None,
-             [(c.output, c.completion_tokens, c.seed, c.temperature, c.draft_tokens, c.draft_accepted, c.error)
-              for c in a.calls]) for a in traj.attempts]
-
-
-@needs_data
-@pytest.mark.slow
-def test_single_shot_drafts_its_later_rounds_ahead_on_spare_rows_and_answers_as_it_would_without(smollm2,
-                                                                                                 monkeypatch):
-    import agents.context as context
-
-    drafted = []
-    real = context.in_background
-    monkeypatch.setattr(context, "in_background", lambda fn, p: drafted.append(p) or real(fn, p))
-    cfg = agent(strategy="single_shot", iters=2, max_new_tokens=64, protocol="tests")
-    ahead = run_agent(task(3), smollm2, sandbox(), cfg)
-    assert ahead.error is None and len(ahead.attempts) == 3, "the task must fail its first rounds to read drafts"
-    assert drafted == [1, 2]  # both later rounds, drafted while round 0 ran on an idle engine
-    monkeypatch.setattr(context, "AHEAD_SPARE", 1.0)  # no spare share is enough: nothing drafted ahead
-    drafted.clear()
-    plain = run_agent(task(3), smollm2, sandbox(), cfg)
-    assert drafted == []
-    assert _answers(ahead) == _answers(plain)

@@ -266,19 +266,6 @@ class TransformersModel:
     def activity(self) -> dict | None:
         return self.engine.activity() if self.engine is not None else None
 
-    @property
-    def max_rows(self) -> int:
-        """The rows fixlab's engine decodes together (0 on another runtime)."""
-        return self.engine.max_batch if self.choice.runtime == "engine" and self.engine is not None else 0
-
-    def spare_rows(self) -> int:
-        """Rows the engine could take now with no request waiting; 0 where its answers depend on what shares a batch
-        (they would then differ drafted ahead) or on another runtime. Read by answers drafted ahead (agents/context.py);
-        approximate, as activity()."""
-        if self.choice.runtime != "engine" or self.engine is None or not self.choice.deterministic:
-            return 0
-        return max(0, self.engine.max_batch - len(self.engine._rows) - len(self.engine._queue))
-
     def engine_stats(self) -> dict | None:
         """fixlab's engine's running totals (seconds prefilling, decoding and idle, steps, rows...), None on another
         runtime: what a job's usage reports (flows/usage.py)."""
