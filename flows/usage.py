@@ -46,6 +46,10 @@ class Usage:
             out["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
         except (ImportError, OSError):
             pass
+        if model is not None:  # what the weights and KV cache streamed through (agents/serving/heap.py)
+            from agents.serving import huge_pages
+
+            out["huge_pages"] = huge_pages()
         out["children_cpu_s"] = round(t.children_user + t.children_system - self.times.children_user
                                       - self.times.children_system, 1)
         stats = model.engine_stats() if model is not None and hasattr(model, "engine_stats") else None
@@ -70,6 +74,9 @@ class Usage:
             parts.append(f"machine CPU {u['machine_cpu_pct']:.0f}% of {100 * u['cores']}%")
         if "peak_rss_gib" in u:
             parts.append(f"peak memory {u['peak_rss_gib']:.2f} GiB")
+        hp = u.get("huge_pages") or {}
+        if hp.get("mode") is not None:
+            parts.append(f"huge pages {hp['mode']}" + (f", {hp['gib']:.2f} GiB on them" if hp.get("gib") else ""))
         e = u.get("engine")
         if e:
             parts.append(f"engine busy {e['busy_pct']:.0f}% (prefill {e['prefill_s']:.0f} s, decode {e['decode_s']:.0f}"

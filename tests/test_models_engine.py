@@ -114,6 +114,8 @@ def test_a_jobs_usage_reads_where_the_engine_spent_its_time(tiny):
     assert e["decode_steps"] == st["steps"] > 0 and e["rows_a_step"] == round(st["row_steps"] / st["steps"], 1)
     assert 1 <= e["rows_a_step"] <= 3 and e["queued_a_step"] >= 0
     assert "engine busy" in Usage.line(usage.finish(batched)) and single.engine_stats() is None
+    pages = usage.finish(batched)["huge_pages"]  # what the weights and KV cache streamed through (heap.py)
+    assert set(pages) == {"mode", "gib"} and (pages["mode"] is None or pages["mode"] in ("always", "madvise", "never"))
 
 
 def test_sampling_is_per_request_seeded(tiny):

@@ -17,7 +17,7 @@ from agents.models.config import TransformersModelConf  # noqa: E402
 from agents.serving import EngineTuning  # noqa: E402
 from agents.serving.f32 import PackedLinear  # noqa: E402
 from agents.serving.hf import BadModelConfig, TransformersModel  # noqa: E402
-from agents.serving.int8 import Int8Linear, quantize_int8, quantize_rows  # noqa: E402
+from agents.serving.int8 import Int8Group, Int8Linear, Int8Member, quantize_int8, quantize_rows  # noqa: E402
 from test_models_engine import assert_batched_answers_equal_alone, msgs  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
@@ -69,8 +69,9 @@ def tiny_int8(tmp_path_factory):
 
 def test_int8_model_answers_the_same_batched_and_alone(tiny_int8):
     m = tiny_int8
-    # per layer: q, k, v, o, gate, up, down each an int8 matmul
-    assert sum(isinstance(x, Int8Linear) for x in m.model.modules()) == 2 * 7
+    # per layer: q, k, v as one int8 matmul, o, gate and up as one, down
+    assert sum(isinstance(x, Int8Linear) for x in m.model.modules()) == 2 * 4
+    assert sum(isinstance(x, Int8Member) for x in m.model.modules()) == 2 * 5
     assert type(m.model.lm_head) is PackedLinear  # left in float32: fixlab's batch-invariant float32 kernel
     assert_batched_answers_equal_alone(m)
     assert m.engine.stats["max_rows"] == 3
@@ -133,12 +134,16 @@ def test_int8_from_a_mapped_file_is_bit_equal_and_leaves_float_pages_unread(mapp
     # the float32 weights were read with pread: their pages of the mapping stay unread (before: all resident)
     assert _mapped_rss(mapped_model_dir / "model.safetensors") - loaded < linear_bytes / 10
     want = load_file(mapped_model_dir / "model.safetensors")  # a plain copy, the reference's source
+    seen = 0
     for name, mod in model.named_modules():
-        if isinstance(mod, Int8Linear):
+        if isinstance(mod, (Int8Linear, Int8Member)) and name + ".weight" in want:
+            seen += 1
+            qw, sc, bias = mod.weights() if isinstance(mod, Int8Member) else (mod.qweight, mod.scale, mod.bias)
             q, scale = _reference_int8(want[name + ".weight"])
-            assert torch.equal(mod.qweight, q) and torch.equal(mod.scale, scale), name
-            if mod.bias is not None:
-                assert torch.equal(mod.bias, want[name + ".bias"]), name
+            assert torch.equal(qw, q) and torch.equal(sc, scale), name
+            assert (bias is None) == (name + ".bias" not in want) and (bias is None or torch.equal(
+                bias, want[name + ".bias"])), name
+    assert seen == 2 * 7
     assert type(model.lm_head) is torch.nn.Linear and torch.equal(model.lm_head.weight, want["lm_head.weight"])
 
 
@@ -154,8 +159,8 @@ def test_int8_quantizes_a_weight_changed_in_memory_not_the_file(mapped_model_dir
     changed = w.detach().clone()
     quantize_int8(model)
     q, scale = _reference_int8(changed)
-    assert torch.equal(model.model.layers[1].mlp.up_proj.qweight, q)
-    assert torch.equal(model.model.layers[1].mlp.up_proj.scale, scale)
+    qw, sc, _ = model.model.layers[1].mlp.up_proj.weights()  # its rows of the gate and up group
+    assert torch.equal(qw, q) and torch.equal(sc, scale)
 
 
 def test_quantize_rows_equals_the_first_rounding_on_hard_rows():
@@ -197,7 +202,7 @@ def test_int8_model_loaded_from_a_mapped_file_answers_as_before(mapped_model_dir
     before = AutoModelForCausalLM.from_pretrained(mapped_model_dir, dtype=torch.float32).eval()
     for p in list(before.parameters()) + list(before.buffers()):
         p.data = p.data.clone()  # off the mapping: what a cast or an older loader gives
-    quantize_int8(before)
+    quantize_int8(before, group=False)  # one Int8Linear a linear, each rounded as first written
     for name, mod in before.named_modules():
         if isinstance(mod, Int8Linear):
             mod.qweight, mod.scale = _reference_int8(
@@ -205,6 +210,58 @@ def test_int8_model_loaded_from_a_mapped_file_answers_as_before(mapped_model_dir
     ids = torch.randint(0, 512, (3, 21), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.equal(mapped(input_ids=ids).logits, before(input_ids=ids).logits)
+
+
+def test_siblings_as_one_int8_group_give_the_same_logits_as_one_linear_each(mapped_model_dir, monkeypatch):
+    """q, k, v and gate, up multiplied as one matrix each (Int8Group): every logit bit-equal to a linear each, in a
+    padded batch, with the fused MLP (which reads the group's columns in place, a prefill's rows in blocks) and
+    without."""
+    from transformers import AutoModelForCausalLM
+
+    from agents.serving import heap
+    from agents.serving.fused import _block_rows, use_fused_ops
+
+    models = {}
+    for group in (True, False):
+        for fused in (True, False):
+            m = AutoModelForCausalLM.from_pretrained(mapped_model_dir, dtype=torch.float32).eval()
+            quantize_int8(m, group=group)
+            if fused:
+                assert use_fused_ops(m) > 0
+            models[group, fused] = m
+    grouped = models[True, True]
+    assert sum(isinstance(x, Int8Group) for x in grouped.modules()) == 2 * 2
+    assert type(grouped.model.layers[0].self_attn.k_proj) is Int8Member
+    assert type(models[False, True].model.layers[0].self_attn.k_proj) is Int8Linear
+    mlp = grouped.model.layers[0].mlp
+    assert _block_rows(mlp) >= 63  # the whole input in one block at the real heap limit
+    monkeypatch.setattr(heap, "PREFILL_BLOCKS", (64 << 10) + 16 * 2 * 2048 * 4)
+    assert _block_rows(mlp) == 16  # 63 rows in four blocks
+    ids = torch.randint(0, 512, (3, 21), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding
+    with torch.no_grad():
+        for fused in (True, False):
+            a = models[True, fused](input_ids=ids, attention_mask=mask).logits
+            b = models[False, fused](input_ids=ids, attention_mask=mask).logits
+            assert torch.equal(a, b), fused
+            one = models[True, fused](input_ids=ids[2:3]).logits  # a row alone: the group holds nothing stale
+            assert torch.equal(one, b[2:3]), fused
+        eager = models[False, False](input_ids=ids, attention_mask=mask).logits  # no blocks, no fused loops
+        assert torch.equal(models[True, True](input_ids=ids, attention_mask=mask).logits, eager)
+
+
+def test_an_int8_group_member_called_again_or_with_another_input_computes_again():
+    torch.manual_seed(4)
+    parent = torch.nn.Module()
+    parent.q_proj, parent.k_proj, parent.v_proj = (torch.nn.Linear(32, n) for n in (32, 8, 8))
+    alone = {n: Int8Linear(getattr(parent, n)) for n in ("q_proj", "k_proj", "v_proj")}
+    quantize_int8(parent)
+    x, y = torch.randn(5, 32), torch.randn(5, 32)
+    assert torch.equal(parent.q_proj(x), alone["q_proj"](x))
+    assert torch.equal(parent.k_proj(y), alone["k_proj"](y))  # another input than the held one
+    assert torch.equal(parent.k_proj(y), alone["k_proj"](y))  # the same member twice
+    assert torch.equal(parent.v_proj(x), alone["v_proj"](x))
 
 
 def mapped_reference_weight(folder, name: str) -> torch.Tensor:

@@ -9,8 +9,9 @@ inside it: tests/test_layout.py):
 - `EngineTuning`: the engine's internal settings (tuning.py), not a config's: the product runs its defaults, tests
   and benchmarks pass others to `build`; flows reads its fields' neutral marks for runs logged while they were knobs;
 - the facts the trajectory cache and the run records need: NUMERICS, `cache_root()`, `recorded_path(conf)`,
-  `auto_dtype(conf)`; and the machine's: `describe_machine()`, `cpu_info()`, `isa_family()`.
-Importing it imports no torch or transformers: each function loads what it needs when called.
+  `auto_dtype(conf)`; and the machine's: `describe_machine()`, `cpu_info()`, `isa_family()`, `huge_pages()`.
+Importing it imports no torch or transformers: each function loads what it needs when called. It asks torch for
+huge pages on large CPU tensors (heap.py `use_huge_pages`), which torch reads at its first CPU allocation.
 """
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from pathlib import Path
 
 from ..models.base import Generation, GenRequest, Model, ModelUnavailable
 from ..models.config import LlamaCppModelConf, TransformersModelConf
+from .heap import use_huge_pages
 from .tuning import EngineTuning
+
+use_huge_pages()  # before torch's first CPU allocation, which reads it (heap.py)
 
 # The engine's arithmetic, versioned: bumped whenever a change to the kernels or the engine changes which bits a
 # request's answer gets, so that cached trajectories from the older arithmetic are not replayed as this one's
@@ -93,5 +97,14 @@ def isa_family(info: dict | None = None) -> str:
     return family(info)
 
 
-__all__ = ["NUMERICS", "EngineTuning", "Generation", "GenRequest", "Model", "ModelUnavailable", "auto_dtype", "build",
+def huge_pages() -> dict:
+    """{"mode": the kernel's transparent huge page mode or None, "gib": this process's memory on them now or None}:
+    what the weights and KV cache stream through (heap.py)."""
+    from .heap import huge_page_bytes, huge_pages_mode
+
+    got = huge_page_bytes()
+    return {"mode": huge_pages_mode(), "gib": None if got is None else round(got / 2**30, 2)}
+
+
+__all__ = ["NUMERICS", "EngineTuning", "Generation", "GenRequest", "Model", "ModelUnavailable", "auto_dtype", "build", "huge_pages",
            "cache_root", "cpu_info", "describe_machine", "isa_family", "recorded_path"]

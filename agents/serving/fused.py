@@ -75,8 +75,29 @@ def mlp(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def _mlp_rows(self, rows: torch.Tensor) -> torch.Tensor:
-    """The fused MLP of (M, hidden) float32 rows: (M, hidden)."""
-    a = torch.nn.functional.silu(self.gate_proj(rows), inplace=True)  # the projection's own tensor
+    """The fused MLP of (M, hidden) float32 rows: (M, hidden). With gate and up as one Int8Group (int8.py), both are
+    column views of its output, read with their row stride, and a prefill's rows go in blocks (`_block_rows`)."""
+    block = _block_rows(self)
+    if rows.shape[0] > block:
+        return torch.cat([_mlp_block(self, rows[i:i + block]) for i in range(0, rows.shape[0], block)])
+    return _mlp_block(self, rows)
+
+
+def _block_rows(self) -> int:
+    """Most rows whose gate and up outputs (one tensor when they are an Int8Group) stay under heap.PREFILL_BLOCKS, so
+    that a prefill's MLP output comes from the heap and not from fresh pages, layer after layer (tuning.prefill_tokens
+    sizes a prefill for one intermediate_size-wide output; stacked, the gate and up output is twice that). Rows are
+    independent (per-row rounding, exact integer sums): blocks change no value."""
+    from .heap import PREFILL_BLOCKS
+    from .int8 import Int8Member
+
+    gate = self.gate_proj
+    width = gate.group.linear.out_features if isinstance(gate, Int8Member) else gate.out_features
+    return max(16, (PREFILL_BLOCKS - (64 << 10)) // (width * 4) // 16 * 16)  # glibc's chunk header and alignment
+
+
+def _mlp_block(self, rows: torch.Tensor) -> torch.Tensor:
+    a = torch.nn.functional.silu(self.gate_proj(rows), inplace=True)  # the projection's own tensor (or its columns)
     q, xs = native.mul_quantize_rows(a, self.up_proj(rows))
     return self.down_proj.quantized(q, xs)
 
@@ -90,7 +111,7 @@ def use_fused_ops(model) -> int:
     from torch.nn import SiLU
     from transformers.activations import SiLUActivation
 
-    from .int8 import Int8Linear
+    from .int8 import Int8Linear, Int8Member
 
     if not native.available():
         return 0
@@ -101,7 +122,8 @@ def use_fused_ops(model) -> int:
             mod.forward = types.MethodType(rms_norm, mod)
             n += 1
         elif (name in MLPS and isinstance(getattr(mod, "act_fn", None), (SiLUActivation, SiLU))
-              and all(isinstance(getattr(mod, p, None), Int8Linear) for p in ("gate_proj", "up_proj", "down_proj"))):
+              and all(isinstance(getattr(mod, p, None), (Int8Linear, Int8Member)) for p in ("gate_proj", "up_proj"))
+              and isinstance(getattr(mod, "down_proj", None), Int8Linear)):
             mod.forward = types.MethodType(mlp, mod)
             n += 1
     for path in ROTARY_MODULES:

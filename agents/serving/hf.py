@@ -152,7 +152,8 @@ class TransformersModel:
             from .int8 import quantize_int8
 
             quantize_int8(self.model, skip=tuple(cfg.int8_skip),  # []: lm_head in int8 too
-                          native=bool(self.tuning.int8_native), plan=self.choice.plan())
+                          native=bool(self.tuning.int8_native), plan=self.choice.plan(),
+                          group=bool(self.tuning.int8_groups))
         self.packed_linears = 0
         if self.choice.runtime != "engine":
             return  # transformers' own batching (kept.py) runs its own attention and torch's linears

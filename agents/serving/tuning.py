@@ -33,6 +33,9 @@ class EngineTuning:
     sdpa_gqa: bool = field(default=True, metadata={"neutral": SPEED})
     # cpu: fixlab's batch-invariant fp32 attention (cpu_attention.py, kernels.c), what makes answers repeat
     cpu_attention: bool = True
+    # int8: sibling linears of one input (q, k, v; gate, up) as one matrix each, one rounding and one kernel call
+    # (int8.Int8Group), bit-equal
+    int8_groups: bool = field(default=True, metadata={"neutral": "bit-equal: the same sums, one matrix or several"})
     # cpu fp32: RMSNorm's tail, rotary embedding and the MLP's product as compiled loops (fused.py), bit-equal
     fused_ops: bool = field(default=True, metadata={"neutral": "bit-equal: compiled loops or eager ops"})
     # the KV cache: auto = float16 on cpu where the kernels build (decode reads half the bytes), else the model's dtype
@@ -66,7 +69,8 @@ class EngineTuning:
 def prefill_tokens(config) -> int:
     """Padded prompt tokens per prefill forward for a transformers model config: as many as keep one MLP activation
     (tokens x intermediate_size float32s) under the mmap threshold a prefill runs with (heap.py PREFILL_BLOCKS, 32 MiB,
-    glibc's ceiling), so it comes from the heap, not from fresh pages faulted in layer after layer; a multiple of 128,
+    glibc's ceiling), so it comes from the heap, not from fresh pages faulted in layer after layer (gate and up stacked as
+    one int8 group give twice that width: fused.py runs the MLP in row blocks under the same bound); a multiple of 128,
     at least 128. Qwen2.5-Coder-1.5B (8960): 896, as measured faster on its full job (docs/RESULTS.md, memory);
     0.5B (4864): 1664; SmolLM2-135M (1536): 5376. A config without intermediate_size: 8192, the old default."""
     from .heap import PREFILL_BLOCKS
