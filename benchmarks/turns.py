@@ -26,6 +26,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+# The environment as launched: importing agents.serving (below, through startup) sets THP_MEM_ALLOC_ENABLE in this
+# process, and a worker of an older tree must not inherit it. Each worker's own imports set what its tree sets.
+LAUNCHED_ENV = dict(os.environ)
+
+from startup import commit  # noqa: E402
 
 TITLE = "Two settings taking turns (`benchmarks/turns.py`)"
 TEXT = ("Two live processes of the 1.5B pack, one per setting, alternating turn by turn (A B B A): a decode forward of "
@@ -97,7 +103,7 @@ def side(spec: str) -> tuple[dict, dict]:
     """(environment, settings) of one side's KEY=VALUE pairs."""
     import yaml
 
-    env, sets = dict(os.environ), {}
+    env, sets = dict(LAUNCHED_ENV), {}
     for pair in filter(None, spec.split(",")):
         if "=" not in pair:
             raise SystemExit(f"turns.py: {pair!r} is not KEY=VALUE")
@@ -107,11 +113,6 @@ def side(spec: str) -> tuple[dict, dict]:
         else:
             sets[k] = yaml.safe_load(v)
     return env, sets
-
-
-def _commit(tree: Path) -> str:
-    p = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return p.stdout.strip() or str(tree)
 
 
 def main() -> None:
@@ -168,7 +169,7 @@ def main() -> None:
                 "ratio": round(statistics.median(x / y for x, y in zip(a, b)), 3),
                 "a_all_ms": [round(x, 1) for x in a], "b_all_ms": [round(x, 1) for x in b]}
 
-    out = {"a": args.a, "b": args.b + (f" at {_commit(Path(args.b_tree))}" if args.b_tree else ""), "decode_shape": f"{args.rows} x {args.context}",
+    out = {"a": args.a, "b": args.b + (f" at {commit(Path(args.b_tree))}" if args.b_tree else ""), "decode_shape": f"{args.rows} x {args.context}",
            "prefill_shape": f"{args.prompt_rows} x {args.prompt_tokens}", "turns": args.turns,
            "decode": part(0), "prefill": part(1)}
     dest = write("turns", out, title=TITLE, text=TEXT, table=TABLE, out=args.out, config=vars(args),
