@@ -17,13 +17,13 @@ needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"HumanEvalFix data no
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (`make test`: 2 workers, whole files each), every model a worker or its evaluate subprocesses
-    load takes 1 thread: two workers whose torch takes every core starve each other (agents/serving/cores.py)."""
+    """Under pytest-xdist (`make test`: 3 workers, whole files each), every model a worker or its evaluate subprocesses
+    load takes 1 thread: workers whose torch takes every core starve each other (agents/serving/cores.py)."""
     if os.environ.get("PYTEST_XDIST_WORKER") and "FIXLAB_THREADS" not in os.environ:
         os.environ["FIXLAB_THREADS"] = "1"
 
 
-# The longest files first (make test --durations=0, summed a file; Xeon, 2026-11-29), so that two workers given
+# The longest files first (make test --durations=0, summed a file; Xeon, 2026-11-29), so that the workers given
 # whole files end together; the rest keep their order. Only a scheduling hint: a stale list costs minutes, never a
 # result.
 LONGEST_FIRST = ("test_repeat_real.py", "test_repeat_nightly.py", "test_resume.py", "test_stream.py",

@@ -25,7 +25,8 @@ def test_the_loop_is_checked_to_draw_as_torch_does():
     assert isinstance(sampling.row_generator(3, torch.device("cpu")), sampling.Draws)
 
 
-@pytest.mark.parametrize("vocab,temperature", [(151936, 0.8), (151936, 0.2), (32000, 1.5), (7, 1.0)])
+@pytest.mark.parametrize("vocab,temperature", [(151936, 0.8), (151936, 0.2), (32000, 1.5), (7, 1.0), (1000, 0.05),
+                                               (257, 1e-3)])
 def test_picks_are_torch_multinomials_draw_after_draw(vocab, temperature):
     """A model-sized vocabulary at a job's temperatures (peaked and flat), and a tiny one; seeds past 32 bits."""
     gen = torch.Generator().manual_seed(vocab)
@@ -36,6 +37,15 @@ def test_picks_are_torch_multinomials_draw_after_draw(vocab, temperature):
         g, d = torch.Generator().manual_seed(seed), sampling.Draws(seed)
         want = [int(torch.multinomial(probs, 1, generator=g)[0]) for _ in range(30)]
         assert [d.multinomial(probs) for _ in range(30)] == want, seed
+
+
+def test_probabilities_mostly_zero_draw_as_torch():
+    """Zeros around a few tokens (a peaked softmax underflows): the blocks with no candidate still advance the stream."""
+    probs = torch.zeros(151936)
+    probs[[5, 70000, 151935]] = torch.tensor([0.25, 0.5, 0.25])
+    g, d = torch.Generator().manual_seed(9), sampling.Draws(9)
+    assert [d.multinomial(probs) for _ in range(40)] == [int(torch.multinomial(probs, 1, generator=g)[0])
+                                                         for _ in range(40)]
 
 
 def test_bad_probabilities_raise_as_torchs_and_draw_nothing():

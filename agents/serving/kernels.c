@@ -1033,7 +1033,10 @@ void fixlab_mul_quantize_rows(const float *a, const float *b, int64_t rows, int6
    cost). Here the words are drawn for every element (the stream must advance as torch's does), but the logarithm and
    the division only where the element can still win: q >= u (log1p(-u) <= -u), so p / q <= p / u, and an element
    whose bound is below the best exact value so far cannot be the argmax. The winner's value is the exact one, the
-   ties and NaN order are torch's argmax (the first maximum; a NaN wins, the first NaN). */
+   ties and NaN order are torch's argmax (the first maximum; a NaN wins, the first NaN). One element at a time, that
+   loop still took 0.9-1.5 ms a draw on the 2-core Xeon (AMX), each element's two words, its uniform and its bound
+   in turn: a job's sampled rounds draw ~40 tokens a decode step. fixlab_multinomial1 works in blocks (vector passes
+   for the words, the uniforms and the bound; benchmarks/sampling.py). */
 #define MT_N 624
 #define MT_M 397
 
@@ -1082,31 +1085,87 @@ void fixlab_exponential(uint32_t *st, float *out, int64_t n) {
 }
 
 /* One multinomial draw from p (n floats, contiguous): the index, or -1 when p holds an inf, a NaN or a negative
-   value, -2 when every p is 0 (torch's two errors, raised before it draws: nothing drawn then). */
+   value, -2 when every p is 0 (torch's two errors, raised before it draws: nothing drawn then).
+
+   In blocks of MN_BLOCK elements: the block's words are drawn and tempered in one pass (mt_words), its uniforms made in
+   another, then a vector pass marks the elements that can still win against the best value at the block's start
+   (p < best * u * (1 - 2^-19) cannot: p / q <= p / u, and the margin covers q's float rounding and the product's);
+   only those get the exact p / q, in order, with torch's argmax rules. The best only grows within a block, so a mark
+   made against its start value is a superset of the scalar filter's: the same index comes out. */
+#define MN_BLOCK 256
+
+/* The next n tempered words of the stream, as n calls of mt_next would give them (the same state after). */
+static void mt_words(uint32_t *st, uint32_t *out, int64_t n) {
+    while (n > 0) {
+        if (st[MT_N] == 1) { /* mt_next's refill; `left` one higher, as the refilling call has not yet counted */
+            mt_refill(st);
+            st[MT_N] = MT_N + 1;
+            st[MT_N + 1] = 0;
+        }
+        int64_t c = (int64_t)st[MT_N] - 1;
+        if (c > n) c = n;
+        const uint32_t *s = st + st[MT_N + 1];
+        for (int64_t j = 0; j < c; j++) {
+            uint32_t y = s[j];
+            y ^= (y >> 11);
+            y ^= (y << 7) & 0x9d2c5680u;
+            y ^= (y << 15) & 0xefc60000u;
+            y ^= (y >> 18);
+            out[j] = y;
+        }
+        st[MT_N] -= (uint32_t)c;
+        st[MT_N + 1] += (uint32_t)c;
+        out += c;
+        n -= c;
+    }
+}
+
 int64_t fixlab_multinomial1(uint32_t *st, const float *p, int64_t n) {
-    int any = 0;
+    int bad = 0, any = 0;
     for (int64_t i = 0; i < n; i++) {
         const float x = p[i];
-        if (!(x >= 0.0f) || isinf(x)) return -1;
+        bad |= !(x >= 0.0f) | (x == INFINITY);
         any |= x > 0.0f;
     }
+    if (bad) return -1;
     if (!any) return -2;
+    uint32_t w[2 * MN_BLOCK];
+    double u[MN_BLOCK];
+    unsigned char cand[MN_BLOCK];
     int64_t best = -1;
     float bv = 0.0f;
     int bnan = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const double u = mt_uniform53(st);
-        if (best >= 0 && !bnan && u > 0.0) {
-            /* p / q <= p / u; u * (1 - 2^-20) below the float q's rounding: a safe bound */
-            const double bound = (double)p[i] / (u * (1.0 - 0x1p-20));
-            if (bound < (double)bv) continue;
-        } else if (bnan) {
-            continue; /* a NaN already won: the first one stays */
+    for (int64_t i0 = 0; i0 < n; i0 += MN_BLOCK) {
+        const int64_t m = n - i0 < MN_BLOCK ? n - i0 : MN_BLOCK;
+        mt_words(st, w, 2 * m);
+        if (bnan) continue; /* a NaN already won: the first one stays (the stream still advances) */
+        for (int64_t k = 0; k < m; k++) {
+            const uint64_t hi = w[2 * k], lo = w[2 * k + 1];
+            u[k] = (double)(((hi << 32) | lo) & ((UINT64_C(1) << 53) - 1)) * (1.0 / (double)(UINT64_C(1) << 53));
         }
-        const float v = p[i] / exp_draw(u);
-        if (best < 0) { best = i; bv = v; bnan = isnan(v); continue; }
-        if (isnan(v)) { best = i; bv = v; bnan = 1; }
-        else if (v > bv) { best = i; bv = v; }
+        const float *pb = p + i0;
+        int64_t k = 0;
+        if (best < 0) { /* the first element always counts */
+            best = i0;
+            bv = pb[0] / exp_draw(u[0]);
+            bnan = isnan(bv);
+            k = 1;
+            if (bnan) continue;
+        }
+        const double lim = (double)bv * (1.0 - 0x1p-19);
+        int hits = 0;
+        for (int64_t j = k; j < m; j++) {
+            const unsigned char c = !((double)pb[j] < lim * u[j]);
+            cand[j] = c;
+            hits |= c;
+        }
+        if (!hits) continue;
+        for (int64_t j = k; j < m; j++) {
+            if (!cand[j]) continue;
+            const float v = pb[j] / exp_draw(u[j]);
+            if (isnan(v)) { best = i0 + j; bv = v; bnan = 1; break; }
+            if (v > bv) { best = i0 + j; bv = v; }
+        }
     }
     return best;
 }
