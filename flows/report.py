@@ -346,13 +346,15 @@ def frontier_of(results: Path, protocol: str = FRONTIER_PROTOCOL):
 
 
 def section_frontier(results: Path, protocol: str) -> list[str]:
+    """The configurations on the frontier with their costs and paired verdicts; the rest (dozens of rows, most of this
+    document's size before) are one command away."""
     from .analysis.render import markdown
 
+    command = f"python -m flows.frontier --model {FRONTIER_MODEL} --protocol {protocol} --paired-only"
     return [f"## The frontier under protocol `{protocol}`", "",
-            f"Every configuration of {FRONTIER_MODEL} recorded on every task under `{protocol}`, its cost per task, the "
-            "Pareto set and a paired verdict for each step along it (`python -m flows.frontier --model "
-            f"{FRONTIER_MODEL} --protocol {protocol} --paired-only`).", "",
-            *markdown(frontier_of(results, protocol)).rstrip("\n").split("\n")]
+            f"The configurations of {FRONTIER_MODEL} recorded on every task under `{protocol}` that are on the Pareto "
+            f"set, their cost per task and a paired verdict for each step along it (`{command}`).", "",
+            *markdown(frontier_of(results, protocol), off_frontier=command).rstrip("\n").split("\n")]
 
 
 def machines_once(sweeps: dict[str, Sweep]) -> list[str]:

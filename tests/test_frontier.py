@@ -76,6 +76,25 @@ def test_fixture_pareto_sets_and_paired_verdicts_match_the_hand_computed_ones():
     assert f"| {C} | 0.550 [0.342, 0.742] | 11/20 | 1,000 | 360 | 3.0 | 2.0 | 11.0 | seconds |  |" in md
 
 
+def test_the_report_table_keeps_the_frontier_rows_and_names_the_command_for_the_rest():
+    """docs/RESULTS.md's frontier sections (flows/report.py): configurations on no frontier are left out of the table
+    and counted, with the command that lists them; every other row and every verdict stays."""
+    from flows.analysis.render import markdown
+
+    from flows import report
+
+    fr = report.frontier_of(REPO / "benchmarks" / "results")  # the committed runs: dozens of configurations
+    full = fr.markdown()
+    off = [l for l in full.splitlines() if l.startswith("| ") and l.endswith(" | no |  |")]
+    assert off and len(off) < len(fr.configs)
+    short = markdown(fr, off_frontier="python -m flows.frontier X")
+    assert not any(l in short.splitlines() for l in off)
+    kept = [l for l in full.splitlines() if l not in off]
+    assert all(l in short.splitlines() for l in kept)
+    assert f"{len(off)} configurations on no frontier are left out of this table; `python -m flows.frontier X` " \
+           "lists every one." in short
+
+
 def test_the_verdict_in_words_and_a_whole_number_logged_two_ways(tmp_path):
     fr = fl.frontier(fl.records_from_file(FIXTURE))
     # The frontier A < B < D < E spans two strategies; its next-cheaper steps are B/A (buys), D/B and E/D (do not);

@@ -1058,18 +1058,21 @@ static void mt_refill(uint32_t *s) {
     s[MT_N - 1] = s[MT_M - 1] ^ mt_twist(s[MT_N - 1], s[0]);
 }
 
+static inline uint32_t mt_temper(uint32_t y) {
+    y ^= (y >> 11);
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    y ^= (y >> 18);
+    return y;
+}
+
 static inline uint32_t mt_next(uint32_t *st) {
     if (--st[MT_N] == 0) {
         mt_refill(st);
         st[MT_N] = MT_N;
         st[MT_N + 1] = 0;
     }
-    uint32_t y = st[st[MT_N + 1]++];
-    y ^= (y >> 11);
-    y ^= (y << 7) & 0x9d2c5680u;
-    y ^= (y << 15) & 0xefc60000u;
-    y ^= (y >> 18);
-    return y;
+    return mt_temper(st[st[MT_N + 1]++]);
 }
 
 static inline double mt_uniform53(uint32_t *st) {
@@ -1105,14 +1108,7 @@ static void mt_words(uint32_t *st, uint32_t *out, int64_t n) {
         int64_t c = (int64_t)st[MT_N] - 1;
         if (c > n) c = n;
         const uint32_t *s = st + st[MT_N + 1];
-        for (int64_t j = 0; j < c; j++) {
-            uint32_t y = s[j];
-            y ^= (y >> 11);
-            y ^= (y << 7) & 0x9d2c5680u;
-            y ^= (y << 15) & 0xefc60000u;
-            y ^= (y >> 18);
-            out[j] = y;
-        }
+        for (int64_t j = 0; j < c; j++) out[j] = mt_temper(s[j]);
         st[MT_N] -= (uint32_t)c;
         st[MT_N + 1] += (uint32_t)c;
         out += c;

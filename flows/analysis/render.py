@@ -94,12 +94,18 @@ def verdict_words(fr) -> str:
     return text
 
 
-def markdown(fr) -> str:
+def markdown(fr, off_frontier: str | None = None) -> str:
+    """The frontier as markdown: every configuration's row, or with `off_frontier` (the command that lists them all)
+    only the rows on a frontier or unplaced, and a line saying how many were left out and where they are."""
     head, rows = table_rows(fr)
     machines = sorted({c.machine for c in fr.configs})
+    left = [r for r in rows if r[-2] == "no"] if off_frontier else []
     lines = [f"Cost-accuracy frontier: {fr.model}, protocol `{fr.protocol}`, {fr.tasks} tasks, {len(fr.configs)} "
              f"configurations; costs per task; machine{'s' if len(machines) > 1 else ''}: {'; '.join(machines)}. "
-             + _time_line(fr) + ".", "", *table(head, rows)]
+             + _time_line(fr) + ".", "", *table(head, [r for r in rows if r[-2] != "no"] if left else rows)]
+    if left:
+        lines += ["", f"{len(left)} configurations on no frontier are left out of this table; `{off_frontier}` lists "
+                  "every one."]
     lines += ["", "In words: " + verdict_words(fr), ""]
     lines += ["Frontier on completion tokens per task (cheapest first): " + (" < ".join(fr.token_frontier) or "-")]
     if fr.time_frontier:
