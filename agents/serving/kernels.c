@@ -124,7 +124,13 @@ void fixlab_scale_floats(float *y, int64_t rows, int64_t n, const float *xs, con
    2x the portable loops on a 2-core EPYC, benchmarks/attention.py); results agree with exact attention to about 3e-6
    on every path (the test: tests/test_kv_float16.py, every block shape, every build this CPU runs), and every build
    gives the same bits for D a multiple of 16 (canon_dot's sums, fused multiply-adds in token order for the values,
-   seen_sum's fixed lanes: tests/test_determinism.py). */
+   seen_sum's fixed lanes: tests/test_determinism.py).
+   Two layouts keep the CPU and memory busy at once (issue #52; benchmarks/results/attention-20261130T0724*: 1.24x at
+   one query a row, 1.29x at 4, 1.53x at 16 on a 2-core Zen 4; held to AVX2 1.11x, 1.13x, 1.27x; the same bits):
+   - scores take 16 columns (AVX2: 8) at once, each query row in registers against them, and the last steps of every
+     dot's tree run as vertical adds over the 16 (dots16): the same additions, one shuffle where each dot took eight;
+   - while an item's values are summed from L2, its thread asks for the next item's K rows (VALUES_DRIVER), so memory
+     is not idle in that pass; items go to whichever thread is free, each claiming its next when it starts one. */
 
 typedef _Float16 half;
 
@@ -181,10 +187,13 @@ static inline void widen(const half *s, int64_t d, float *dst) { /* exact: every
 }
 
 /* The values' driver of either vector path: the item's rows in blocks of VR, the dimensions in steps of DSTEP, one
-   values_block specialisation per (rows, vectors) pair, so that its loops unroll into registers. */
+   values_block specialisation per (rows, vectors) pair, so that its loops unroll into registers. The values pass reads
+   V from L2 (prefetched while the scores read K) and leaves memory idle: it asks for the next item's pkn K rows (pk,
+   pksl apart) into L2 meanwhile, one a column, so that the next scores pass finds them there. */
 #define VALUES_DRIVER(NAME, DSTEP, NC_OF)                                                                          \
     static void NAME(const float *scores, int64_t L, int64_t Lb, const uint8_t *any, const half *vb, int64_t vsl,  \
-                     int64_t GQ, int64_t D, float *acc) {                                                          \
+                     int64_t GQ, int64_t D, float *acc, const half *pk, int64_t pksl, int64_t pkn) {               \
+        int64_t pf = 0;                                                                                            \
         for (int64_t r0 = 0; r0 < GQ; r0 += VR)                                                                    \
             for (int64_t d0 = 0; d0 < D; d0 += DSTEP) {                                                            \
                 const int nr = GQ - r0 < VR ? (int)(GQ - r0) : VR, nc = NC_OF(D - d0);                             \
@@ -209,11 +218,14 @@ static inline void widen(const half *s, int64_t d, float *dst) { /* exact: every
 static inline __attribute__((always_inline)) void values_block(const float *scores, int64_t L, int64_t Lb,
                                                                 const uint8_t *any, const half *vb, int64_t vsl,
                                                                 int64_t d0, const int nr, const int nc, float *acc,
-                                                                int64_t D) {
+                                                                int64_t D, const half *pk, int64_t pksl, int64_t pkn,
+                                                                int64_t *pf) {
+    int64_t next = *pf;
     __m512 a[VR][4];
     for (int r = 0; r < VR; r++)
         for (int c = 0; c < 4; c++) a[r][c] = _mm512_setzero_ps();
     for (int64_t l = 0; l < Lb; l++) {
+        if (next < pkn) prefetch_row(pk + next++ * pksl, D, 0);
         if (!any[l]) continue;
         const half *vr = vb + l * vsl + d0;
         if (l + PF_ROWS < Lb) prefetch_row(vr + PF_ROWS * vsl, nc * VSTEP, 1);
@@ -232,10 +244,11 @@ static inline __attribute__((always_inline)) void values_block(const float *scor
     }
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++) _mm512_storeu_ps(acc + r * D + d0 + 16 * c, a[r][c]);
+    *pf = next;
 }
 
 /* one specialisation per (rows, vectors) pair, so that the loops above unroll into registers */
-#define VB(NR, NC) values_block(s, L, Lb, any, vb, vsl, d0, NR, NC, out, D)
+#define VB(NR, NC) values_block(s, L, Lb, any, vb, vsl, d0, NR, NC, out, D, pk, pksl, pkn, &pf)
 #define VB_NC(NR) switch (nc) { case 1: VB(NR, 1); break; case 2: VB(NR, 2); break; \
                                 case 3: VB(NR, 3); break; default: VB(NR, 4); } break
 #define NC16(left) ((left) < 64 ? (int)((left) / 16) : 4) /* vectors of 16 in what is left, up to 4 */
@@ -253,13 +266,85 @@ static inline float tree16(__m512 t) {
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
 
+/* One K row's dot with a query row held in registers, up to the tree: canon_dot's two chains of 16 lanes, added. */
+static inline __attribute__((always_inline)) __m512 chains16(const __m512 *q, const float *k, const int nc) {
+    __m512 s0 = _mm512_mul_ps(q[0], _mm512_loadu_ps(k)), s1 = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int c = 1; c + 1 < nc; c += 2) {
+        s1 = _mm512_fmadd_ps(q[c], _mm512_loadu_ps(k + 16 * c), s1);
+        s0 = _mm512_fmadd_ps(q[c + 1], _mm512_loadu_ps(k + 16 * (c + 1)), s0);
+    }
+    if (nc % 2 == 0) s1 = _mm512_fmadd_ps(q[nc - 1], _mm512_loadu_ps(k + 16 * (nc - 1)), s1);
+    return _mm512_add_ps(s0, s1);
+}
+
+/* 16 K rows' dots with one query row: each key's 16 lanes summed in tree16's tree, but as vertical adds over the
+   16 keys at once (the same additions in the same order on the same values, so the same bits): lane i + lane i+8
+   for two keys a vector, then i + i+4 for four, then (0 + 2) + (1 + 3) within each group of four. Lane 4c + m of
+   the result holds key 4m + c; TREE_ORDER puts the keys back in order. */
+static inline __attribute__((always_inline)) __m512 dots16(const __m512 *q, const float *kbuf, int64_t D, const int nc) {
+    __m512 h[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const __m512 a = chains16(q, kbuf + (2 * j) * D, nc), b = chains16(q, kbuf + (2 * j + 1) * D, nc);
+        h[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    }
+    __m512 f[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+        f[j] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * j], h[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(h[2 * j], h[2 * j + 1], 0xDD));
+    const __m512 u0 = _mm512_add_ps(_mm512_shuffle_ps(f[0], f[1], 0x44), _mm512_shuffle_ps(f[0], f[1], 0xEE)),
+                 u1 = _mm512_add_ps(_mm512_shuffle_ps(f[2], f[3], 0x44), _mm512_shuffle_ps(f[2], f[3], 0xEE));
+    const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(u0, u1, 0x88), _mm512_shuffle_ps(u0, u1, 0xDD));
+    const __m512i TREE_ORDER = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(TREE_ORDER, t);
+}
+
+/* Scores of 16 columns that some query sees: the K rows widened once into kbuf, then each query row in registers
+   against all 16 (its unseen columns -inf, as the column-at-a-time loop writes them). */
+static inline __attribute__((always_inline)) void scores_block16(const float *const *qrows, const uint8_t *sees,
+                                                                  int64_t Q, int64_t GQ, const half *kb, int64_t ksl,
+                                                                  const half *vb, int64_t vsl, int64_t l, int64_t Lb,
+                                                                  int64_t L, int64_t D, float scale, float *kbuf,
+                                                                  float *scores, const int nc) {
+    for (int j = 0; j < 16; j++) {
+        prefetch_scores(kb, ksl, vb, vsl, l + j, Lb, D);
+        widen(kb + (l + j) * ksl, D, kbuf + j * D);
+    }
+    const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t r = 0; r < GQ; r++) {
+        const uint8_t *sr = sees + (r % Q) * L + l;
+        __mmask16 seen = 0;
+        for (int j = 0; j < 16; j++) seen |= (__mmask16)((sr[j] != 0) << j);
+        float *out = scores + r * L + l;
+        if (!seen) { _mm512_storeu_ps(out, ninf); continue; }
+        __m512 q[16];
+#pragma GCC unroll 16
+        for (int c = 0; c < nc; c++) q[c] = _mm512_loadu_ps(qrows[r] + 16 * c);
+        const __m512 d = _mm512_mul_ps(dots16(q, kbuf, D, nc), sc);
+        _mm512_storeu_ps(out, _mm512_mask_blend_ps(seen, ninf, d));
+    }
+}
+
 static void scores_avx512(const float *const *qrows, const uint8_t *sees, const uint8_t *any, int64_t Q, int64_t GQ,
                           const half *kb, int64_t ksl, const half *vb, int64_t vsl, int64_t Lb, int64_t L, int64_t D,
                           float scale, float *scores) {
     const int64_t nc = D / 16;
     __m512 k[16];
-    for (int64_t l = 0; l < Lb; l++) {
-        if (!any[l]) continue;
+    float kbuf[16 * 128];
+    for (int64_t l = 0; l < Lb;) {
+        if ((nc == 8 || nc == 4) && l + 16 <= Lb) { /* a block of 16 columns every query may need: in one pass */
+            int all = 1;
+            for (int j = 0; j < 16; j++) all &= any[l + j];
+            if (all) {
+                if (nc == 8) scores_block16(qrows, sees, Q, GQ, kb, ksl, vb, vsl, l, Lb, L, D, scale, kbuf, scores, 8);
+                else scores_block16(qrows, sees, Q, GQ, kb, ksl, vb, vsl, l, Lb, L, D, scale, kbuf, scores, 4);
+                l += 16;
+                continue;
+            }
+        }
+        if (!any[l]) { l++; continue; }
         const half *kr = kb + l * ksl;
         prefetch_scores(kb, ksl, vb, vsl, l, Lb, D);
         for (int64_t c = 0; c < nc; c++) k[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + 16 * c)));
@@ -275,6 +360,7 @@ static void scores_avx512(const float *const *qrows, const uint8_t *sees, const 
             if (nc % 2 == 0) s1 = _mm512_fmadd_ps(_mm512_loadu_ps(qv + 16 * (nc - 1)), k[nc - 1], s1);
             srow[l] = tree16(_mm512_add_ps(s0, s1)) * scale;
         }
+        l++;
     }
 }
 #define FAST_D(D) ((D) % 16 == 0 && (D) <= 256)
@@ -290,13 +376,16 @@ static void scores_avx512(const float *const *qrows, const uint8_t *sees, const 
 static inline __attribute__((always_inline)) void values_block(const float *scores, int64_t L, int64_t Lb,
                                                                 const uint8_t *any, const half *vb, int64_t vsl,
                                                                 int64_t d0, const int nr, const int nc, float *acc,
-                                                                int64_t D) {
+                                                                int64_t D, const half *pk, int64_t pksl, int64_t pkn,
+                                                                int64_t *pf) {
+    int64_t next = *pf;
     __m256 a[VR][2];
 #pragma GCC unroll 6
     for (int r = 0; r < VR; r++)
 #pragma GCC unroll 2
         for (int c = 0; c < 2; c++) a[r][c] = _mm256_setzero_ps();
     for (int64_t l = 0; l < Lb; l++) {
+        if (next < pkn) prefetch_row(pk + next++ * pksl, D, 0);
         if (!any[l]) continue;
         const half *vr = vb + l * vsl + d0;
         if (l + PF_ROWS < Lb) prefetch_row(vr + PF_ROWS * vsl, nc * VSTEP, 1);
@@ -316,9 +405,10 @@ static inline __attribute__((always_inline)) void values_block(const float *scor
 #pragma GCC unroll 2
         for (int c = 0; c < 2; c++)
             if (r < nr && c < nc) _mm256_storeu_ps(acc + r * D + d0 + 8 * c, a[r][c]);
+    *pf = next;
 }
 
-#define VB(NR, NC) values_block(s, L, Lb, any, vb, vsl, d0, NR, NC, out, D)
+#define VB(NR, NC) values_block(s, L, Lb, any, vb, vsl, d0, NR, NC, out, D, pk, pksl, pkn, &pf)
 #define VB_NC(NR) if (nc == 1) VB(NR, 1); else VB(NR, 2); break
 #define NC8(left) ((left) < 16 ? 1 : 2) /* vectors of 8 in what is left, up to 2 */
 VALUES_DRIVER(values_avx2, 16, NC8)
@@ -326,14 +416,85 @@ VALUES_DRIVER(values_avx2, 16, NC8)
 #undef VB_NC
 #undef VB
 
+/* One K row's dot with a query row held in registers (nc blocks of 16 floats, each as two halves), up to the tree:
+   the AVX-512 path's chains lane for lane (canon_dot), then lane i + lane i+8, the tree's first level. */
+static inline __attribute__((always_inline)) __m256 halves8(const __m256 *q, const float *k, const int nc) {
+    __m256 s0a = _mm256_mul_ps(q[0], _mm256_loadu_ps(k)), s0b = _mm256_mul_ps(q[1], _mm256_loadu_ps(k + 8)),
+           s1a = _mm256_setzero_ps(), s1b = _mm256_setzero_ps();
+#pragma GCC unroll 16
+    for (int c = 1; c + 1 < nc; c += 2) {
+        s1a = _mm256_fmadd_ps(q[2 * c], _mm256_loadu_ps(k + 16 * c), s1a);
+        s1b = _mm256_fmadd_ps(q[2 * c + 1], _mm256_loadu_ps(k + 16 * c + 8), s1b);
+        s0a = _mm256_fmadd_ps(q[2 * c + 2], _mm256_loadu_ps(k + 16 * c + 16), s0a);
+        s0b = _mm256_fmadd_ps(q[2 * c + 3], _mm256_loadu_ps(k + 16 * c + 24), s0b);
+    }
+    if (nc % 2 == 0) {
+        s1a = _mm256_fmadd_ps(q[2 * nc - 2], _mm256_loadu_ps(k + 16 * (nc - 1)), s1a);
+        s1b = _mm256_fmadd_ps(q[2 * nc - 1], _mm256_loadu_ps(k + 16 * (nc - 1) + 8), s1b);
+    }
+    return _mm256_add_ps(_mm256_add_ps(s0a, s1a), _mm256_add_ps(s0b, s1b));
+}
+
+/* 8 K rows' dots with one query row, the rest of the tree as vertical adds over the 8 keys (as dots16): lane i + i+4
+   for two keys a vector, then (0 + 2) + (1 + 3). Lane 4c + m of the result holds key 2m + c. */
+static inline __attribute__((always_inline)) __m256 dots8(const __m256 *q, const float *kbuf, int64_t D, const int nc) {
+    __m256 r[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const __m256 a = halves8(q, kbuf + (2 * j) * D, nc), b = halves8(q, kbuf + (2 * j + 1) * D, nc);
+        r[j] = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    }
+    const __m256 u0 = _mm256_add_ps(_mm256_shuffle_ps(r[0], r[1], 0x44), _mm256_shuffle_ps(r[0], r[1], 0xEE)),
+                 u1 = _mm256_add_ps(_mm256_shuffle_ps(r[2], r[3], 0x44), _mm256_shuffle_ps(r[2], r[3], 0xEE));
+    const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(u0, u1, 0x88), _mm256_shuffle_ps(u0, u1, 0xDD));
+    return _mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* Scores of 8 columns some query sees, as scores_block16 */
+static inline __attribute__((always_inline)) void scores_block8(const float *const *qrows, const uint8_t *sees,
+                                                                 int64_t Q, int64_t GQ, const half *kb, int64_t ksl,
+                                                                 const half *vb, int64_t vsl, int64_t l, int64_t Lb,
+                                                                 int64_t L, int64_t D, float scale, float *kbuf,
+                                                                 float *scores, const int nc) {
+    for (int j = 0; j < 8; j++) {
+        prefetch_scores(kb, ksl, vb, vsl, l + j, Lb, D);
+        widen(kb + (l + j) * ksl, D, kbuf + j * D);
+    }
+    const __m256 sc = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    for (int64_t r = 0; r < GQ; r++) {
+        const uint8_t *sr = sees + (r % Q) * L + l;
+        int64_t eight;
+        memcpy(&eight, sr, 8);
+        float *out = scores + r * L + l;
+        if (!eight) { _mm256_storeu_ps(out, ninf); continue; }
+        const __m256i seen = _mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(eight)), _mm256_setzero_si256());
+        __m256 q[16];
+#pragma GCC unroll 16
+        for (int c = 0; c < 2 * nc; c++) q[c] = _mm256_loadu_ps(qrows[r] + 8 * c);
+        const __m256 d = _mm256_mul_ps(dots8(q, kbuf, D, nc), sc);
+        _mm256_storeu_ps(out, _mm256_blendv_ps(ninf, d, _mm256_castsi256_ps(seen)));
+    }
+}
+
 static void scores_avx2(const float *const *qrows, const uint8_t *sees, const uint8_t *any, int64_t Q, int64_t GQ,
                         const half *kb, int64_t ksl, const half *vb, int64_t vsl, int64_t Lb, int64_t L, int64_t D,
                         float scale, float *scores) {
     /* the AVX-512 path's sums lane for lane (canon_dot): each 16-float block as two 8-float halves, the same
        chains and the same tree, so both builds give the same bits */
     float k[256];
+    float kbuf[8 * 128];
     const int64_t nc = D / 16;
     for (int64_t l = 0; l < Lb; l++) {
+        if ((nc == 4 || nc == 8) && l + 8 <= Lb) { /* a block of 8 columns every query may need: in one pass */
+            int all = 1;
+            for (int j = 0; j < 8; j++) all &= any[l + j];
+            if (all) {
+                if (nc == 8) scores_block8(qrows, sees, Q, GQ, kb, ksl, vb, vsl, l, Lb, L, D, scale, kbuf, scores, 8);
+                else scores_block8(qrows, sees, Q, GQ, kb, ksl, vb, vsl, l, Lb, L, D, scale, kbuf, scores, 4);
+                l += 7;
+                continue;
+            }
+        }
         if (!any[l]) continue;
         prefetch_scores(kb, ksl, vb, vsl, l, Lb, D);
         widen(kb + l * ksl, D, k);
@@ -423,6 +584,40 @@ static float seen_sum(const float *e, const uint8_t *sees, int64_t L) {
     return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
+/* The largest score a query sees (-inf: none), as `if (sees[l] && s[l] > m) m = s[l]` over l gives it; the vector
+   form keeps the running value on ties and NaNs as that loop does (max's second operand), and a maximum is the same
+   whatever the order. Unseen columns are never read (a column no query sees was never written). */
+static float seen_max(const float *s, const uint8_t *sees, int64_t L) {
+    float m = -INFINITY;
+    int64_t l = 0;
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (; l + 16 <= L; l += 16) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)(sees + l));
+        mv = _mm512_mask_max_ps(mv, _mm_test_epi8_mask(b, b), _mm512_loadu_ps(s + l), mv);
+    }
+    float lanes[16];
+    _mm512_storeu_ps(lanes, mv);
+    for (int i = 0; i < 16; i++)
+        if (lanes[i] > m) m = lanes[i];
+#elif defined(__AVX2__)
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    for (; l + 8 <= L; l += 8) {
+        int64_t eight;
+        memcpy(&eight, sees + l, 8);
+        const __m256i seen = _mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(eight)), _mm256_setzero_si256());
+        mv = _mm256_blendv_ps(mv, _mm256_max_ps(_mm256_loadu_ps(s + l), mv), _mm256_castsi256_ps(seen));
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mv);
+    for (int i = 0; i < 8; i++)
+        if (lanes[i] > m) m = lanes[i];
+#endif
+    for (; l < L; l++)
+        if (sees[l] && s[l] > m) m = s[l];
+    return m;
+}
+
 /* Query positions per work item: a long prefill splits into blocks, so threads share it and the scores buffer stays
    small; every query's numbers are the same whichever block it is in. */
 #define QBLOCK 16
@@ -437,6 +632,7 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
 #if defined(FAST_D)
     const int fast = FAST_D(D);
 #endif
+    int64_t claimed = 0; /* items taken so far, by either thread */
 #pragma omp parallel num_threads(threads)
     {
         const float **qrows = malloc((size_t)GQB * sizeof(float *));
@@ -445,8 +641,11 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
         float *kv = malloc((size_t)D * sizeof(float));
         uint8_t *seen = malloc((size_t)(QB * L + L));
         float *sum = malloc((size_t)GQB * sizeof(float));
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < B * KV * nqb; item++) {
+        /* Items go to whichever thread is free (rows differ in length), each thread taking its next item when it starts
+           one, so that the next item's K rows can be fetched while this one's values are summed (memory is idle then) */
+        const int64_t items = B * KV * nqb;
+        for (int64_t item = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED), next = 0; item < items; item = next) {
+            next = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
             const int64_t b = item / (KV * nqb), kh = (item / nqb) % KV, q0 = (item % nqb) * QB;
             const int64_t Qall = Q - q0 < QB ? Q - q0 : QB;
             /* which query sees which column; any[l]: some query does. A causal block sees nothing past its last
@@ -498,9 +697,7 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
             for (int64_t r = 0; r < GQ; r++) {
                 float *srow = scores + r * L;
                 const uint8_t *sr = sees + (r % Qn) * L;
-                float m = -INFINITY;
-                for (int64_t l = 0; l < Lb; l++)
-                    if (sr[l] && srow[l] > m) m = srow[l];
+                const float m = seen_max(srow, sr, Lb);
                 if (m == -INFINITY) { /* sees nothing: zeros out, not NaN */
                     for (int64_t l = 0; l < Lb; l++) srow[l] = 0.0f;
                     sum[r] = 0.0f;
@@ -511,7 +708,20 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
                 sum[r] = seen_sum(srow, sr, Lb);
             }
 #if defined(FAST_D)
-            if (fast) FAST_VALUES(scores, L, Lb, any, vb, vsl, GQ, D, acc); /* writes every sum: nothing to clear */
+            if (fast) { /* writes every sum: nothing to clear */
+                const half *pk = NULL;
+                int64_t pkn = 0;
+                if (next < items) { /* the next item's K rows from its first column its first query sees */
+                    const int64_t nb = next / (KV * nqb), nq0 = (next % nqb) * QB;
+                    const int64_t nLb = mask || !causal ? L : L - Q + nq0 + (Q - nq0 < QB ? Q - nq0 : QB);
+                    int64_t first = 0;
+                    if (mask)
+                        while (first < nLb && !mask[nb * msb + nq0 * msq + first]) first++;
+                    pk = k + nb * ksb + ((next / nqb) % KV) * ksh + first * ksl;
+                    pkn = nLb - first;
+                }
+                FAST_VALUES(scores, L, Lb, any, vb, vsl, GQ, D, acc, pk, ksl, pkn);
+            }
             else
 #endif
             {
