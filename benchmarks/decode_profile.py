@@ -119,6 +119,7 @@ def instrument(m: TransformersModel, clock: Clock) -> None:
     eng._forward = clock.wrap("forward", eng._forward)
     eng._real_logits = clock.wrap("forward", eng._real_logits)  # a draft step's forward
     eng._pick = clock.wrap("sampling", eng._pick)
+    eng._sampled = clock.wrap("sampling", eng._sampled)
     step = eng._step
 
     def timed_step():

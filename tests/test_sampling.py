@@ -61,6 +61,27 @@ def test_bad_probabilities_raise_as_torchs_and_draw_nothing():
                                                          for _ in range(10)]
 
 
+def test_a_steps_probabilities_in_one_softmax_are_each_rows_own():
+    """The engine divides and softmaxes a step's sampled positions together (BatchEngine._sampled, in blocks of
+    SAMPLED_ROWS rows): each position's probabilities are those of its own row alone, bit for bit, whatever its
+    temperature, its neighbours or a NaN beside it."""
+    from types import SimpleNamespace
+
+    from agents.serving.engine import SAMPLED_ROWS, BatchEngine
+
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(11, 151936, generator=g) * 8
+    logits[6, 100] = float("nan")
+    temps = [0.8, 0.2, 1.5, 0.7, 0.8, 1e-3, 0.8, 1.0, 0.3]
+    picks = [(SimpleNamespace(req=SimpleNamespace(temperature=t)), i) for t, i in zip(temps, [0, 2, 3, 4, 5, 6, 7, 9, 10])]
+    assert len(picks) > SAMPLED_ROWS  # more than one block
+    probs = BatchEngine._sampled(logits, picks)
+    assert sorted(probs) == [i for _, i in picks]
+    for r, i in picks:
+        alone = torch.softmax(logits[i] / float(r.req.temperature), dim=-1)
+        assert torch.equal(probs[i], alone) or (i == 6 and probs[i].isnan().all() and alone.isnan().all()), i
+
+
 def test_a_sampled_requests_answer_is_the_one_torchs_generator_gives(tmp_path, monkeypatch):
     path = make_random_model(tiny_qwen2(hidden_size=128, intermediate_size=256), tmp_path / "m")
     reqs = [GenRequest(messages=[{"role": "user", "content": f"def f{i}(x):\n    return x"}], max_new_tokens=16,

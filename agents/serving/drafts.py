@@ -82,12 +82,18 @@ class Drafts:
             return
         T = self._mask.shape[1]
         greedy = argmax(logits).tolist()  # one call for every greedy row and position
+        picks, at = [], 0  # every position of the sampled rows (those after a rejection are not drawn from)
+        for r, d in zip(self._rows, drafts):
+            if r.generator is not None:
+                picks += [(r, at + j) for j in range(len(d) + 1)]
+            at += len(d) + 1
+        probs = self._sampled(logits, picks)
         last, most, at = [], 0, 0
         for i, (r, d) in enumerate(zip(self._rows, drafts)):
             kept, first = 0, at
             at += len(d) + 1
             for j in range(len(d) + 1):
-                t = greedy[first + j] if r.generator is None else self._pick(r, logits[first + j])
+                t = greedy[first + j] if r.generator is None else self._pick(r, logits[first + j], probs[first + j])
                 if t is None or self._append(r, t) or j == len(d) or t != d[j]:
                     break
                 kept += 1
