@@ -79,7 +79,7 @@ for layer in cache.layers:
 ids = torch.randint(0, 1000, (B, 1), generator=g)
 prompt = torch.randint(0, 1000, (R, P), generator=g)
 map_large_blocks()  # decode's heap setting, as the engine runs
-print("ready", flush=True)
+print("ready", torch.get_num_threads(), flush=True)
 turn = 0
 with torch.inference_mode():
     for _ in sys.stdin:
@@ -103,7 +103,12 @@ def side(spec: str) -> tuple[dict, dict]:
     """(environment, settings) of one side's KEY=VALUE pairs."""
     import yaml
 
-    env, sets = dict(LAUNCHED_ENV), {}
+    from agents.serving.cores import usable_cores
+
+    # Every core for each worker: both live at once, and a model's default threads are a fair share among the live
+    # fixlab processes, so the second worker would take one core of two (every turns-* file before this line was
+    # such a 2-against-1 comparison; issue #52's session-40 note)
+    env, sets = {**LAUNCHED_ENV, "FIXLAB_THREADS": str(usable_cores())}, {}
     for pair in filter(None, spec.split(",")):
         if "=" not in pair:
             raise SystemExit(f"turns.py: {pair!r} is not KEY=VALUE")
@@ -133,7 +138,7 @@ def main() -> None:
     from agents.serving.machine import describe
     from flows.results import write
 
-    workers = []
+    workers, threads = [], []
     try:
         for spec, tree in ((args.a, REPO), (args.b, Path(args.b_tree or REPO).resolve())):  # one at a time: two
             env, sets = side(spec)                                                             # builds would starve
@@ -141,11 +146,15 @@ def main() -> None:
                                   str(args.prompt_rows), str(args.prompt_tokens), json.dumps(sets)],
                                  env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             for line in w.stdout:
-                if line.strip() == "ready":
+                if line.startswith("ready"):
+                    threads.append(int(line.split()[1]))
                     break
             else:
                 raise SystemExit(f"turns.py: the worker for {spec!r} ended before it was ready (exit {w.wait()})")
             workers.append(w)
+        if threads[0] != threads[1] and not any("threads" in s.lower() for s in (args.a, args.b)):
+            raise SystemExit(f"turns.py: the workers run {threads[0]} and {threads[1]} threads; a comparison needs "
+                             "the same (set threads=N on both sides)")
         got: list[list] = [[], []]
         for turn in range(args.turns + 1):
             for j in ((0, 1) if turn % 2 == 0 else (1, 0)):
@@ -169,7 +178,8 @@ def main() -> None:
                 "ratio": round(statistics.median(x / y for x, y in zip(a, b)), 3),
                 "a_all_ms": [round(x, 1) for x in a], "b_all_ms": [round(x, 1) for x in b]}
 
-    out = {"a": args.a, "b": args.b + (f" at {commit(Path(args.b_tree))}" if args.b_tree else ""), "decode_shape": f"{args.rows} x {args.context}",
+    out = {"a": args.a, "b": args.b + (f" at {commit(Path(args.b_tree))}" if args.b_tree else ""),
+           "threads": {"a": threads[0], "b": threads[1]}, "decode_shape": f"{args.rows} x {args.context}",
            "prefill_shape": f"{args.prompt_rows} x {args.prompt_tokens}", "turns": args.turns,
            "decode": part(0), "prefill": part(1)}
     dest = write("turns", out, title=TITLE, text=TEXT, table=TABLE, out=args.out, config=vars(args),
