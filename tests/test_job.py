@@ -115,3 +115,34 @@ def test_the_job_writes_its_own_results_file_which_the_analysis_reads(tmp_path, 
                          "--against", f"{path}:ffffffff"]) == 2
     assert "no single run 'ffffffff'" in capsys.readouterr().err
     json.loads(path.read_text())  # plain JSON
+
+
+@needs_data
+def test_prefects_server_starts_beside_the_model_unless_the_build_times_this_machines_paths(tmp_path, monkeypatch):
+    """The temporary server's start-up (12-25 s on 2 cores) overlaps the model's build, except when the build first
+    times the matmul paths: then nothing may share the CPU with those timings, and the server starts after."""
+    import flows.job as job
+    import flows.prefect_api as api
+    import flows.prefect_flow as flow
+    from flows.workers import close_all, repair_in_process
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    order = []
+    monkeypatch.setattr(api, "start_prefect_api", lambda: order.append("server"))
+    build = job._model_up_front
+    monkeypatch.setattr(job, "_model_up_front", lambda s: (order.append("model"), build(s))[1])
+
+    def in_order(jobs, settings, done):
+        for task, sample in jobs:
+            done((task, sample), repair_in_process(task, sample, settings))
+    monkeypatch.setattr(flow, "run_jobs", in_order)
+    for measures, want in ((False, ["server", "model"]), (True, ["model", "server"])):
+        monkeypatch.setattr(job, "measures_on_build", lambda conf, m=measures: m)
+        order.clear()
+        try:
+            job.run_job(job_settings("model=canonical", "dataset.limit=1", "iters=0", "offline=true",
+                                     f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+                                     f"tracking.artifacts={tmp_path}/artifacts"))
+        finally:
+            close_all()
+        assert order == want, measures

@@ -62,6 +62,23 @@ def recorded_path(conf: TransformersModelConf) -> dict | None:
     return recorded(conf)
 
 
+def measures_on_build(conf) -> bool:
+    """Whether building this config here would first time this machine's paths (a local CPU model whose measured path
+    is not cached yet): the job then builds it before starting anything beside it (flows/job.py), so that nothing
+    else takes the CPU while the paths are timed. False for anything else, or when it cannot tell."""
+    if not isinstance(conf, TransformersModelConf):
+        return False
+    try:
+        from .cores import would_claim
+        from .devices import resolve_device
+        from .paths import will_measure
+
+        return (conf.runtime in ("engine", "auto") and resolve_device(conf.device).type == "cpu"
+                and will_measure(conf, would_claim(conf.threads)))
+    except Exception:  # noqa: BLE001 - a wrong config fails where the model is built, with its own one line
+        return False
+
+
 def auto_dtype(conf: TransformersModelConf) -> str | None:
     """The dtype a config's `dtype: auto` means on this machine before any model loads ("float32", "bfloat16": bf16
     or fp32 on a CPU depends on its instructions and fixlab's kernels); None where the config names a dtype. Its device
@@ -107,4 +124,4 @@ def huge_pages() -> dict:
 
 
 __all__ = ["NUMERICS", "EngineTuning", "Generation", "GenRequest", "Model", "ModelUnavailable", "auto_dtype", "build", "huge_pages",
-           "cache_root", "cpu_info", "describe_machine", "isa_family", "recorded_path"]
+           "cache_root", "cpu_info", "describe_machine", "isa_family", "measures_on_build", "recorded_path"]

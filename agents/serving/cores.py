@@ -75,6 +75,18 @@ class CoreClaim:
                     claim[0].close()
 
 
+def would_claim(requested: int | None = None) -> int:
+    """The threads claim_threads would give a model of this process now, without registering one."""
+    if requested:
+        return max(1, int(requested))
+    if os.environ.get("FIXLAB_THREADS"):
+        return max(1, int(os.environ["FIXLAB_THREADS"]))
+    try:
+        return max(1, usable_cores() // (_others(registry_dir(), os.getpid()) + 1))
+    except OSError:
+        return usable_cores()
+
+
 def claim_threads(requested: int | None = None) -> CoreClaim:
     """Threads for a model of this process: `requested`, else FIXLAB_THREADS, else a fair share of the cores."""
     if requested:

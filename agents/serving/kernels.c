@@ -186,6 +186,16 @@ static inline void widen(const half *s, int64_t d, float *dst) { /* exact: every
     for (; i < d; i++) dst[i] = (float)s[i];
 }
 
+/* K rows l .. l + n - 1 widened into kbuf (n rows of D floats), with the scores' prefetches: a block of columns the
+   vector paths' scores take at once */
+static inline void widen_block(const half *kb, int64_t ksl, const half *vb, int64_t vsl, int64_t l, int n, int64_t Lb,
+                               int64_t D, float *kbuf) {
+    for (int j = 0; j < n; j++) {
+        prefetch_scores(kb, ksl, vb, vsl, l + j, Lb, D);
+        widen(kb + (l + j) * ksl, D, kbuf + j * D);
+    }
+}
+
 /* The values' driver of either vector path: the item's rows in blocks of VR, the dimensions in steps of DSTEP, one
    values_block specialisation per (rows, vectors) pair, so that its loops unroll into registers. The values pass reads
    V from L2 (prefetched while the scores read K) and leaves memory idle: it asks for the next item's pkn K rows (pk,
@@ -308,10 +318,7 @@ static inline __attribute__((always_inline)) void scores_block16(const float *co
                                                                   const half *vb, int64_t vsl, int64_t l, int64_t Lb,
                                                                   int64_t L, int64_t D, float scale, float *kbuf,
                                                                   float *scores, const int nc) {
-    for (int j = 0; j < 16; j++) {
-        prefetch_scores(kb, ksl, vb, vsl, l + j, Lb, D);
-        widen(kb + (l + j) * ksl, D, kbuf + j * D);
-    }
+    widen_block(kb, ksl, vb, vsl, l, 16, Lb, D, kbuf);
     const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
     for (int64_t r = 0; r < GQ; r++) {
         const uint8_t *sr = sees + (r % Q) * L + l;
@@ -456,10 +463,7 @@ static inline __attribute__((always_inline)) void scores_block8(const float *con
                                                                  const half *vb, int64_t vsl, int64_t l, int64_t Lb,
                                                                  int64_t L, int64_t D, float scale, float *kbuf,
                                                                  float *scores, const int nc) {
-    for (int j = 0; j < 8; j++) {
-        prefetch_scores(kb, ksl, vb, vsl, l + j, Lb, D);
-        widen(kb + (l + j) * ksl, D, kbuf + j * D);
-    }
+    widen_block(kb, ksl, vb, vsl, l, 8, Lb, D, kbuf);
     const __m256 sc = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     for (int64_t r = 0; r < GQ; r++) {
         const uint8_t *sr = sees + (r % Q) * L + l;

@@ -380,6 +380,27 @@ def cached_matmul_choice(cfg: TransformersModelConf, threads: int) -> Choice | N
     return choose({p: {int(m): ms for m, ms in t.items()} for p, t in cached["matmul_ms"].items()})
 
 
+def will_measure(cfg: TransformersModelConf, threads: int, tuning=None) -> bool:
+    """Whether resolving cfg on this CPU would time its matmul paths first (resolve: `weights: auto` or int8 with the
+    kernel left to measure, and no table cached for this model, machine and thread count; a pack not converted yet
+    has none). A job then starts nothing beside the build (flows/job.py), so the timings are the paths' alone."""
+    import torch
+
+    from .devices import resolve_weights
+    from .packs import DONE_MARKER, get_pack, model_dir
+    from .tuning import EngineTuning
+
+    tuning = tuning if tuning is not None else EngineTuning()
+    weights = resolve_weights(cfg.weights, torch.device("cpu"))
+    if weights == "dtype" and cfg.weights != "auto":
+        return False
+    if weights == "int8" and (str(tuning.int8_kernel or "auto").lower() != "auto" or not tuning.int8_native):
+        return False
+    if cfg.pack and not (model_dir(get_pack(cfg.pack)) / DONE_MARKER).exists():
+        return True
+    return cached_matmul_choice(cfg, threads) is None
+
+
 def matmul_choice(cfg: TransformersModelConf, threads: int) -> Choice:
     """Step 1 for this model on this machine: read from the cache, or measured (and cached) now."""
     import torch
