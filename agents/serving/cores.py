@@ -89,11 +89,8 @@ def would_claim(requested: int | None = None) -> int:
 
 def claim_threads(requested: int | None = None) -> CoreClaim:
     """Threads for a model of this process: `requested`, else FIXLAB_THREADS, else a fair share of the cores."""
-    if requested:
-        return CoreClaim(max(1, int(requested)), False)
-    env = os.environ.get("FIXLAB_THREADS")
-    if env:
-        return CoreClaim(max(1, int(env)), False)
+    if requested or os.environ.get("FIXLAB_THREADS"):
+        return CoreClaim(would_claim(requested), False)
     cores = usable_cores()
     me = os.getpid()
     try:
