@@ -16,9 +16,7 @@ Writes benchmarks/results/attention-<UTC time>.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +29,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import kernels_at  # noqa: E402
 from agents.serving import native  # noqa: E402
 from agents.serving.machine import describe  # noqa: E402
 from flows.results import write  # noqa: E402
@@ -50,27 +49,8 @@ TABLE = {"rows": "rows", "columns": [["rows", "$.shape.rows"], ["context", "$.sh
                                      ["time over the tree's", "this_tree_faster"]]}
 
 
-def build(rev: str, into: Path) -> ctypes.CDLL:
-    """kernels.c at `rev` ("." = this working tree) built with this tree's flags, with today's argument types."""
-    if rev == ".":
-        source = native.SOURCE.read_text()
-    else:
-        got = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:agents/serving/kernels.c"],
-                             capture_output=True, text=True)
-        if got.returncode:
-            sys.exit(f"error: --against {rev}: no agents/serving/kernels.c at that revision (git log shows commits)")
-        source = got.stdout
-    if "fixlab_decode_attention" not in source:
-        sys.exit(f"error: --against {rev}: its kernels.c has no decode attention (it came with the float16 KV cache)")
-    src, lib = into / f"kernels-{rev.replace('/', '_')}.c", into / f"kernels-{rev.replace('/', '_')}.so"
-    src.write_text(source)
-    done = subprocess.run(["gcc", *native.ISAS[native.default_isa()], *native.FLAGS, str(src), "-o", str(lib)], capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"error: kernels.c at {rev} did not build: {(done.stderr.strip().splitlines() or ['?'])[0][:200]}")
-    so = ctypes.CDLL(str(lib))
-    so.fixlab_decode_attention.argtypes = native.library().fixlab_decode_attention.argtypes
-    so.fixlab_decode_attention.restype = None
-    return so
+def build(rev: str, into: Path):
+    return kernels_at.build(rev, into, "fixlab_decode_attention", "the float16 KV cache", ("fixlab_decode_attention",))
 
 
 def main() -> None:

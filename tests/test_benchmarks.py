@@ -64,3 +64,19 @@ def test_attention_times_this_tree_against_a_commit_and_checks_both_against_exac
                     "--out", str(tmp_path / "bad.json"))
     assert bad.returncode != 0 and "\n" not in bad.stderr.strip()
     assert bad.stderr.strip().startswith("error: --against not-a-commit-anywhere:")
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="the compiled kernels need gcc")
+def test_int8_kernel_times_this_tree_against_a_commit_and_checks_the_bits(tmp_path):
+    out = tmp_path / "int8.json"
+    run = [sys.executable, str(REPO / "benchmarks" / "int8_matmul.py"), "--layers", "1", "--reps", "1"]
+    done = subprocess.run([*run, "--against", "HEAD", "--rows", "3", "9", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["rows"], r["kernels"]) for r in rows] == [(3, "this tree"), (3, "HEAD"), (9, "this tree"), (9, "HEAD")]
+    assert all(r["equal"] and r["ms_per_step"] > 0 for r in rows)  # HEAD's kernel gives this tree's bits
+    bad = subprocess.run([*run, "--against", "not-a-commit-anywhere", "--rows", "2", "--out", str(tmp_path / "b.json")],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "\n" not in bad.stderr.strip()
+    assert bad.stderr.strip().startswith("error: --against not-a-commit-anywhere:")
