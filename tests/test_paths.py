@@ -251,3 +251,27 @@ def test_onednn_packed_int8_matmul_gives_exactly_the_int_mm_values():
                 want = ref(x)
                 assert torch.equal(one(x), want), (n, k, m, bias)
                 assert torch.equal(mixed(x), want), (n, k, m, bias)
+
+
+def test_the_int8_paths_are_timed_over_the_matrices_the_engine_multiplies():
+    """The calibration's int8 figures time the engine's own calls: one matrix per Int8Group (q, k, v stacked; gate, up
+    stacked) and the rest one each, the same multiply-adds as the seven linears the float32 path times."""
+    from transformers import AutoModelForCausalLM
+
+    from agents.serving.int8 import Int8Group, quantize_int8
+
+    config = tiny_qwen2()
+    shapes = paths.model_shapes(config)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    quantize_int8(model, group=True)
+    layer = model.model.layers[0]
+    called = []  # (out, in) of each int8 kernel call a layer makes, in order
+    for mod in layer.modules():
+        if isinstance(mod, Int8Group):
+            called.append((mod.linear.out_features, mod.linear.in_features))
+        elif isinstance(mod, Int8Linear) and not any(g.linear is mod for g in layer.modules()
+                                                     if isinstance(g, Int8Group)):
+            called.append((mod.out_features, mod.in_features))
+    assert sorted(paths.layer_shapes(shapes, "int8:fixlab")) == sorted(called)
+    assert len(called) == 4 and len(paths.layer_shapes(shapes, "float32")) == 7
+    assert sum(n * k for n, k in called) == sum(n * k for n, k in paths.layer_shapes(shapes, "float32"))

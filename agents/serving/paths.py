@@ -99,15 +99,25 @@ class Choice:
 
 # ---- the model's shapes ---------------------------------------------------------------------------------------------
 def model_shapes(config) -> dict:
-    """{"layer": [(out, in) of q, k, v, o, gate, up, down], "layers": n, "head": (vocab, hidden)} of a transformers
-    decoder config (Qwen2, Llama, Mistral... share these names)."""
+    """{"layer": [(out, in) of q, k, v, o, gate, up, down], "int8_layer": the same as the engine's int8 weights
+    multiply them (q, k and v stacked, o, gate and up stacked, down: int8.Int8Group), "layers": n, "head": (vocab,
+    hidden)} of a transformers decoder config (Qwen2, Llama, Mistral... share these names)."""
     h = config.hidden_size
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     hd = getattr(config, "head_dim", None) or h // heads
     inter = config.intermediate_size
     layer = [(heads * hd, h), (kv * hd, h), (kv * hd, h), (h, heads * hd), (inter, h), (inter, h), (h, inter)]
-    return {"layer": layer, "layers": int(config.num_hidden_layers), "head": (int(config.vocab_size), h)}
+    grouped = [((heads + 2 * kv) * hd, h), (h, heads * hd), (2 * inter, h), (h, inter)]
+    return {"layer": layer, "int8_layer": grouped, "layers": int(config.num_hidden_layers),
+            "head": (int(config.vocab_size), h)}
+
+
+def layer_shapes(shapes: dict, path: str) -> list[tuple[int, int]]:
+    """A layer's matrices as `path` multiplies them: the int8 paths one call per Int8Group (int8_groups, on in every
+    job: one call where there were three and two), the others one per linear."""
+    key = "int8_layer" if path.startswith("int8:") and shapes.get("int8_layer") else "layer"
+    return [tuple(s) for s in shapes[key]]
 
 
 # ---- step 1: matmuls ---------------------------------------------------------------------------------------------
@@ -223,10 +233,11 @@ def _pass(mod_sets: list[list], xs: dict, reps: int) -> float:
 
 def calibrate_matmuls(shapes: dict, paths: list[str] | None = None, rows: tuple[int, ...] = ROWS,
                       head_slices: int = 8, log=None) -> dict:
-    """{path: {rows: ms}}: the matmuls of one step of the whole model at that many rows (tokens): the layer's seven
-    matrices times the layers, plus the output layer for decode widths (at PREFILL_ROWS and above only the last
-    position of each prompt reaches it, so it is left out there). Weights come from memory as in the model: the layer
-    is timed over as many distinct copies as make _stream_bytes(), the output layer in head_slices distinct slices."""
+    """{path: {rows: ms}}: the matmuls of one step of the whole model at that many rows (tokens): the layer's
+    matrices as the path multiplies them (layer_shapes: the int8 ones stacked as the engine's groups) times the layers,
+    plus the output layer for decode widths (at PREFILL_ROWS and above only the last position of each prompt reaches
+    it, so it is left out there). Weights come from memory as in the model: the layer is timed over as many distinct
+    copies as make _stream_bytes(), the output layer in head_slices distinct slices."""
     import torch
 
     paths = paths or matmul_paths()
@@ -236,12 +247,13 @@ def calibrate_matmuls(shapes: dict, paths: list[str] | None = None, rows: tuple[
     best1 = None
     for path in paths:
         t0 = time.perf_counter()
-        copies = max(1, min(32, -(-_stream_bytes() // _weight_bytes(path, shapes["layer"]))))
-        layers = _linears(path, shapes["layer"], copies)
+        mats = layer_shapes(shapes, path)
+        copies = max(1, min(32, -(-_stream_bytes() // _weight_bytes(path, mats))))
+        layers = _linears(path, mats, copies)
         head = _linears(path, head_shapes, 1)
         out[path] = {}
         for m in (rows if path.startswith("int8:") else [r for r in rows if r in OTHER_ROWS] or rows):
-            xs = [torch.randn(m, k) for _, k in shapes["layer"]]
+            xs = [torch.randn(m, k) for _, k in mats]
             if m == rows[0] and best1 is not None:  # one warm pass over one copy first: a reference loop stops here
                 _pass(layers[:1], xs, 1)  # first calls: kernel set-up, the weights' first touch
                 probe = _pass(layers[:1], xs, 1) * shapes["layers"]
