@@ -277,8 +277,15 @@ def columns(d: dict) -> list[list[str]]:
     return [[k, k] for k in out]
 
 
+# A speed table shows the rows of its kind's newest files; the older ones stay in benchmarks/results/ (every one is
+# still read, so a damaged file is still named) and are counted under the table, which kept the document at a size a
+# person reads (it had grown past 300 KB, most of it superseded timings).
+SHOWN_FILES = 3
+
+
 def speed_kind(kind: str, named: list[tuple[str, dict]]) -> list[str]:
     newest, heads, rows = named[-1][1]["about"], [], []
+    shown = {n for n, _ in named[-SHOWN_FILES:]}
     for _, d in named:
         heads += [c[0] for c in columns(d) if c[0] not in heads]
     configs = {n: d["about"].get("config") or {} for n, d in named}
@@ -287,13 +294,18 @@ def speed_kind(kind: str, named: list[tuple[str, dict]]) -> list[str]:
         diff = ", ".join(f"{k}={v}" for k, v in configs[name].items() if configs[named[-1][0]].get(k) != v) or "-"
         for keys, rec in records(d, d["about"].get("table", {})):
             vals = [field(d, keys, rec, cols[h]) if h in cols else None for h in heads]
-            if any(v not in (None, "", []) for h, v in zip(heads, vals) if h in cols and not cols[h].startswith("$.")):
+            if name in shown and any(v not in (None, "", []) for h, v in zip(heads, vals)
+                                     if h in cols and not cols[h].startswith("$.")):
                 rows.append([link(name), machine_words(d["about"]["machine"]), *keys, diff, *map(cell, vals)])
     keyheads, reruns = newest.get("table", {}).get("keys", []), rerun_lines(named)
     head = ["results file", "machine", *keyheads, "settings unlike the newest file's", *heads]
     keep = [i for i in range(len(head)) if i < 2 + len(keyheads) or any(r[i] != "-" for r in rows)]  # no empty column
     head, rows = [head[i] for i in keep], [[r[i] for i in keep] for r in rows]
+    older = len(named) - len(shown)
+    prefix = named[-1][0].split("-20")[0]
     return [f"### {newest['title']}", "", wrap(newest.get("text", "")), "", *table(head, rows),
+            *(["", wrap(f"{older} older file{'s' * (older != 1)} of this kind in benchmarks/results/ "
+                        f"(`{prefix}-*.json`), not shown.")] if older else []),
             *([""] + reruns if reruns else [])]
 
 
