@@ -8,6 +8,7 @@ continues it).
 from __future__ import annotations
 
 import gc
+import io
 import json
 import os
 import sys
@@ -179,6 +180,59 @@ def say(line: str) -> None:
         pass
 
 
+class _ReaderMayLeave(io.TextIOBase):
+    """sys.stdout or sys.stderr of a job whose reader may go away (a wrapper or an ssh session died, `| head`): the
+    first write to the closed pipe points the descriptor at /dev/null, so that write and every later one (the job's
+    progress, Hydra's, the sandboxes' children) succeed. Otherwise the job's next line raised BrokenPipeError and
+    the job died with exit 1 and its tasks in flight (CI once: the job stopped that way instead of by its SIGTERM)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _gone(self) -> None:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self._stream.fileno())
+        os.close(null)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+            self._stream.flush()  # what the buffer held goes to /dev/null
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:
+        return self._stream.encoding
+
+    @property
+    def errors(self) -> str:
+        return self._stream.errors
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    @classmethod
+    def install(cls) -> None:
+        sys.stdout, sys.stderr = cls(sys.stdout), cls(sys.stderr)
+
+
 def stop_now(code: int) -> None:
     """Leave at once: worker threads still inside a task would hold a normal exit until their task ends (minutes
     for a model call). Every finished task is already on disk and the run is already marked, so nothing is lost."""
@@ -194,6 +248,7 @@ def stop_now(code: int) -> None:
 
 
 if __name__ == "__main__":
+    _ReaderMayLeave.install()
     problem = check_overrides(sys.argv[1:]) if not any(a in ("-h", "--help", "--cfg", "-c", "--info") for a in sys.argv) else None
     if problem:
         print(f"error: {problem}", file=sys.stderr)
