@@ -283,9 +283,19 @@ def columns(d: dict) -> list[list[str]]:
 SHOWN_FILES = 3
 
 
+def newest_files(named: list[tuple[str, dict]]) -> set[str]:
+    """The SHOWN_FILES newest files of each sort of file of a kind, the sort being the values of the table's first key
+    its rows carry (memory's parts: a run of the conversion alone must not hide the job's peak)."""
+    sorts: dict[frozenset, list[str]] = {}
+    for name, d in named:
+        sort = frozenset(str(keys[0]) for keys, _ in records(d, d["about"].get("table", {})) if keys)
+        sorts.setdefault(sort, []).append(name)
+    return {n for names in sorts.values() for n in names[-SHOWN_FILES:]}
+
+
 def speed_kind(kind: str, named: list[tuple[str, dict]]) -> list[str]:
     newest, heads, rows = named[-1][1]["about"], [], []
-    shown = {n for n, _ in named[-SHOWN_FILES:]}
+    shown = newest_files(named)
     for _, d in named:
         heads += [c[0] for c in columns(d) if c[0] not in heads]
     configs = {n: d["about"].get("config") or {} for n, d in named}

@@ -224,3 +224,20 @@ def test_the_document_opens_with_one_screen_the_frontier_table_the_picture_and_e
     for m in " ".join(machines.split()).split("; "):
         head, _, rest = m.partition(": ")
         assert head != rest, m  # a machine named once, not "X: X"
+
+
+def test_a_speed_table_keeps_the_newest_files_of_each_sort_so_a_run_of_one_part_hides_no_other():
+    """Memory files of the conversion alone, newer than the job's, must not push the job's peak out of the table:
+    each sort of file (the values of the table's first key its rows carry) keeps its newest ones, the rest counted."""
+    def memory(utc: str, part: str, label: str) -> tuple[str, dict]:
+        about = {"kind": "memory", "utc": utc, "title": "Peak memory", "text": "", "machine": {"cpu": "test double"},
+                 "table": {"rows": "parts.*", "keys": ["part"], "columns": [["label", "$.label"], ["peak", "peak"]]}}
+        return f"memory-{utc}-{label}.json", {"about": about, "label": label, "parts": {part: {"peak": 1.0}}}
+
+    named = [memory(f"2026010{i}T000000Z", "job", f"job{i}") for i in range(1, 6)]
+    named += [memory(f"2026020{i}T000000Z", "convert", f"convert{i}") for i in range(1, 5)]
+    text = "\n".join(report.speed_kind("memory", named))
+    shown = [f"job{i}" for i in (3, 4, 5)] + [f"convert{i}" for i in (2, 3, 4)]
+    assert all(f"-{label}.json]" in text for label in shown), text
+    assert not any(f"-{label}.json]" in text for label in ("job1", "job2", "convert1")), text
+    assert "3 older files of this kind" in text
