@@ -45,20 +45,18 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
     t0 = time.perf_counter()
     usage = Usage()  # where the job's time went: the machine's CPU, the engine busy and idle (flows/usage.py)
     apply_offline(settings.offline)
+    from .prefect_api import start_prefect_api
+
     # Prefect's temporary server (flows/prefect_api.py) starts up beside the model's build, unless the build first
     # times this machine's paths: its 12-25 s of start-up on 2 cores then fell on those timings (the same machine's
     # matmuls-alone figure read 126, 155 and 223 tokens/s; issue #52's session-40 note), so it starts after
-    quiet = runner is None and measures_on_build(settings.model)
-    if runner is None and not quiet:
-        from .prefect_api import start_prefect_api
-
+    prefect = None if runner is not None else "after" if measures_on_build(settings.model) else "beside"
+    if prefect == "beside":
         start_prefect_api()
     runner = runner or run_jobs
     tasks = load_tasks(settings.dataset)
     model = _model_up_front(settings)
-    if quiet:
-        from .prefect_api import start_prefect_api
-
+    if prefect == "after":
         start_prefect_api()
     check_runner(settings.runner)
     tracker = RunTracker(settings.tracking)

@@ -275,3 +275,33 @@ def test_the_int8_paths_are_timed_over_the_matrices_the_engine_multiplies():
     assert sorted(paths.layer_shapes(shapes, "int8:fixlab")) == sorted(called)
     assert len(called) == 4 and len(paths.layer_shapes(shapes, "float32")) == 7
     assert sum(n * k for n, k in called) == sum(n * k for n, k in paths.layer_shapes(shapes, "float32"))
+
+
+@pytest.mark.parametrize("weights", ["auto", "int8", "dtype"])
+def test_a_job_is_told_it_measures_first_exactly_when_resolving_times_the_paths(tiny, tmp_path, monkeypatch, weights):
+    """flows/job.py starts Prefect's server after the build when will_measure says the build times this machine's
+    paths (so the server's start-up does not fall on the timings), beside it otherwise: the two must agree for every
+    setting of the weights, the int8 kernel and the compiled loops."""
+    from agents.serving.tuning import EngineTuning
+
+    monkeypatch.setenv("FIXLAB_CACHE", str(tmp_path / "cache"))  # nothing cached
+
+    class Timed(Exception):
+        pass
+
+    def timing(cfg, threads):
+        raise Timed
+
+    monkeypatch.setattr(paths, "matmul_choice", timing)
+    for kernel in ("auto", "fixlab", "torch"):
+        for native_loops in (True, False):
+            tuning = EngineTuning(int8_kernel=kernel, int8_native=native_loops)
+            cfg = _conf(tiny, weights=weights)
+            try:
+                paths.resolve(cfg, torch.device("cpu"), 1, tuning)
+                timed = False
+            except Timed:
+                timed = True
+            except Exception:  # a setting resolve refuses (fixlab's kernel without the compiled loops) times nothing
+                timed = False
+            assert paths.will_measure(cfg, 1, tuning) == timed, (weights, kernel, native_loops)

@@ -403,14 +403,20 @@ def will_measure(cfg: TransformersModelConf, threads: int, tuning=None) -> bool:
     from .tuning import EngineTuning
 
     tuning = tuning if tuning is not None else EngineTuning()
-    weights = resolve_weights(cfg.weights, torch.device("cpu"))
-    if weights == "dtype" and cfg.weights != "auto":
-        return False
-    if weights == "int8" and (str(tuning.int8_kernel or "auto").lower() != "auto" or not tuning.int8_native):
+    if _set_by_config(cfg, resolve_weights(cfg.weights, torch.device("cpu")), tuning):
         return False
     if cfg.pack and not (model_dir(get_pack(cfg.pack)) / DONE_MARKER).exists():
         return True
     return cached_matmul_choice(cfg, threads) is None
+
+
+def _set_by_config(cfg: TransformersModelConf, weights: str, tuning) -> bool:
+    """Whether the config (and tuning) leave the CPU path nothing to measure: the weights explicitly in the dtype, or
+    int8 with its kernel set (or without the compiled loops, which leaves torch's). resolve and will_measure both
+    ask, so that a job that says it measures first is one that does."""
+    kernel = str(tuning.int8_kernel or "auto").strip().lower()
+    return ((weights == "dtype" and cfg.weights != "auto")
+            or (weights == "int8" and (kernel != "auto" or not tuning.int8_native)))
 
 
 def matmul_choice(cfg: TransformersModelConf, threads: int) -> Choice:
@@ -452,13 +458,13 @@ def resolve(cfg: TransformersModelConf, device, threads: int, tuning=None) -> Ch
     if device.type != "cpu":
         return Choice(weights="dtype", dtype=str(resolve_dtype(cfg.dtype, device, "dtype")).replace("torch.", ""),
                       int8=None, reason=f"{device.type}: weights in the model's dtype")
-    if weights == "dtype" and cfg.weights != "auto":  # explicitly the dtype: nothing to measure
+    if _set_by_config(cfg, weights, tuning) and weights == "dtype":  # explicitly the dtype: nothing to measure
         dtype = str(resolve_dtype(cfg.dtype, device, "dtype")).replace("torch.", "")
         cached = cached_matmul_choice(cfg, threads) if cfg.pack else None  # a measured table, where one is at hand
         if cached is not None:
             _warn_if_slow(cached, dtype, f"weights=dtype ({dtype})")
         return Choice(weights="dtype", dtype=dtype, int8=None, reason="weights=dtype as configured")
-    if weights == "int8" and (kernel != "auto" or not tuning.int8_native):  # nothing left to measure
+    if _set_by_config(cfg, weights, tuning):  # int8 with its kernel set: nothing left to measure
         kernel = kernel if tuning.int8_native else "torch"  # fixlab's kernel rounds with the compiled loops
         if kernel == "fixlab":
             from .native import available
