@@ -382,3 +382,18 @@ def test_a_configurations_label_is_its_difference_from_the_defaults_whatever_els
                 assert knobs(everything[key]) == knobs(label), (f.name, key, label, everything[key])
                 compared += 1
     assert compared > 100
+
+
+def test_a_rerun_in_a_file_the_job_wrote_itself_is_newer_than_an_older_hand_run_file(tmp_path):
+    """A job's own results file keeps its time only in its self-description (about.utc), not in `recorded`: a rerun
+    written that way after a hand-run file is the newest record of its configuration, and the frontier uses it."""
+    doc = json.loads(FIXTURE.read_text())
+    rerun = json.loads(json.dumps(doc["runs"][1]))  # B again, by a later engine: it missed T9
+    rerun["run_id"] = "f" * 32
+    rerun["first_pass_round"]["Python/9#0"] = None
+    rerun["overall"]["passed"] = 9
+    later = tmp_path / "fullsize-toy-coder-single_shot-iters1-29991231T235959Z.json"
+    later.write_text(json.dumps({"about": {"kind": "fullsize", "utc": "29991231T235959Z"}, "runs": [rerun]}))
+    fr = fl.frontier(fl.records_from_file(later) + fl.records_from_file(FIXTURE, order=1))
+    assert fr.config(B).run_id == "f" * 32 and fr.config(B).passed == 9
+    assert any(n.startswith(f"{B}: 2 runs of this configuration; used ffffffff") for n in fr.notes)

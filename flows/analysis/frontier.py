@@ -232,13 +232,13 @@ def configurations(records: list[Record], use: tuple[str, ...] = ()) -> tuple[li
     if not records:
         raise FrontierError("no finished run among the records")
     full = max(r.total for r in records)
-    short: dict[tuple[str, int], list[str]] = {}
+    short: dict[int, dict[str, str]] = {}  # tasks covered -> {run id: its file}: a run of several budgets once
     for r in records:
         if r.total < full:
-            short.setdefault((r.source, r.total), []).append(r.run_id[:8])
-    for (src, n), ids in short.items():
-        notes.append(f"left out {', '.join(ids)} ({src}): {'they cover' if len(ids) > 1 else 'it covers'} {n} of "
-                     f"{full} tasks, so pass@1 there is not comparable")
+            short.setdefault(r.total, {}).setdefault(r.run_id[:8], r.source)
+    for n, runs in short.items():
+        notes.append(f"left out {len(runs)} run{'s' if len(runs) > 1 else ''} covering {n} of {full} tasks, so "
+                     f"pass@1 there is not comparable: " + ", ".join(f"{i} ({src})" for i, src in runs.items()))
     records = [r for r in records if r.total == full]
     labels = _labels(records)
     keys = sorted({k for r in records for k in labels[id(r)][2]})

@@ -207,7 +207,7 @@ def records_from_file(path: Path, order: int = 0) -> list[Record]:
                 (f"{guess} (file text)", "file text") if guess else ("unknown", "unknown")
             params = param_values(r["params"])
             rec = Record(
-                run_id=r["run_id"], source=Path(path).name, recorded=str(doc.get("recorded", "")), order=order * 1000 + i,
+                run_id=r["run_id"], source=Path(path).name, recorded=_recorded(doc), order=order * 1000 + i,
                 params=params, status=r.get("status", "FINISHED"),
                 passed=int(r["overall"]["passed"]), total=total, cost=_per_task_cost(r, total),
                 outcomes=_verdicts(r.get("first_pass_round")),
@@ -243,6 +243,18 @@ def budgets(rec: Record, cost_by_round: list[dict] | None) -> list[Record]:
             if cost.get("task_seconds") is not None else None,
             machine=rec.machine, machine_source=rec.machine_source, commit=rec.commit, defaults=rec.defaults))
     return out
+
+
+def _recorded(doc: dict) -> str:
+    """When a results file was written, ISO: its `recorded`, or (the files a job writes itself keep only the
+    self-description's UTC stamp, 20261130T115114Z) that stamp. Without it, every job-written file read as older
+    than any hand-run one, and a rerun's "newest record" was an old file."""
+    if doc.get("recorded"):
+        return str(doc["recorded"])
+    utc = str((doc.get("about") or {}).get("utc", ""))
+    if len(utc) == 16 and utc[8] == "T" and utc.endswith("Z"):
+        return f"{utc[:4]}-{utc[4:6]}-{utc[6:8]}T{utc[9:11]}:{utc[11:13]}:{utc[13:15]}Z"
+    return ""
 
 
 def records_from_files(paths: list[Path]) -> list[Record]:

@@ -94,6 +94,20 @@ def verdict_words(fr) -> str:
     return text
 
 
+def verdict_rows(steps) -> tuple[list[str], list[list[str]]]:
+    """Each paired step (a Step) as a table row: the step's sentence (Step.text) said once per column, not as a
+    paragraph that names both configurations twice (the two frontier documents were 60 KB each, mostly that)."""
+    head = ["cost", "frontier point", "against", "why", "cost ratio", "tasks", "points [95% CI]",
+            "fixed by one only", "p", "verdict"]
+    rows = [[s.axis, s.point, s.against, s.why.replace(" frontier point", "").replace("configuration ", ""),
+             "-" if s.cost_ratio is None else f"{s.cost_ratio:.1f}x", str(s.shared_tasks),
+             f"{s.diff * 100:+.1f} [{s.ci95[0] * 100:+.1f}, {s.ci95[1] * 100:+.1f}]",
+             f"{s.only_point} vs {s.only_against}", _fmt_p(s.p_value),
+             "buys" if s.buys else "worse" if s.p_value < 0.05 and s.diff < 0 else "no significant gain"]
+            for s in steps]
+    return head, rows
+
+
 def markdown(fr, off_frontier: str | None = None) -> str:
     """The frontier as markdown: every configuration's row, or with `off_frontier` (the command that lists them all)
     only the rows on a frontier or unplaced, and a line saying how many were left out and where they are."""
@@ -111,9 +125,9 @@ def markdown(fr, off_frontier: str | None = None) -> str:
     if fr.time_frontier:
         lines.append(f"Frontier on seconds per task ({fr.time_where}): " + " < ".join(fr.time_frontier))
     lines += ["", "Paired verdicts (exact McNemar on the shared tasks, 95% Newcombe interval of the difference):"]
-    for s in fr.steps:
-        lines.append(f"- [{s.axis}] {s.text}")
-    if not fr.steps:
+    if fr.steps:
+        lines += ["", *table(*verdict_rows(fr.steps))]
+    else:
         lines.append("- one frontier point: nothing cheaper to pair it with")
     if fr.notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in fr.notes]
