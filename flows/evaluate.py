@@ -25,7 +25,7 @@ from sandboxes import SandboxUnavailable
 from . import schema
 from .schema import CONF_DIR
 from .config import ConfigError, settings_from
-from .job import run_job
+from .job import run_job, stopped
 from .mark_killed import OpenRun, hand_over
 from .prefect_api import stop_prefect_api
 from .workers import close_all
@@ -86,6 +86,7 @@ class _Stop:
     the runs not marked by then go to a detached process that marks them once the job is gone (flows/mark_killed.py)."""
 
     job_run: OpenRun | None = None
+    signalled = threading.Event()  # SIGTERM or Ctrl-C arrived (set by the watcher, which the C-level handler wakes)
     GRACE_S = 3.0  # tasks in flight (a model call can take minutes) are dropped after this; resume reruns them
     # Past the grace, a mark still running gets this much longer; then the process leaves regardless (and hands the
     # mark over). A stop whose mark is done by the end of the grace still leaves at once.
@@ -150,6 +151,7 @@ def stop_on_signals() -> None:
     import signal
 
     def handler(signum, frame):
+        _Stop.signalled.set()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop is enough
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise KeyboardInterrupt
@@ -167,6 +169,7 @@ def _leave_after_grace(fd: int) -> None:
 
     while os.read(fd, 1)[0] not in (signal.SIGTERM, signal.SIGINT):
         pass
+    _Stop.signalled.set()
     _Stop.start_marking()
     time.sleep(_Stop.GRACE_S)
     _Stop.leave()
@@ -256,8 +259,16 @@ if __name__ == "__main__":
     stop_on_signals()
     try:
         main()
-    except KeyboardInterrupt:
-        _Stop.leave()
+    except BaseException as e:
+        # After a stop signal every way out is the stop's (exit 130, the run marked KILLED). The stop does not always
+        # surface as KeyboardInterrupt: Prefect raises its own TerminationSignal inside a flow, and an exception
+        # raised while the job unwinds (a store or API call cut short) reaches Hydra, which exits 1; CI saw a job
+        # stopped that way exit 1 in half a second. The watcher sets `signalled` within a switch interval of the
+        # signal; 50 ms covers it, and costs only a job that crashed on its own.
+        # (Hydra's exit carries what it reports as its context; an exit of our own, bad input, is no stop.)
+        if stopped(e.__context__ if isinstance(e, SystemExit) else e) or _Stop.signalled.wait(0.05):
+            _Stop.leave()
+        raise
     finally:
         close_all()
         stop_prefect_api()

@@ -103,8 +103,8 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
         tracker.finish(summary, status)
         return summary
     except BaseException as e:
-        # Ctrl-C is KILLED (resume=last continues it); anything else is FAILED.
-        status = "KILLED" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        # A stop (SIGTERM, Ctrl-C) is KILLED (resume=last continues it); anything else is FAILED.
+        status = "KILLED" if stopped(e) else "FAILED"
         raise
     finally:
         progress.close()
@@ -115,6 +115,20 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
                 tracker.client.set_terminated(run_id, status=status)
             except Exception:
                 pass
+
+
+def stopped(e: BaseException) -> bool:
+    """Whether `e` is a stop or came out of one: KeyboardInterrupt (flows/evaluate.py's handler raises it for SIGTERM
+    too), SystemExit, or Prefect's TerminationSignal (its own SIGTERM handler inside a flow), itself or anywhere in
+    what it was raised from or during. An error raised while a stop unwinds (a store or API call cut short: Prefect
+    records the crash on its server first) must not make a stopped run FAILED."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (KeyboardInterrupt, SystemExit)) or type(e).__name__ == "TerminationSignal":
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _model_up_front(settings: JobSettings):

@@ -2,6 +2,8 @@
 raised becomes an error trajectory there (one place), and the run goes on."""
 from __future__ import annotations
 
+import pytest
+
 from conftest import job_settings, needs_data
 
 
@@ -146,3 +148,39 @@ def test_prefects_server_starts_beside_the_model_unless_the_build_times_this_mac
         finally:
             close_all()
         assert order == want, measures
+
+
+def test_a_run_stopped_while_an_error_unwinds_it_is_killed_not_failed(tmp_path, monkeypatch):
+    """SIGTERM inside a flow arrives as Prefect's TerminationSignal, and Prefect records the crash on its server
+    before it lets go: an error raised there (a call cut short) reaches run_job in its place. The run was stopped,
+    so it is KILLED (resume=last continues it), as for Ctrl-C; a plain error stays FAILED."""
+    from prefect.exceptions import TerminationSignal
+
+    from flows.job import run_job
+    from flows.tracking import RunTracker
+    from flows.workers import close_all
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    statuses = {}
+    for name, error in (("stop", TerminationSignal), ("crash", None)):
+        settings = job_settings("model=canonical", "dataset.limit=2", "iters=0", "offline=true",
+                                f"tracking.uri=sqlite:///{tmp_path}/{name}.db",
+                                f"tracking.artifacts={tmp_path}/{name}-artifacts")
+
+        def runner(jobs, settings, done, error=error):
+            try:
+                if error is not None:
+                    raise error(15)
+                raise ValueError("a bug in the runner")
+            except TerminationSignal:
+                raise RuntimeError("the crash's state update was cut short")
+
+        try:
+            with pytest.raises((RuntimeError, ValueError)):
+                run_job(settings, runner)
+        finally:
+            close_all()
+        client = RunTracker(settings.tracking).client
+        run = client.search_runs([client.get_experiment_by_name(settings.tracking.experiment).experiment_id])[0]
+        statuses[name] = run.info.status
+    assert statuses == {"stop": "KILLED", "crash": "FAILED"}
