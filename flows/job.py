@@ -122,10 +122,12 @@ def stopped(e: BaseException) -> bool:
     too), SystemExit, or Prefect's TerminationSignal (its own SIGTERM handler inside a flow), itself or anywhere in
     what it was raised from or during. An error raised while a stop unwinds (a store or API call cut short: Prefect
     records the crash on its server first) must not make a stopped run FAILED."""
+    prefect = sys.modules.get("prefect.exceptions")  # not loaded: no TerminationSignal can have been raised
+    stops = (KeyboardInterrupt, SystemExit) + ((prefect.TerminationSignal,) if prefect else ())
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, (KeyboardInterrupt, SystemExit)) or type(e).__name__ == "TerminationSignal":
+        if isinstance(e, stops):
             return True
         e = e.__cause__ or e.__context__
     return False

@@ -257,7 +257,7 @@ def convert(pack: Pack, gguf_dir: Path, out: Path, streamed: bool = True) -> str
         plan = _streamed_plan(gguf_dir / pack.gguf_name) if streamed else None
     how = "streamed"
     if plan is not None:
-        _write_planned(gguf_dir / pack.gguf_name, out, plan)
+        write_weights_streamed(gguf_dir / pack.gguf_name, out, plan)
     else:
         how = "whole-model"
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=pack.gguf_name, dtype=torch.float32)
@@ -273,8 +273,8 @@ def convert(pack: Pack, gguf_dir: Path, out: Path, streamed: bool = True) -> str
 class _metadata_read_once:
     """Within it, transformers' GGUF metadata parse (`load_gguf_checkpoint(path, return_tensors=False)`, the legacy
     reader its tokenizer and config take for llama and qwen2) runs once per file; later calls get a copy of its
-    answer. Each parse walks the whole vocabulary through gguf's reader: 16-21 s for the 1.5B pack's 151k tokens on
-    the 2-core EPYC, asked for three times by one conversion (cProfile: 64 s of its 136). Left, the answers go."""
+    answer. Each parse walks the whole vocabulary through gguf's reader, string by string, and one conversion asked
+    for it three times (what that cost: benchmarks/memory.py --parts convert). Left, the answers go."""
 
     def __enter__(self):
         import copy
@@ -324,9 +324,9 @@ _ONE_TO_ONE_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor")
 _DEQUANT_CHUNK = 64 << 20  # float32 bytes dequantized at a time
 
 
-def write_weights_streamed(gguf: Path, out: Path) -> bool:
+def write_weights_streamed(gguf: Path, out: Path, plan: "_StreamPlan") -> None:
     """Write the GGUF's weights as `out/model.safetensors` (float32) plus config.json and generation_config.json,
-    one tensor at a time; False (nothing written) when the architecture needs transformers' whole-model conversion.
+    one tensor at a time, as `plan` (_streamed_plan's, where the architecture allows one) lays them out.
 
     The same steps as transformers' GGUF loader (transformers.modeling_gguf_pytorch_utils.load_gguf_checkpoint, the
     path it takes for llama and qwen2): gguf's dequantize, the architecture's tensor processor, the name map built
@@ -334,15 +334,6 @@ def write_weights_streamed(gguf: Path, out: Path) -> bool:
     save_pretrained lays it out (safetensors: names sorted, offsets in that order), so the folder is byte for byte
     the one the whole-model conversion writes (tested). In memory at once: one tensor, dequantized in row chunks
     from bytes read with pread (the GGUF's pages are not mapped in, so they do not stay resident)."""
-    with _metadata_read_once():
-        plan = _streamed_plan(gguf)
-    if plan is None:
-        return False
-    _write_planned(gguf, out, plan)
-    return True
-
-
-def _write_planned(gguf: Path, out: Path, plan: "_StreamPlan") -> None:
     out.mkdir(parents=True, exist_ok=True)
     _write_safetensors(gguf, out / "model.safetensors", plan)
     plan.model.config.architectures = [type(plan.model).__name__]  # as save_pretrained records it
@@ -396,8 +387,8 @@ def _streamed_plan(gguf: Path) -> _StreamPlan | None:
 def _tensor_table(gguf: Path) -> tuple[str, list]:
     """(architecture, [(GGUF name, quantization type, raw shape, raw dtype, data offset)] in file order), the raw
     shape and dtype as gguf's GGUFReader views a tensor's bytes (gguf's dequantize takes that view). Read with
-    transformers' header reader where it has one: it skips the vocabulary, which GGUFReader parses string by string
-    (0.7 s against 16 s for the 1.5B pack's file)."""
+    transformers' header reader where it has one: it skips the vocabulary, which GGUFReader parses string by
+    string."""
     import numpy as np
     from gguf import GGMLQuantizationType as T
     from gguf import GGUFReader

@@ -13,10 +13,14 @@ def _fmt_p(p: float) -> str:
     return f"{p:.2g}"  # 0.052, not 0.05: a p-value just above the line must not read as on it
 
 
+def _word(s) -> str:
+    """A paired step's (a Step's) verdict in a word or three."""
+    return "buys" if s.buys else "worse" if s.p_value < 0.05 else "no significant gain"
+
+
 def _short(s) -> str:
     """One paired step (a Step) in a table cell."""
-    word = "buys" if s.buys else "worse" if s.p_value < 0.05 else "no significant gain"
-    return f"vs {s.against}: {s.diff * 100:+.1f} (p = {_fmt_p(s.p_value)}), {word}"
+    return f"vs {s.against}: {s.diff * 100:+.1f} (p = {_fmt_p(s.p_value)}), {_word(s)}"
 
 
 def _where(c) -> str:
@@ -102,8 +106,7 @@ def verdict_rows(steps) -> tuple[list[str], list[list[str]]]:
     rows = [[s.axis, s.point, s.against, s.why.replace(" frontier point", "").replace("configuration ", ""),
              "-" if s.cost_ratio is None else f"{s.cost_ratio:.1f}x", str(s.shared_tasks),
              f"{s.diff * 100:+.1f} [{s.ci95[0] * 100:+.1f}, {s.ci95[1] * 100:+.1f}]",
-             f"{s.only_point} vs {s.only_against}", _fmt_p(s.p_value),
-             "buys" if s.buys else "worse" if s.p_value < 0.05 and s.diff < 0 else "no significant gain"]
+             f"{s.only_point} vs {s.only_against}", _fmt_p(s.p_value), _word(s)]
             for s in steps]
     return head, rows
 
