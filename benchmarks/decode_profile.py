@@ -2,7 +2,9 @@
 engine, B rows decoding at about C tokens of context, each step split into the decoder's int8 matmuls (with their
 activation rounding; `of which torch._int_mm` is the integer products alone, the lm_head's included), the lm_head,
 decode attention, the rest of the forward (norms, rotary, residuals, MLP activation, KV cache writes, transformers'
-Python) and the engine outside the forward (sampling, stop checks, retiring rows).
+Python) and the engine outside the forward (sampling, stop checks, retiring rows). Where the decoder's layers run as
+one compiled call (agents/serving/decoder.py: the default 1.5B pack's decode steps, draft steps and prefix-hit
+prefills), that call is its own part, "compiled decoder layers", with their matmuls and attention inside it.
 
 Each part is timed by wrapping its Python entry point (CPU ops are synchronous, so wall time is the cost), over the
 steps after a few warm-up steps; no profiler overhead. The prefill of the same prompts (in groups of the model's
@@ -35,20 +37,30 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
+try:  # a tree from before the compiled decoder layers has none (a benchmark run against an older revision)
+    from agents.serving import decoder  # noqa: E402
+except ImportError:
+    decoder = None
 from agents.serving.hf import TransformersModel  # noqa: E402
+from agents.serving.int8 import Int8Linear  # noqa: E402
+from agents.serving.paths import calibrate_matmuls, model_shapes  # noqa: E402
 from agents.serving.machine import describe  # noqa: E402
 from flows.results import write  # noqa: E402
 from weights import decode_ids, prompts, split_settings  # noqa: E402
 
-PARTS = ("int8 matmuls", "lm_head", "attention", "rest of the forward", "engine outside the forward", "sampling")
+# the compiled decoder layers (agents/serving/decoder.py): the layers' int8 matmuls, attention and float work in one
+# call, where it applies; those parts then count only what runs outside it
+LAYERS = "compiled decoder layers"
+PARTS = ("int8 matmuls", "lm_head", "attention", LAYERS, "rest of the forward", "engine outside the forward",
+         "sampling")
 # inside "int8 matmuls": torch._int_mm itself; the rest is rounding each input row and scaling the product back
 MM = "of which torch._int_mm"
 
 
 # What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
-DECODE = ("int8 matmuls", "of which torch._int_mm", "lm_head", "attention", "rest of the forward",
+DECODE = ("int8 matmuls", "of which torch._int_mm", "lm_head", "attention", LAYERS, "rest of the forward",
           "engine outside the forward", "of which sampling")
-PREFILL = ("int8 matmuls", "of which torch._int_mm", "attention", "rest of the forward")
+PREFILL = ("int8 matmuls", "of which torch._int_mm", "attention", LAYERS, "rest of the forward")
 TITLE = "Where a decode step and a prefill go (`benchmarks/decode_profile.py`)"
 TEXT = ("The 1.5B pack in fixlab's engine, each part timed at its Python entry point: decode over the steps after a "
         "warm-up, the prefill of the same prompts per prompt token. `torch._int_mm` is the integer products inside the "
@@ -56,6 +68,8 @@ TEXT = ("The 1.5B pack in fixlab's engine, each part timed at its Python entry p
 TABLE = {"rows": ".", "columns": [["rows", "rows"], ["context", "context"], ["drafts", "drafts"],
                                   ["tokens a step", "tokens_a_step"], ["steps", "steps_timed"],
                                   ["step ms", "step_ms"], ["tokens/s", "decode_tok_s"],
+                                  ["matmuls alone tokens/s", "matmuls_alone.tok_s"],
+                                  ["share of the matmuls' rate", "engine_share_of_matmuls_alone_rate"],
                                   *([f"{k} ms", f"ms_per_step.{k}"] for k in DECODE),
                                   ["prefill tokens/s", "prefill.tok_s"],
                                   *([f"prefill {k} ms a token", f"prefill.ms_per_token.{k}"] for k in PREFILL)]}
@@ -117,6 +131,12 @@ def instrument(m: TransformersModel, clock: Clock) -> None:
         AttentionInterface.register(impl, clock.wrap("attention", fn))
     eng = m.engine
     eng._forward = clock.wrap("forward", eng._forward)
+    if hasattr(eng, "_decode_forward"):
+        eng._decode_forward = clock.wrap("forward", eng._decode_forward)  # a plain decode step's forward
+    if hasattr(eng, "_prefill_forward"):
+        eng._prefill_forward = clock.wrap("forward", eng._prefill_forward)  # a prefill's, around _forward
+    if decoder is not None:
+        decoder.Stack.forward = clock.wrap(LAYERS, decoder.Stack.forward)  # its int8 matmuls and attention inside
     eng._real_logits = clock.wrap("forward", eng._real_logits)  # a draft step's forward
     eng._pick = clock.wrap("sampling", eng._pick)
     eng._sampled = clock.wrap("sampling", eng._sampled)
@@ -187,8 +207,15 @@ def main() -> None:
         futs = [m.engine.submit(r, i) for r, i in zip(reqs, ids)]
         [f.result() for f in futs]
         wall = time.perf_counter() - t0
+        kernel = next((mod.plan.kernel(args.rows) for mod in m.model.modules() if isinstance(mod, Int8Linear)), None)
     finally:
         m.close()
+    # the issue's yardstick, in the same process: the step's int8 matmuls alone (input rounding included), at these
+    # rows, as the path calibration times them (agents/serving/paths.py), right after the steps above
+    alone = None
+    if kernel is not None:
+        alone = calibrate_matmuls(model_shapes(m.model.config), paths=[f"int8:{kernel}"], rows=(args.rows,))
+        alone = {"kernel": kernel, "ms": alone[f"int8:{kernel}"][args.rows]}
     s = clock.s
     split = _split(s, clock.head_int8)
     per_step = {k: round(v / clock.steps * 1000, 1) for k, v in split.items()}
@@ -211,6 +238,10 @@ def main() -> None:
            "step_ms": round(s["step"] / clock.steps * 1000, 1), "decode_tok_s": round(clock.tokens / s["step"], 1),
            "ms_per_step": per_step, "share": {k: round(v / s["step"], 3) for k, v in split.items()},
            "prefill": prefill, "wall_s_with_prefill": round(wall, 1)}
+    if alone is not None:  # a plain step feeds one token a row: the engine's rate over the matmuls' own at B rows
+        out["matmuls_alone"] = {**alone, "tok_s": round(args.rows / alone["ms"] * 1000, 1)}
+        if not args.drafts:
+            out["engine_share_of_matmuls_alone_rate"] = round(out["decode_tok_s"] / out["matmuls_alone"]["tok_s"], 3)
     dest = write("decode_profile", out, title=TITLE, text=TEXT, table=TABLE, out=args.out,
                  config={f"model.{k}": v for k, v in out["model"].items()},
                  machine=describe(threads=torch.get_num_threads(), load_avg_start=os.getloadavg()))
@@ -218,6 +249,11 @@ def main() -> None:
           f"{out['step_ms']} ms a step, {out['decode_tok_s']} tokens/s")
     for k in split:
         print(f"  {k:<28} {per_step[k]:>7.1f} ms  {out['share'][k] * 100:5.1f}%")
+    if alone is not None:
+        print(f"int8 matmuls alone at {args.rows} rows ({alone['kernel']}): {alone['ms']:.1f} ms, "
+              f"{out['matmuls_alone']['tok_s']} tokens/s"
+              + (f"; the engine decodes at {out['engine_share_of_matmuls_alone_rate']:.1%} of that rate"
+                 if not args.drafts else ""))
     if p["step"]:
         print(f"prefill: {clock.prefill_tokens} tokens ({clock.prefill_padded} with padding) in {p['step']:.1f} s, "
               f"{prefill['tok_s']} tokens/s")
@@ -229,8 +265,8 @@ def main() -> None:
 def _split(s: dict, head_int8: bool) -> dict:
     """Parts that add up to the step; MM (torch._int_mm, the lm_head's included) is a part of the int8 time."""
     int8 = s["int8 matmuls"] - (s["lm_head"] if head_int8 else 0.0)  # the decoder's linears
-    return {"int8 matmuls": int8, MM: s[MM], "lm_head": s["lm_head"], "attention": s["attention"],
-            "rest of the forward": s["forward"] - int8 - s["lm_head"] - s["attention"],
+    return {"int8 matmuls": int8, MM: s[MM], "lm_head": s["lm_head"], "attention": s["attention"], LAYERS: s[LAYERS],
+            "rest of the forward": s["forward"] - int8 - s["lm_head"] - s["attention"] - s[LAYERS],
             "engine outside the forward": s["step"] - s["forward"], "of which sampling": s["sampling"]}
 
 

@@ -1,5 +1,5 @@
 """Two settings of the default 1.5B pack, each in a live process of its own, strictly taking turns: each turn one
-decode forward (ROWS rows over a made-up float16 cache of CONTEXT columns, the engine's cache layer) and one prefill
+decode step's forward as the engine runs it (ROWS rows over a made-up float16 cache of CONTEXT columns, the engine's cache layer) and one prefill
 forward (PROMPT_ROWS prompts of PROMPT_TOKENS tokens into a fresh cache), timed inside the worker. The order flips
 every turn (A B B A ...), and each turn's ratio is paired, so the machine's drift (this VM's speed moved 1.5x within
 minutes while one process ran) falls on both sides alike. Use it for what one process cannot switch: an environment
@@ -79,13 +79,15 @@ for layer in cache.layers:
 ids = torch.randint(0, 1000, (B, 1), generator=g)
 prompt = torch.randint(0, 1000, (R, P), generator=g)
 map_large_blocks()  # decode's heap setting, as the engine runs
+# a decode step's forward as the engine runs it: its own method where the tree has one (the compiled decoder layers,
+# agents/serving/decoder.py), else transformers' forward with the last position's logits (_forward)
+step = getattr(m.engine, "_decode_forward", None) or m.engine._forward
 print("ready", torch.get_num_threads(), flush=True)
 turn = 0
 with torch.inference_mode():
     for _ in sys.stdin:
         t0 = time.perf_counter()
-        model(input_ids=ids, attention_mask=torch.ones(B, C + turn + 1, dtype=torch.long),
-              position_ids=torch.full((B, 1), C + turn), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        step(ids, torch.ones(B, C + turn + 1, dtype=torch.long), torch.full((B, 1), C + turn), cache)
         t1 = time.perf_counter()
         fresh = new_cache()
         with prefill_blocks():

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
-from . import packed
+from . import decoder, packed
 from .batching import gather
 from .drafts import Drafts
 from .heap import map_large_blocks, prefill_blocks, release_free_heap
@@ -250,6 +250,29 @@ class BatchEngine(Drafts, Reuse):
                          use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()
 
+    def _decode_forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
+        """A decode step's logits (rows, vocab): where packed.py runs the model, its layers (one compiled call where
+        decoder.py applies) and then the output layer, the values transformers' forward gives; else that forward."""
+        if self._packs:
+            return self._head(packed.forward(self.model, ids, mask, pos, cache, None)).float()
+        return self._forward(ids, mask, pos, cache)
+
+    def _prefill_forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache,
+                         only: torch.Tensor | None) -> torch.Tensor:
+        """A prefill's logits at each row's last position (rows, vocab). Rows that reuse kept KV (the cache already
+        holds it) go through decoder.py's compiled layers where they apply, over the fed real positions, then the
+        output layer at each row's last one (always real: prompts end at the last column): the values transformers'
+        forward gives, which serves every other prefill."""
+        if self._packs and cache.get_seq_length() > 0:
+            h = decoder.forward(self.model, ids, mask, pos, cache, only)
+            if h is not None:
+                B, W = ids.shape
+                last = torch.arange(B) * W + W - 1
+                at = last if only is None else torch.searchsorted(only, last)
+                with only_rows(B, None):
+                    return self._head(h[at]).float()
+        return self._forward(ids, mask, pos, cache)
+
     def _prefill(self, rows: list[_Row], prefixes: list[tuple[int, list]] | None = None):
         """One forward over rows' prompts (+ tokens generated so far, when recovering). Returns cache state.
         With `prefixes` [(n, kv)] (one per row), rows whose first n tokens' KV is kept: only the rest is fed (see
@@ -272,7 +295,7 @@ class BatchEngine(Drafts, Reuse):
             pos = (mask.cumsum(-1) - 1).clamp_min(0)
         t0 = time.perf_counter()
         with prefill_blocks(self.heap_trim), only_rows(ids.numel(), only):  # activations from the heap (heap.py)
-            logits = self._forward(ids, mask, pos, cache)
+            logits = self._prefill_forward(ids, mask, pos, cache, only)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.stats["prefill_s"] += time.perf_counter() - t0
@@ -436,7 +459,7 @@ class BatchEngine(Drafts, Reuse):
         t0 = time.perf_counter()
         try:
             with reuse_output(self._head, self._logits):  # read by _sample before the next forward
-                logits = self._forward(self._last[:, None], self._mask, self._pos[:, None], self._cache)
+                logits = self._decode_forward(self._last[:, None], self._mask, self._pos[:, None], self._cache)
         except Exception as e:
             self._recover(e)
             return

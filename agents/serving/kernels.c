@@ -5,10 +5,13 @@
    1. Int8Linear's rounding of its input rows and scaling of its int32 products, one pass each (int8.py).
    2. Attention over a KV cache kept in float16, prefill, decode and draft checks alike, each query's sums in an order
       fixed by its row's own tokens (cpu_attention.py).
+   3. An int8 matmul over packed weights, exact integer sums (int8.py's fixlab kernel).
    4. A float32 matmul over packed weights whose rows do not depend on the batch (f32.py).
    5. Each row's argmax, as torch.argmax (the engine's greedy choice).
    6. The float work between a decode step's matmuls (RMSNorm's tail, rotary embedding, the MLP's product and its
       rounding), bit-equal to transformers' eager ops (fused.py).
+   7. torch's multinomial draw of a seeded CPU generator (sampling.py).
+   8. A decode, draft or prefix-hit prefill step's decoder layers in one call, over 1-6 (decoder.py).
 
    1. is bit-equal to the eager torch ops they replace (test: tests/test_models_int8.py), so answers do not move:
    - the scale is absmax / 127.0f clamped to 1e-12f, as `rows.abs().amax(1) / 127.0` then `.clamp(min=1e-12)`;
@@ -1395,4 +1398,218 @@ int64_t fixlab_multinomial1(uint32_t *st, const float *p, int64_t n) {
         }
     }
     return best;
+}
+
+/* ---- 8. a step's decoder layers in one call (decoder.py) ---------------------------------------------------------
+
+   What packed.py's Python loop does for each layer of a Qwen2 or Llama model, for the real positions of a decode or
+   draft step, with the kernels above and no Python, dispatch or allocation between them. Why: at 32 rows that loop
+   spent about 30 ms of a 200 ms step between the kernels (benchmarks/decode_profile.py, "rest of the forward"), most
+   of it Python and torch's dispatch while the other core waited in OpenMP.
+
+   The two ops that stayed in torch are done here as torch does them, so every value is the same:
+   - RMSNorm's variance, x.pow(2).mean(-1): torch's float sum of a contiguous row (ATen/native/cpu/SumKernel.cpp,
+     vectorized_inner_sum: `lanes`-wide vector partial sums in 4 interleaved chains, each a cascade of levels, then
+     the chains added, then the lanes in order), the squares rounded first, then divided by the width;
+   - SiLU, in place on the gate's columns (ATen/native/cpu/Activation.cpp): x / (1 + exp(-x)), the vector exp being
+     torch's own Sleef function (`vexp`, taken from libtorch), in the same pieces as torch's loop: at::parallel_for's
+     chunks of the flat index, each row's piece in pairs of vectors, and a scalar tail with expf.
+   decoder.py checks both against torch at first use, for this torch and this CPU, and keeps the Python loop if either
+   differs. */
+
+static int64_t ceil_log2(uint64_t x) { /* c10's utils::CeilLog2 */
+    if (x <= 2) return 1;
+    return 64 - __builtin_clzll(x - 1);
+}
+
+#define SUM_LANES_MAX 16
+
+/* sum of x[0:n] in torch's order, with `lanes`-wide vectors (8: torch's AVX2 kernel, 16: AVX-512) */
+static float torch_sum_squares(const float *x, int64_t n, int lanes) {
+    const int64_t vec_size = n / lanes, size = vec_size / 4;
+    const int64_t level_power = ceil_log2((uint64_t)size) / 4 > 4 ? ceil_log2((uint64_t)size) / 4 : 4;
+    const int64_t level_step = (int64_t)1 << level_power, level_mask = level_step - 1;
+    float acc[4][4][SUM_LANES_MAX];
+    memset(acc, 0, sizeof acc);
+    int64_t i = 0;
+#define SQ(idx) (x[(idx)] * x[(idx)])
+    for (; i + level_step <= size;) {
+        for (int64_t j = 0; j < level_step; ++j, ++i)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < lanes; l++) acc[0][k][l] += SQ((i * 4 + k) * lanes + l);
+        for (int j = 1; j < 4; ++j) {
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < lanes; l++) {
+                    acc[j][k][l] += acc[j - 1][k][l];
+                    acc[j - 1][k][l] = 0.0f;
+                }
+            if ((i & (level_mask << (j * level_power))) != 0) break;
+        }
+    }
+    for (; i < size; ++i)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < lanes; l++) acc[0][k][l] += SQ((i * 4 + k) * lanes + l);
+    for (int j = 1; j < 4; ++j)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < lanes; l++) acc[0][k][l] += acc[j][k][l];
+    for (int64_t v = size * 4; v < vec_size; v++) /* vectors after the last group of 4 go to the first chain */
+        for (int l = 0; l < lanes; l++) acc[0][0][l] += SQ(v * lanes + l);
+    for (int k = 1; k < 4; k++)
+        for (int l = 0; l < lanes; l++) acc[0][0][l] += acc[0][k][l];
+    float total = 0.0f;
+    for (int64_t t = vec_size * lanes; t < n; t++) total += SQ(t);
+    for (int l = 0; l < lanes; l++) total += acc[0][0][l];
+#undef SQ
+    return 0.0f + total; /* CastStoreAccumulate: added to the zeroed output */
+}
+
+/* var[r] = x[r].pow(2).mean() for rows r of x (n floats, ldx apart) */
+void fixlab_torch_mean_squares(const float *x, int64_t rows, int64_t n, int64_t ldx, float *var, int lanes,
+                               int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * n >= 32768)
+    for (int64_t r = 0; r < rows; r++) var[r] = torch_sum_squares(x + r * ldx, n, lanes) / (float)n;
+}
+
+#if defined(__AVX512F__)
+typedef __m512 (*vexp16_t)(__m512);
+#endif
+#if defined(__AVX2__)
+typedef __m256 (*vexp8_t)(__m256);
+#endif
+
+/* one row piece of x[0:len] in place, as torch's vectorized_loop: pairs of `lanes` vectors (x / (1 + exp(-x)), the exp
+   torch's own), then scalars */
+#define SILU_PAIRS(vt, ft, lanes)                                                                                     \
+    for (; i + 2 * (lanes) <= len; i += 2 * (lanes)) {                                                                \
+        vt a, b;                                                                                                      \
+        memcpy(&a, x + i, sizeof a);                                                                                  \
+        memcpy(&b, x + i + (lanes), sizeof b);                                                                        \
+        const vt ea = ((ft)vexp)(-a), eb = ((ft)vexp)(-b);                                                            \
+        a = a / (1.0f + ea);                                                                                          \
+        b = b / (1.0f + eb);                                                                                          \
+        memcpy(x + i, &a, sizeof a);                                                                                  \
+        memcpy(x + i + (lanes), &b, sizeof b);                                                                        \
+    }
+
+static void silu_piece(float *x, int64_t len, int lanes, const void *vexp) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    if (lanes == 16) SILU_PAIRS(__m512, vexp16_t, 16)
+#endif
+#if defined(__AVX2__)
+    if (lanes == 8) SILU_PAIRS(__m256, vexp8_t, 8)
+#endif
+    for (; i < len; i++) x[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+/* silu_ of x (rows x n, ldx apart) as torch's silu_ on that view with `threads` threads: at::parallel_for's chunks of
+   the flat index (GRAIN_SIZE 32768), each cut at row ends into pieces (TensorIterator's serial_for_each) */
+void fixlab_torch_silu(float *x, int64_t rows, int64_t n, int64_t ldx, int lanes, const void *vexp, int threads) {
+    const int64_t numel = rows * n, grain = 32768;
+    int64_t chunks = 1;
+    if (numel > grain && threads > 1) {
+        chunks = (numel + grain - 1) / grain;
+        if (chunks > threads) chunks = threads;
+    }
+    const int64_t chunk = (numel + chunks - 1) / chunks;
+#pragma omp parallel for schedule(static) num_threads(threads) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t b = c * chunk, e = b + chunk < numel ? b + chunk : numel;
+        for (int64_t f = b; f < e;) {
+            const int64_t r = f / n, col = f % n, len = n - col < e - f ? n - col : e - f;
+            silu_piece(x + r * ldx + col, len, lanes, vexp);
+            f += len;
+        }
+    }
+}
+
+/* One int8 linear's packed weights (fixlab_int8_pack) and scales. */
+typedef struct {
+    const int8_t *packed;
+    const int32_t *colsum;
+    const float *ws, *bias; /* bias may be NULL */
+    int64_t n;
+} fixlab_linear;
+
+/* One decoder layer: its norms, its four int8 matmuls (query, key and value stacked; gate and up stacked), and its KV
+   cache buffers at the step's first new column: k[b * ksb + h * ksh + c * ksl + d]. */
+typedef struct {
+    const float *norm_in, *norm_post;
+    float eps_in, eps_post;
+    fixlab_linear qkv, o, gate_up, down;
+    half *k, *v;
+    int64_t ksb, ksh, ksl, vsb, vsh, vsl;
+    const half *k0, *v0; /* the cache's first held column, what attention reads (L columns) */
+} fixlab_layer;
+
+/* x (n real positions x hid) goes through `nl` layers in place. Positions: idx[i] = b * W + w of rows B and W new
+   columns a row (real: B * W flags, or NULL when every position is real); cos, sin: n x D. The attention reads L
+   columns from each layer's k0/v0 with mask (msb, msq strides; NULL: all) as native.decode_attention. blk: the rows
+   of one of fused.py's MLP blocks. Scratch:
+   xn (n x hid), q8 (n x max(hid, inter)), xs (n), qkv (n x qkv.n), qpad (B*W x H*D), att (B*W x H*D), tmp (n x hid),
+   gu (n x 2 inter). */
+void fixlab_decoder_layers(const fixlab_layer *layers, int64_t nl, float *x, int64_t n, int64_t hid, int64_t H,
+                           int64_t KV, int64_t D, int64_t inter, int64_t B, int64_t W, const int64_t *idx,
+                           const uint8_t *real, const float *cos_, const float *sin_, int64_t L,
+                           const uint8_t *mask, int64_t msb, int64_t msq, int causal, float scale,
+                           int sum_lanes, int silu_lanes, const void *vexp, int64_t blk,
+                           float *xn, int8_t *q8, float *xs, float *qkv, float *qpad, float *att, float *tmp,
+                           float *gu, float *var, int threads) {
+    const int64_t HD = H * D, KD = KV * D;
+    for (int64_t li = 0; li < nl; li++) {
+        const fixlab_layer *ly = layers + li;
+        /* input norm, rounding, q k v */
+        fixlab_torch_mean_squares(x, n, hid, hid, var, sum_lanes, threads);
+        fixlab_rms_scale(x, n, hid, hid, var, ly->eps_in, ly->norm_in, xn, hid, threads);
+        fixlab_quantize_rows(xn, n, hid, hid, q8, xs, threads);
+        fixlab_int8_matmul(q8, n, hid, hid, ly->qkv.packed, ly->qkv.colsum, ly->qkv.n, xs, ly->qkv.ws, ly->qkv.bias,
+                           qkv, ly->qkv.n, threads);
+        /* rotary: queries into their padded places' buffer (tmp first: n x H x D), keys into att's rows (n x KV x D) */
+        fixlab_rotary(qkv, n, H, 1, D, ly->qkv.n, D, HD, cos_, sin_, D, tmp, threads);
+        fixlab_rotary(qkv + HD, n, KV, 1, D, ly->qkv.n, D, KD, cos_, sin_, D, att, threads);
+        /* the new columns of the cache: each real position's key and value, zeros at padding positions */
+        if (real != NULL)
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t w = 0; w < W; w++)
+                    if (!real[b * W + w])
+                        for (int64_t h = 0; h < KV; h++) {
+                            memset(ly->k + b * ly->ksb + h * ly->ksh + w * ly->ksl, 0, (size_t)D * sizeof(half));
+                            memset(ly->v + b * ly->vsb + h * ly->vsh + w * ly->vsl, 0, (size_t)D * sizeof(half));
+                        }
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t b = idx[i] / W, w = idx[i] % W;
+            for (int64_t h = 0; h < KV; h++) {
+                half *kd = ly->k + b * ly->ksb + h * ly->ksh + w * ly->ksl;
+                half *vd = ly->v + b * ly->vsb + h * ly->vsh + w * ly->vsl;
+                const float *ks = att + i * KD + h * D, *vs = qkv + i * ly->qkv.n + HD + KD + h * D;
+                for (int64_t d = 0; d < D; d++) {
+                    kd[d] = (half)ks[d];
+                    vd[d] = (half)vs[d];
+                }
+            }
+            memcpy(qpad + idx[i] * HD, tmp + i * HD, (size_t)HD * sizeof(float));
+        }
+        fixlab_decode_attention(qpad, B, H, W, D, W * HD, D, HD, ly->k0, ly->v0, KV, L, ly->ksb, ly->ksh, ly->ksl,
+                                ly->vsb, ly->vsh, ly->vsl, mask, msb, msq, causal, scale, real, att, threads);
+        /* the output projection of the real positions' attention, added to x */
+        for (int64_t i = 0; i < n; i++)
+            if (idx[i] != i) memcpy(att + i * HD, att + idx[i] * HD, (size_t)HD * sizeof(float));
+        fixlab_quantize_rows(att, n, HD, HD, q8, xs, threads);
+        fixlab_int8_matmul(q8, n, HD, HD, ly->o.packed, ly->o.colsum, ly->o.n, xs, ly->o.ws, ly->o.bias, tmp, hid,
+                           threads);
+        for (int64_t t = 0; t < n * hid; t++) x[t] = x[t] + tmp[t];
+        /* post-attention norm, the MLP, added to x */
+        fixlab_torch_mean_squares(x, n, hid, hid, var, sum_lanes, threads);
+        fixlab_rms_scale(x, n, hid, hid, var, ly->eps_post, ly->norm_post, xn, hid, threads);
+        fixlab_quantize_rows(xn, n, hid, hid, q8, xs, threads);
+        fixlab_int8_matmul(q8, n, hid, hid, ly->gate_up.packed, ly->gate_up.colsum, ly->gate_up.n, xs,
+                           ly->gate_up.ws, ly->gate_up.bias, gu, 2 * inter, threads);
+        for (int64_t r0 = 0; r0 < n; r0 += blk) /* fused.py's MLP blocks of rows, each its own SiLU call */
+            fixlab_torch_silu(gu + r0 * 2 * inter, n - r0 < blk ? n - r0 : blk, inter, 2 * inter, silu_lanes, vexp,
+                              threads);
+        fixlab_mul_quantize_rows(gu, gu + inter, n, inter, 2 * inter, 2 * inter, q8, xs, threads);
+        fixlab_int8_matmul(q8, n, inter, inter, ly->down.packed, ly->down.colsum, ly->down.n, xs, ly->down.ws,
+                           ly->down.bias, tmp, hid, threads);
+        for (int64_t t = 0; t < n * hid; t++) x[t] = x[t] + tmp[t];
+    }
 }

@@ -56,20 +56,31 @@ class _GrowingKV:
     def _append(self, k, v) -> None:
         """New columns (a step's tokens) for every row."""
         B, T = k.shape[0], k.shape[-2]
+        self.make_room(B, T, like=k)
+        self._kbuf[:B, :, self._n: self._n + T] = k
+        self._vbuf[:B, :, self._n: self._n + T] = v
+        self.took(B, T)
+
+    def make_room(self, B: int, T: int, like=None) -> None:
+        """Room for T new columns of B rows at columns [_n, _n + T) of the buffers (then `took`): decoder.py writes
+        them itself. `like`: a tensor of the new keys' kind (default: the held keys)."""
+        like = self.keys if like is None else like
         if self._kbuf is None or self._n == self._s:  # nothing held yet (a prefill: exact rows, most are merged)
-            self._kbuf, self._vbuf = self._alloc(k, B, T, spare_rows=False)
+            self._kbuf, self._vbuf = self._alloc(like, B, T, spare_rows=False)
             self._s = self._n = 0
         elif B != self._b:
             raise RuntimeError(f"cache holds {self._b} rows, step brings {B}")
         elif self._n + T > self._kbuf.shape[-2]:  # out of columns: move to a bigger buffer
             held = self._n - self._s
             left = self._room(held)  # room on the left for longer rows joining (append_rows)
-            kb, vb = self._alloc(k, B, held + T, left)  # rows that left are not carried over
+            kb, vb = self._alloc(like, B, held + T, left)  # rows that left are not carried over
             kb[:B, :, left:left + held] = self.keys
             vb[:B, :, left:left + held] = self.values
             self._kbuf, self._vbuf, self._s, self._n = kb, vb, left, left + held
-        self._kbuf[:B, :, self._n: self._n + T] = k
-        self._vbuf[:B, :, self._n: self._n + T] = v
+            self._view()  # keys and values read the new buffers: the old ones go now, not when the step is written
+
+    def took(self, B: int, T: int) -> None:
+        """The T columns make_room made room for now hold the step's keys and values."""
         self._b, self._n = B, self._n + T
         self._view()
 

@@ -1,4 +1,5 @@
-"""A draft step's decoder layers over its real positions only (CPU float32 Qwen2 and Llama models): `forward`.
+"""A draft step's decoder layers over its real positions only (CPU float32 Qwen2 and Llama models): `forward`; a plain
+decode step's too (one position a row). Where decoder.py applies they run as one compiled call, else as `loop`.
 
 Why: a draft step feeds every row as many positions as its longest draft, so many positions of the (rows, width) block
 are padding. The int8 matmuls and the attention kernel skipped them, but every other op of a layer (norms, residual
@@ -39,7 +40,17 @@ def forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cac
             index: torch.Tensor | None) -> torch.Tensor:
     """The decoder's last hidden states at the real positions, (positions, hidden), row-major: ids and position ids
     (rows, width); mask (rows, cached + width), 1 = a real token; `index` the real positions among rows x width (flat,
-    row-major), None = all. The cache takes the new keys and values, as the padded forward would write them."""
+    row-major), None = all. The cache takes the new keys and values, as the padded forward would write them.
+    The layers run as one compiled call where it applies (decoder.py: the same values), else as `loop` runs them."""
+    from . import decoder
+
+    h = decoder.forward(model, ids, mask, pos, cache, index)
+    return loop(model, ids, mask, pos, cache, index) if h is None else h
+
+
+def loop(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache,
+         index: torch.Tensor | None) -> torch.Tensor:
+    """`forward`'s layers as a Python loop over transformers' modules."""
     from transformers.masking_utils import create_causal_mask
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
