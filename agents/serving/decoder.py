@@ -1,5 +1,6 @@
 """A step's decoder layers as one compiled call (kernels.c section 8): what packed.py's Python loop does for each
-layer of a CPU float32 Qwen2 or Llama model with int8 projections, for a decode or draft step's real positions.
+layer of a CPU float32 Qwen2 or Llama model with int8 projections, for the real positions of a decode step, a draft
+step or the prefill of rows whose kept KV the cache already holds (a prefix hit).
 
 Why: at 32 rows x 700 tokens of context the loop spent about 30 ms of a 200 ms decode step between its kernels
 (benchmarks/decode_profile.py's "rest of the forward"), Python and torch's dispatch while the other core spun in
@@ -204,7 +205,7 @@ class Stack:
         or None, having changed nothing, where this step is not one the C loop does."""
         from transformers.masking_utils import create_causal_mask
 
-        from .int8 import only_rows
+        from .int8 import only_rows, real_positions
         from .kvcache import _GrowingKV
 
         B, W = ids.shape
@@ -212,10 +213,11 @@ class Stack:
         if any(plan.kernel(n) != "fixlab" for plan in self.plans):
             return None
         cl = cache.layers
-        if len(cl) != len(self.layers) or not all(
-                isinstance(c, _GrowingKV) and c._kbuf is not None and c._n > c._s and c._b == B
+        held = cl[0].get_seq_length() if cl and isinstance(cl[0], _GrowingKV) else 0
+        if held <= 0 or len(cl) != len(self.layers) or not all(
+                isinstance(c, _GrowingKV) and c.get_seq_length() == held and c._b == B
                 and c._kbuf.dtype == torch.float16 for c in cl):
-            return None
+            return None  # an empty cache (a plain prefill) or one this loop does not write
         inner, d = self.model.model, self.dims
         emb = inner.embed_tokens(ids)
         causal = create_causal_mask(config=inner.config, inputs_embeds=emb, attention_mask=mask,
@@ -223,9 +225,8 @@ class Stack:
         if causal is not None and causal.dtype != torch.bool:
             return None
         c, s = inner.rotary_emb(emb, pos)
-        cos, sin = (_at(t.expand(B, -1, -1), index).float().contiguous() for t in (c, s))
-        x = _at(emb, index).contiguous()
-        held = cl[0]._n - cl[0]._s
+        cos, sin = (real_positions(t.expand(B, -1, -1), index).float().contiguous() for t in (c, s))
+        x = real_positions(emb, index).contiguous()
         L = held + W
         for layer, c_ in zip(self.layers, cl):
             c_.make_room(B, W)
@@ -234,8 +235,6 @@ class Stack:
             layer.vsb, layer.vsh, layer.vsl = vb.stride(0), vb.stride(1), vb.stride(2)
             layer.k, layer.v = kb.data_ptr() + 2 * c_._n * layer.ksl, vb.data_ptr() + 2 * c_._n * layer.vsl
             layer.k0, layer.v0 = kb.data_ptr() + 2 * c_._s * layer.ksl, vb.data_ptr() + 2 * c_._s * layer.vsl
-            if c_._n - c_._s != held:
-                return None  # layers disagree on what they hold (never in the engine): nothing written yet
         msb = msq = 0
         mptr = None
         if causal is not None:
@@ -274,12 +273,6 @@ class Stack:
         if t is None or t.numel() < n:
             t = self._scratch["arange"] = torch.arange(max(n, 64), dtype=torch.int64)
         return t[:n]
-
-
-def _at(t: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
-    """t's rows (rows x width positions, flat) at the real positions, as packed.py takes them."""
-    flat = t.reshape(-1, t.shape[-1])
-    return flat if index is None else flat.index_select(0, index)
 
 
 _lock = threading.Lock()

@@ -263,8 +263,8 @@ class BatchEngine(Drafts, Reuse):
         holds it) go through decoder.py's compiled layers where they apply, over the fed real positions, then the
         output layer at each row's last one (always real: prompts end at the last column): the values transformers'
         forward gives, which serves every other prefill."""
-        if self._packs and cache.get_seq_length() > 0:
-            h = decoder.forward(self.model, ids, mask, pos, cache, only)
+        if self._packs:
+            h = decoder.forward(self.model, ids, mask, pos, cache, only)  # None for an empty cache (a plain prefill)
             if h is not None:
                 B, W = ids.shape
                 last = torch.arange(B) * W + W - 1

@@ -82,6 +82,12 @@ class only_rows:
         _ONLY.rows = self.saved
 
 
+def real_positions(t: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """t's (rows x width) positions, flat, at the real ones `index` (None: all), as only_rows names them."""
+    flat = t.reshape(-1, t.shape[-1])
+    return flat if index is None else flat.index_select(0, index)
+
+
 class OutputPool:
     """One float32 buffer, grown to the largest output asked of it, that reuse_output lends to Int8Linear."""
 

@@ -21,7 +21,7 @@ import importlib
 
 import torch
 
-from .int8 import only_rows
+from .int8 import only_rows, real_positions
 
 MODELS = ("Qwen2ForCausalLM", "LlamaForCausalLM")
 
@@ -60,9 +60,9 @@ def loop(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache,
                                 position_ids=pos)
     c, s = inner.rotary_emb(emb, pos)
     rows = ids.shape[0]
-    cos = _real(c.expand(rows, -1, -1), index)[:, None]  # (positions, 1, head_dim): one query position each
-    sin = _real(s.expand(rows, -1, -1), index)[:, None]
-    x = _real(emb, index)
+    cos = real_positions(c.expand(rows, -1, -1), index)[:, None]  # (positions, 1, head_dim): one query position each
+    sin = real_positions(s.expand(rows, -1, -1), index)[:, None]
+    x = real_positions(emb, index)
     layers = inner.layers[: inner.config.num_hidden_layers]
     module = importlib.import_module(type(layers[0]).__module__)  # the model's rotary and eager attention
     attention = ALL_ATTENTION_FUNCTIONS.get_interface(inner.config._attn_implementation, module.eager_attention_forward)
@@ -70,11 +70,6 @@ def loop(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache,
         x = _layer(layer, x, ids.shape, cache, index, causal, cos, sin, module.apply_rotary_pos_emb, attention)
     with only_rows(x.shape[0], None):
         return inner.norm(x)
-
-
-def _real(t: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
-    flat = t.reshape(-1, t.shape[-1])
-    return flat if index is None else flat.index_select(0, index)
 
 
 def _layer(layer, x: torch.Tensor, shape, cache, index, causal, cos, sin, rotary, attention) -> torch.Tensor:
@@ -93,7 +88,7 @@ def _layer(layer, x: torch.Tensor, shape, cache, index, causal, cos, sin, rotary
         out, _ = attention(attn, query, key, value, causal, dropout=0.0, scaling=attn.scaling,
                            sliding_window=getattr(attn, "sliding_window", None))
     with only_rows(n, None):
-        x = x + attn.o_proj(_real(out.reshape(B * W, -1), index))
+        x = x + attn.o_proj(real_positions(out.reshape(B * W, -1), index))
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
