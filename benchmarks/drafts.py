@@ -7,8 +7,10 @@ as configured), fed the same requests; prefix reuse is off so every row prefills
 
 Per row: decode and prefill seconds from the engine's clocks, completion tokens and decode tokens/s, drafts
 proposed and kept, forwards (steps), cache compactions, the share of attention's KV slots that were padding, and
-how many of the 32 answers equal the first row's (greedy and seeded rows draw the same tokens whatever the
-engine does; a differing answer comes from float rounding in batched shapes, not from the setting).
+how many of the 32 answers equal the first row's: all of them, since a row's values depend on its own tokens only and
+seeded rows draw one number a token, whatever the drafts (a difference is a bug). Each engine is built as the job's
+is, float16 KV cache included; before 2026-11-30 this script left it float32, whose padded prefills went to SDPA, and
+its seeded answers then differed between rows.
 
     .venv/bin/python benchmarks/drafts.py                       # every row
     .venv/bin/python benchmarks/drafts.py --rows "drafts below 8 rows,defaults" --prompts 4 --max-new 256
@@ -54,6 +56,12 @@ ROWS = {
     "drafts 8": {"draft_tokens": 8},
     "step 64": {"draft_step_tokens": 64},
     "step 192": {"draft_step_tokens": 192},
+    # every row drafts what the step allows, however short the match it follows (the rule before PER_MATCHED)
+    "one length for all": {"engine.PER_MATCHED": None},
+    "half the match": {"engine.PER_MATCHED": 1 / 2},
+    "a third of the match": {"engine.PER_MATCHED": 1 / 3},
+    "a quarter of the match": {"engine.PER_MATCHED": 1 / 4},
+    "the whole match": {"engine.PER_MATCHED": 1.0},
     "holes kept": {"engine.HOLES_SHARE": 1e9},  # rejected drafts never compacted out of the cache
     "ngram 2": {"draft_ngram": 2},
     "48 rows": {"max_batch": 48, "kv_cache_mib": 2304},  # with --seeds 5: 48 requests
@@ -64,8 +72,8 @@ MODULES = {"cpu_attention": cpu_attention, "engine": engine_mod}
 # What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
 TITLE = "Prompt-lookup drafts at full batch (`benchmarks/drafts.py`)"
 TEXT = ("Real repairs decoding together (the tuning sample's first prompts, greedy and seeded), one engine setting per "
-        "row over the same loaded model; answers differ from the first row's only by float rounding in batched "
-        "shapes. Compare decode: copies of one prompt share a prefill.")
+        "row over the same loaded model, built as the job's engine is; every row gives the same answers. Compare "
+        "decode: copies of one prompt share a prefill.")
 TABLE = {"rows": "rows", "columns": [["row", "row"], ["setting", "setting"], ["wall s", "wall_s"],
                                      ["prefill s", "prefill_s"], ["decode tokens/s", "decode_tok_s"],
                                      ["x first row", "decode_speedup_vs_first"], ["tokens", "completion_tokens"],
@@ -133,7 +141,8 @@ def main() -> None:
         e = m.engine
         base = dict(eos_ids=e.eos_ids, max_context=e.max_context, max_batch=e.max_batch, gather_ms=200,
                     max_prefill_tokens=e.max_prefill_tokens, pad_id=e.pad_id, draft_tokens=e.draft_tokens,
-                    draft_ngram=e.draft_ngram, draft_step_tokens=e.draft_step_tokens, kv_cache_mib=e.kv_budget / 2**20)
+                    draft_ngram=e.draft_ngram, draft_step_tokens=e.draft_step_tokens, kv_cache_mib=e.kv_budget / 2**20,
+                    kv_dtype=e.kv_dtype)  # the job's float16 cache: its attention kernel, no SDPA
         reqs = requests(m, args.prompts, args.seeds, args.max_new)
         rows, first = [], None
         for name in names:

@@ -448,7 +448,7 @@ def test_prompt_lookup_drafts_keep_the_answers(tiny, monkeypatch):
 
 
 def test_a_draft_step_feeds_at_most_draft_step_tokens(tiny):
-    """The drafts of one step, all rows together, stay within the step's budget; few rows may draft up to twice
+    """The drafts of one step, all rows together, stay within the step's budget; a row may draft up to twice
     draft_tokens, a full batch none once its pending tokens fill the budget."""
     batched, _ = tiny
     eng = BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256, max_batch=32,
@@ -462,6 +462,32 @@ def test_a_draft_step_feeds_at_most_draft_step_tokens(tiny):
             assert rows + sum(map(len, drafts)) <= 24
     finally:
         eng._rows = []
+        eng.close()
+
+
+def test_a_draft_is_as_long_as_the_match_it_follows(tiny, monkeypatch):
+    """A row copying a long stretch of its prompt drafts twice draft_tokens; one whose last n-gram recurs with
+    nothing before it agreeing drafts one token, two when two more agree; without the rule (PER_MATCHED None) every
+    match drafts as many as asked."""
+    from types import SimpleNamespace
+
+    from agents.serving import drafts as drafts_mod
+
+    batched, _ = tiny
+    eng = BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256, draft_tokens=4)
+
+    def draft(prompt, out, k=8):
+        return eng._draft(SimpleNamespace(prompt_ids=prompt, out_ids=out, max_new=64), k)
+
+    try:
+        code = list(range(100, 140))
+        assert draft(code, code[:20]) == code[20:28]  # a copy under way: 8 = 2 x draft_tokens
+        bare = [9, 1, 2, 3] + list(range(40, 50))
+        assert draft(bare, [8, 1, 2, 3]) == [40]  # the n-gram alone (3 tokens) earns one
+        assert draft([5, 6] + bare[1:], [5, 6, 1, 2, 3]) == [40, 41]  # 5 tokens agree: two
+        monkeypatch.setattr(drafts_mod, "PER_MATCHED", None)
+        assert draft(bare, [8, 1, 2, 3], 4) == [40, 41, 42, 43]
+    finally:
         eng.close()
 
 

@@ -61,8 +61,8 @@ class TransformersModelConf(ModelConf):
     prefix_cache_mib: float = field(default=1024.0, metadata={"neutral": SPEED})
     # budget of the running batch's KV; requests wait while it is full (0 = none)
     kv_cache_mib: float = field(default=0.0, metadata={"neutral": SPEED})
-    # prompt-lookup drafts a row proposes per decode step, twice that when few rows (0 = off); a draft is kept only
-    # where it equals what the model decodes anyway
+    # prompt-lookup drafts a row proposes per decode step, up to twice that where the match they follow is long
+    # (0 = off); a draft is kept only where it equals what the model decodes anyway
     draft_tokens: int = field(default=4, metadata={"neutral": SPEED})
 
 

@@ -3,8 +3,9 @@ proposes the tokens that followed the latest earlier occurrence of its last `dra
 checks them all. A row keeps the drafts its own sampling agrees with, so the answer is the one decoding without drafts
 gives (same generator draws, one per token). At full batch too: the int8 matmuls are compute-bound there, so a
 step costs what its real tokens cost (padding positions of rows with shorter drafts are skipped by
-`int8.only_rows`, the output layer runs on real positions only), and about 7 of 10 drafted tokens are kept on real
-repairs. Rejected columns stay in the cache, masked out, until they are HOLES_SHARE of the held tokens; then the
+`int8.only_rows`, the output layer runs on real positions only), so a rejected token costs a row of the step: a draft
+is as long as the match it follows earns (PER_MATCHED; benchmarks/drafts.py sets the rules side by side). Rejected
+columns stay in the cache, masked out, until they are HOLES_SHARE of the held tokens; then the
 cache is rebuilt without them. `Generation.draft_tokens` / `draft_accepted` count them. The decoder layers of a draft
 step carry its real positions only (packed.py).
 `Drafts` is a mixin of BatchEngine: its methods run on the engine's batch state (rows, mask, positions, cache, stats)."""
@@ -23,6 +24,12 @@ from .native import argmax
 PLAIN_HEAD = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}
 # Masked-out columns inside rows (rejected drafts) that trigger a rebuild of the cache, as a share of held tokens.
 HOLES_SHARE = 0.25
+# A draft runs at most this many tokens per token of the match it follows (its n-gram and as far back as the two
+# places go on agreeing, up to MATCH_SPAN x draft_tokens): a long match is a copy under way, a bare n-gram is often a
+# coincidence, and a full batch is compute-bound, so each rejected token costs a row of the step. None: every row
+# drafts as many as the step allows (draft_tokens; twice that when few rows share the step).
+PER_MATCHED: float | None = 0.5
+MATCH_SPAN = 4
 
 
 class Drafts:
@@ -36,15 +43,18 @@ class Drafts:
         budget = self.draft_step_tokens - B  # drafted tokens this step may add, all rows together
         if self.draft_tokens <= 0 or budget <= 0:
             return []
-        # longer drafts when few rows share the step: it is then memory-bound and a longer check costs little
-        cap = max(self.draft_tokens, min(2 * self.draft_tokens, self.draft_step_tokens // B - 1))
+        if PER_MATCHED is None:  # longer drafts when few rows share the step: then memory-bound, a check costs little
+            cap = max(self.draft_tokens, min(2 * self.draft_tokens, self.draft_step_tokens // B - 1))
+        else:  # each row's own match sets its length
+            cap = 2 * self.draft_tokens
         drafts = [self._draft(r, cap) for r in self._rows]
         while cap > 0 and sum(min(len(d), cap) for d in drafts) > budget:
             cap -= 1
         return [d[:cap] for d in drafts] if cap else []
 
     def _draft(self, r, k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the row's last n tokens (prompt lookup)."""
+        """Up to k tokens that followed the latest earlier occurrence of the row's last n tokens (prompt lookup),
+        fewer where that match is short (PER_MATCHED)."""
         n = self.draft_ngram
         seq = r.prompt_ids + r.out_ids
         k = min(k, r.max_new - len(r.out_ids) - 1, self.max_context - len(seq) - 1)
@@ -54,6 +64,11 @@ class Drafts:
         first = key[0]
         for p in range(len(seq) - n - 1, -1, -1):
             if seq[p] == first and seq[p:p + n] == key:
+                if PER_MATCHED is not None:
+                    span, back = n, MATCH_SPAN * self.draft_tokens
+                    while span < back and p + n - span > 0 and seq[p + n - span - 1] == seq[-span - 1]:
+                        span += 1
+                    k = min(k, int(span * PER_MATCHED))
                 return seq[p + n: p + n + k]
         return []
 

@@ -20,8 +20,8 @@ How (continuous batching over a left-padded KV cache):
   turn that extends its conversation, a shared system prompt) prefills only the rest. In float32 the answer is the
   same with reuse on and off (test); `Generation.prefill_tokens` says what was computed;
 - prompt-lookup drafts (`draft_tokens` > 0): each row proposes the tokens that followed the latest earlier occurrence
-  of its last `draft_ngram` tokens, one forward checks them all, and a row keeps those its own sampling agrees with,
-  so the answer is the one decoding without drafts gives (drafts.py).
+  of its last `draft_ngram` tokens, as many as the match earns, one forward checks them all, and a row keeps those its
+  own sampling agrees with, so the answer is the one decoding without drafts gives (drafts.py).
 The KV cache's layers are kvcache.py's GrowingLayer; the prefix store and copies of identical rows are prefix.py's.
 """
 from __future__ import annotations
