@@ -59,6 +59,19 @@ def test_sha_mismatch_blocks_conversion(cache, monkeypatch):
     assert not packs.model_dir(pack).exists()
 
 
+def test_a_failed_conversion_is_one_clear_line_and_publishes_nothing(cache, monkeypatch, capfd):
+    """The conversion runs in a child process (its memory leaves with it): a GGUF it cannot read (right sha256, not
+    a GGUF) fails there, and the caller gets one line naming the pack and the fix, the child's error on stderr."""
+    pack = fake_pack(cache, [b"GGUF" + b"\0" * 60, b"not a model"])
+    monkeypatch.setitem(packs.PACKS, pack.name, pack)
+    with pytest.raises(ModelUnavailable) as e:
+        packs.ensure_pack(pack.name, install=False)
+    msg = str(e.value)
+    assert "\n" not in msg and "converting pack fixlab-test failed" in msg and "delete" in msg
+    assert "Traceback" in capfd.readouterr().err  # the child's own error, where the user sees it
+    assert not packs.model_dir(pack).exists()
+
+
 def test_missing_part_names_package_and_fix(cache, monkeypatch):
     pack = fake_pack(cache, [b"a", b"b"], install_missing=2)
     monkeypatch.setitem(packs.PACKS, pack.name, pack)

