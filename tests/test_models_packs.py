@@ -67,7 +67,8 @@ def test_a_failed_conversion_is_one_clear_line_and_publishes_nothing(cache, monk
     with pytest.raises(ModelUnavailable) as e:
         packs.ensure_pack(pack.name, install=False)
     msg = str(e.value)
-    assert "\n" not in msg and "converting pack fixlab-test failed" in msg and "delete" in msg
+    assert "\n" not in msg and "converting pack fixlab-test failed" in msg
+    assert "python -m agents.serving.packs fixlab-test" in msg  # the fix: the conversion alone, its error in full
     assert "Traceback" in capfd.readouterr().err  # the child's own error, where the user sees it
     assert not packs.model_dir(pack).exists()
 

@@ -25,11 +25,10 @@ PLAIN_HEAD = {"Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "Mistr
 # Masked-out columns inside rows (rejected drafts) that trigger a rebuild of the cache, as a share of held tokens.
 HOLES_SHARE = 0.25
 # A draft runs at most this many tokens per token of the match it follows (its n-gram and as far back as the two
-# places go on agreeing, up to MATCH_SPAN x draft_tokens): a long match is a copy under way, a bare n-gram is often a
-# coincidence, and a full batch is compute-bound, so each rejected token costs a row of the step. None: every row
-# drafts as many as the step allows (draft_tokens; twice that when few rows share the step).
+# places go on agreeing): a long match is a copy under way, a bare n-gram is often a coincidence, and a full batch is
+# compute-bound, so each rejected token costs a row of the step. None: every row drafts as many as the step allows
+# (draft_tokens; twice that when few rows share the step).
 PER_MATCHED: float | None = 0.5
-MATCH_SPAN = 4
 
 
 class Drafts:
@@ -64,9 +63,9 @@ class Drafts:
         first = key[0]
         for p in range(len(seq) - n - 1, -1, -1):
             if seq[p] == first and seq[p:p + n] == key:
-                if PER_MATCHED is not None:
-                    span, back = n, MATCH_SPAN * self.draft_tokens
-                    while span < back and p + n - span > 0 and seq[p + n - span - 1] == seq[-span - 1]:
+                if PER_MATCHED is not None:  # looked back only as far as k tokens need
+                    span = n
+                    while span * PER_MATCHED < k and p + n - span > 0 and seq[p + n - span - 1] == seq[-span - 1]:
                         span += 1
                     k = min(k, int(span * PER_MATCHED))
                 return seq[p + n: p + n + k]

@@ -520,8 +520,8 @@ _CONVERT = ("import json, sys; from pathlib import Path; from agents.serving.pac
 
 def _convert_apart(pack: Pack, gguf_dir: Path, out: Path) -> str:
     """convert() in a child process, so that its heap (GGUF metadata, tensors on their way to float32, the tokenizer's
-    parse) leaves with it: a job that converts its pack at first use then holds no more than one that found it
-    converted (in the process, about a third of a GiB stayed). Its warnings reach the same stderr."""
+    parse) leaves with it instead of staying in the job that converts its pack at first use. Its warnings and errors
+    reach the same stderr."""
     root = str(Path(__file__).resolve().parents[2])  # the folder holding `agents`, for a child started from anywhere
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     r = subprocess.run([sys.executable, "-c", _CONVERT, json.dumps(asdict(pack)), str(gguf_dir), str(out)],
@@ -529,8 +529,7 @@ def _convert_apart(pack: Pack, gguf_dir: Path, out: Path) -> str:
     lines = r.stdout.strip().splitlines()
     if r.returncode or not lines:
         raise ModelUnavailable(f"converting pack {pack.name} failed (the converter exited {r.returncode}; its error is "
-                               f"above): delete {out.parent} and run again, or `python -m agents.serving.packs "
-                               f"{pack.name}` to see it alone")
+                               f"above): run `python -m agents.serving.packs {pack.name}` to see it alone")
     return lines[-1]
 
 
