@@ -419,3 +419,29 @@ def test_the_output_layer_writes_into_one_reused_buffer_with_the_same_values_on_
             assert torch.equal(got_y, want_y) and torch.equal(small, want_x[:1]), kernel
         if kernel != "onednn":  # oneDNN gives its own output tensor: the pool serves fixlab's and torch's kernels
             assert got_x.data_ptr() == got_y.data_ptr() == pool.buffer.data_ptr(), kernel
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/pagemap"), reason="needs Linux /proc")
+def test_the_embedding_read_from_its_file_gives_the_same_rows_and_pages_none_in(mapped_model_dir):
+    """The input embedding's rows by pread (embedding.py): the same values as torch's gather, bit for bit, and the
+    mapping's pages stay unread however many tokens are embedded (read through the mapping they all became resident)."""
+    from transformers import AutoModelForCausalLM
+
+    from agents.serving.embedding import FileRowsEmbedding, read_embedding_rows
+
+    model = AutoModelForCausalLM.from_pretrained(mapped_model_dir, dtype=torch.float32).eval()
+    table = model.get_input_embeddings().weight
+    before = _mapped_rss(mapped_model_dir / "model.safetensors")
+    assert read_embedding_rows(model)
+    emb = model.get_input_embeddings()
+    assert isinstance(emb, FileRowsEmbedding) and emb.weight.data_ptr() == table.data_ptr()
+    ids = torch.arange(table.shape[0]).flip(0).reshape(4, -1)  # every row, in an order the file does not have
+    got = emb(ids)
+    assert _mapped_rss(mapped_model_dir / "model.safetensors") - before < table.numel() * 4 / 20
+    assert torch.equal(got, torch.nn.functional.embedding(ids, table.detach().clone()))
+    with pytest.raises(IndexError):
+        emb(torch.tensor([table.shape[0]]))
+    logits = model(torch.tensor([[5, 9, 300, 7]])).logits  # the model runs through it as before
+    plain = AutoModelForCausalLM.from_pretrained(mapped_model_dir, dtype=torch.float32).eval()
+    assert torch.equal(logits, plain(torch.tensor([[5, 9, 300, 7]])).logits)
+    assert not read_embedding_rows(plain.to(torch.float64))  # a copy in memory, not a view of the file: left as is

@@ -154,6 +154,10 @@ class TransformersModel:
             quantize_int8(self.model, skip=tuple(cfg.int8_skip),  # []: lm_head in int8 too
                           native=bool(self.tuning.int8_native), plan=self.choice.plan(),
                           group=bool(self.tuning.int8_groups))
+        if self.device.type == "cpu":  # the embedding's rows by pread: its mapped pages stay out of memory (embedding.py)
+            from .embedding import read_embedding_rows
+
+            read_embedding_rows(self.model)
         self.packed_linears = 0
         if self.choice.runtime != "engine":
             return  # transformers' own batching (kept.py) runs its own attention and torch's linears

@@ -25,7 +25,7 @@ longer depend on the batch (fp32's do: docs/RESULTS.md, memory).
 Memory while quantizing: transformers maps a float32 safetensors file into the process and the weights are views
 of that mapping, paged in when first read. Reading them through the mapping would leave every float32 page resident
 (mapped file pages count in RSS until unmapped, and the embedding and lm_head keep the mapping alive): 4.9 GiB of
-dead pages for the 1.5B pack. So a weight that is an untouched view of a mapped file is read with pread instead
+dead pages for the 1.5B pack. (The embedding, used as it is, reads its rows the same way: embedding.py.) So a weight that is an untouched view of a mapped file is read with pread instead
 (`MappedFiles`: the same bytes, from the page cache, and the mapping's pages are never touched), and the linears are
 replaced one at a time with no reference kept to the float32 ones, so an in-memory float32 model is freed as it goes.
 """
@@ -404,20 +404,27 @@ class MappedFiles:
         self.fds.clear()
         self.pagemap = None
 
-    def read(self, t: torch.Tensor) -> torch.Tensor:
+    def locate(self, t: torch.Tensor) -> tuple[int, int] | None:
+        """(fd, offset): where t's bytes lie in the file it is an untouched view of (the fd stays this object's:
+        os.dup it to keep it); None when t is not such a view."""
         if self.pagemap is None or t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
-            return t
+            return None
         ptr, n = t.data_ptr(), t.numel() * t.element_size()
         where = next((m for m in self.maps if m[0] <= ptr and ptr + n <= m[1]), None)
         if where is None or not self._pristine(ptr, n):
-            return t
+            return None
         start, _, offset, dev, inode, path = where
         fd = self._open(path, dev, inode)
-        if fd is None:
+        return None if fd is None else (fd, offset + ptr - start)
+
+    def read(self, t: torch.Tensor) -> torch.Tensor:
+        at = self.locate(t)
+        if at is None:
             return t
+        fd, pos = at
+        n, got = t.numel() * t.element_size(), 0
         out = torch.empty(t.shape, dtype=t.dtype)
         view = memoryview(out.view(-1).view(torch.uint8).numpy())
-        pos, got = offset + ptr - start, 0
         while got < n:
             k = os.preadv(fd, [view[got:]], pos + got)
             if k <= 0:  # the file is shorter than its mapping says: read through the mapping

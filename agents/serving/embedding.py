@@ -1,0 +1,67 @@
+"""The input embedding read from the weights file, row by row (pread), so that its pages never count in the job's
+memory.
+
+Why: transformers maps a float32 safetensors file into the process and the embedding stays a view of that mapping
+(int8.py reads the linears apart; the embedding is used as it is). Each token a job embeds pages its row in through
+the mapping, and the kernel maps the file's neighbouring pages with it where they are in the page cache
+(fault-around): mapped file pages count in the process's resident memory until unmapped. A job that had just
+converted its pack (the whole file cached) thus held about half of the 1.5B pack's 0.93 GB float32 table at its
+peak, one that found the pack converted much less (benchmarks/memory.py, `model_files`:
+results/memory-*-first-use-*.json).
+Read with pread the rows are the same bytes, from the page cache, which the kernel may reclaim and which is not the
+process's. Cost: one pread per token, about 10 us from the page cache (a decode step takes hundreds of ms).
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+
+from .int8 import MappedFiles
+
+
+class FileRowsEmbedding(torch.nn.Embedding):
+    """An nn.Embedding whose forward reads the asked rows from the file its weight maps (the same values as the
+    gather, bit for bit); the weight stays as it was, a view whose pages are never read."""
+
+    def __init__(self, emb: torch.nn.Embedding, fd: int, offset: int):
+        super().__init__(emb.num_embeddings, emb.embedding_dim, padding_idx=emb.padding_idx, _weight=emb.weight,
+                         _freeze=True)
+        self._fd, self._offset = fd, offset
+        self._row_bytes = emb.embedding_dim * emb.weight.element_size()
+        weakref.finalize(self, os.close, fd)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
+            raise IndexError("index out of range in self")  # torch's own words for an id outside the table
+        out = torch.empty(flat.numel(), self.embedding_dim, dtype=self.weight.dtype)
+        view = memoryview(out.view(torch.uint8).numpy()).cast("B")
+        size = self._row_bytes
+        for i, t in enumerate(flat.tolist()):
+            at, pos, end = i * size, self._offset + t * size, (i + 1) * size
+            while at < end:
+                k = os.preadv(self._fd, [view[at:end]], pos)
+                if k <= 0:
+                    raise OSError(f"the weights file ended inside row {t} of the embedding")
+                at, pos = at + k, pos + k
+        return out.view(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rows read from the weights file"
+
+
+def read_embedding_rows(model) -> bool:
+    """Swap the model's input embedding for a FileRowsEmbedding where it is a plain nn.Embedding whose weight is an
+    untouched view of a mapped file (CPU, loaded from safetensors); True when swapped."""
+    emb = model.get_input_embeddings()
+    if type(emb) is not torch.nn.Embedding or emb.max_norm is not None:
+        return False  # scaled or renormed embeddings compute more than a gather
+    with MappedFiles() as files:
+        at = files.locate(emb.weight)
+        if at is None:
+            return False
+        fd, offset = at
+        model.set_input_embeddings(FileRowsEmbedding(emb, os.dup(fd), offset))
+    return True
