@@ -445,3 +445,6 @@ def test_the_embedding_read_from_its_file_gives_the_same_rows_and_pages_none_in(
     plain = AutoModelForCausalLM.from_pretrained(mapped_model_dir, dtype=torch.float32).eval()
     assert torch.equal(logits, plain(torch.tensor([[5, 9, 300, 7]])).logits)
     assert not read_embedding_rows(plain.to(torch.float64))  # a copy in memory, not a view of the file: left as is
+    with torch.no_grad():
+        emb.weight[7] = 2.0  # written in memory after the swap: the file no longer holds the table, the gather does
+    assert torch.equal(emb(torch.tensor([7, 8])), torch.nn.functional.embedding(torch.tensor([7, 8]), emb.weight))

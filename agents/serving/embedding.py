@@ -30,9 +30,12 @@ class FileRowsEmbedding(torch.nn.Embedding):
                          _freeze=True)
         self._fd, self._offset = fd, offset
         self._row_bytes = emb.embedding_dim * emb.weight.element_size()
+        self._version = emb.weight._version  # torch counts in-place writes: once written, the file is not the table
         weakref.finalize(self, os.close, fd)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.weight._version != self._version:  # written in memory since (a fine-tune, a test): gather from it
+            return super().forward(ids)
         flat = ids.reshape(-1)
         if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
             raise IndexError("index out of range in self")  # torch's own words for an id outside the table

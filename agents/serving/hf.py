@@ -154,7 +154,7 @@ class TransformersModel:
             quantize_int8(self.model, skip=tuple(cfg.int8_skip),  # []: lm_head in int8 too
                           native=bool(self.tuning.int8_native), plan=self.choice.plan(),
                           group=bool(self.tuning.int8_groups))
-        if self.device.type == "cpu":  # the embedding's rows by pread: its mapped pages stay out of memory (embedding.py)
+        if self.device.type == "cpu":  # the embedding's rows by pread: its mapped pages stay unread (embedding.py)
             from .embedding import read_embedding_rows
 
             read_embedding_rows(self.model)

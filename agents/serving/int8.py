@@ -25,9 +25,10 @@ longer depend on the batch (fp32's do: docs/RESULTS.md, memory).
 Memory while quantizing: transformers maps a float32 safetensors file into the process and the weights are views
 of that mapping, paged in when first read. Reading them through the mapping would leave every float32 page resident
 (mapped file pages count in RSS until unmapped, and the embedding and lm_head keep the mapping alive): 4.9 GiB of
-dead pages for the 1.5B pack. (The embedding, used as it is, reads its rows the same way: embedding.py.) So a weight that is an untouched view of a mapped file is read with pread instead
+dead pages for the 1.5B pack. So a weight that is an untouched view of a mapped file is read with pread instead
 (`MappedFiles`: the same bytes, from the page cache, and the mapping's pages are never touched), and the linears are
 replaced one at a time with no reference kept to the float32 ones, so an in-memory float32 model is freed as it goes.
+The embedding, used as it is, reads the rows a step asks for the same way (embedding.py).
 """
 from __future__ import annotations
 
