@@ -18,7 +18,7 @@ import weakref
 
 import torch
 
-from .int8 import MappedFiles
+from .int8 import MappedFiles, read_fully
 
 
 class FileRowsEmbedding(torch.nn.Embedding):
@@ -43,12 +43,8 @@ class FileRowsEmbedding(torch.nn.Embedding):
         view = memoryview(out.view(torch.uint8).numpy()).cast("B")
         size = self._row_bytes
         for i, t in enumerate(flat.tolist()):
-            at, pos, end = i * size, self._offset + t * size, (i + 1) * size
-            while at < end:
-                k = os.preadv(self._fd, [view[at:end]], pos)
-                if k <= 0:
-                    raise OSError(f"the weights file ended inside row {t} of the embedding")
-                at, pos = at + k, pos + k
+            if not read_fully(self._fd, view[i * size:(i + 1) * size], self._offset + t * size):
+                raise OSError(f"the weights file ended inside row {t} of the embedding")
         return out.view(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:

@@ -368,6 +368,17 @@ def quantize_int8(model, skip: tuple[str, ...] = ("lm_head",), native: bool = Tr
     return len(targets)
 
 
+def read_fully(fd: int, view: memoryview, pos: int) -> bool:
+    """Fill `view` from file offset `pos` (pread until done); False where the file ends first."""
+    got = 0
+    while got < len(view):
+        k = os.preadv(fd, [view[got:]], pos + got)
+        if k <= 0:
+            return False
+        got += k
+    return True
+
+
 class MappedFiles:
     """Reads a tensor that is a view of a memory-mapped file with pread, so the mapping's pages stay untouched.
 
@@ -422,16 +433,9 @@ class MappedFiles:
         at = self.locate(t)
         if at is None:
             return t
-        fd, pos = at
-        n, got = t.numel() * t.element_size(), 0
         out = torch.empty(t.shape, dtype=t.dtype)
-        view = memoryview(out.view(-1).view(torch.uint8).numpy())
-        while got < n:
-            k = os.preadv(fd, [view[got:]], pos + got)
-            if k <= 0:  # the file is shorter than its mapping says: read through the mapping
-                return t
-            got += k
-        return out
+        # a file shorter than its mapping says: read through the mapping
+        return out if read_fully(at[0], memoryview(out.view(-1).view(torch.uint8).numpy()), at[1]) else t
 
     def _open(self, path: str, dev: int, inode: int) -> int | None:
         if path not in self.fds:
