@@ -98,7 +98,7 @@ def main():
         if pid == 0:
             try:
                 sock.close()
-                _child(msg, fds, scratch, cfg)
+                (_native if "native" in msg else _child)(msg, fds, scratch, cfg)
             finally:
                 os._exit(70)
         for fd in fds:
@@ -199,6 +199,142 @@ def _child(msg, fds, scratch, cfg):
     with open(_PROGRAM, "w") as f:  # for the source lines in tracebacks
         f.write(program)
     _run(program, fill, lim["processes"] if cfg["allow_fork"] else 1, cfg["allow_fork"])
+
+
+def _native(msg, fds, scratch, cfg):
+    """A compiled language's program (sandboxes/languages): write its files, run its compile steps with their output
+    captured, then its run step, each a process of its own with its own limits and clock. This process stays the
+    steps' supervisor: it reports each step on the proof fd (a JSON line) and exits with the run step's status. The
+    run step's harness writes the proof after the tests' last assertion; only the run step gets the secret's fd."""
+    out_w, err_w, status_w, secret_r = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]
+    os.setsid()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU):
+        signal.signal(sig, signal.SIG_DFL)
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.dup2(status_w, _STATUS_FD, inheritable=False)
+    os.dup2(secret_r, _SECRET_FD, inheritable=False)
+    os.closerange(_SECRET_FD + 1, 1 << 16)
+    os.chdir(scratch)
+    uid = cfg["uid"]
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)  # no capability left; non-dumpable, so the steps (same uid) cannot trace this supervisor
+    elif ctypes is not None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
+        except Exception:
+            pass
+    native = msg["native"]
+    for name, text in native["files"]:
+        path = os.path.join(scratch, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    lim = cfg["limits"]
+    base_env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8"}
+    rc = 0
+    for step in native["steps"]:
+        rc = _step(step, scratch, lim, dict(base_env, **step["env"]), cfg["allow_fork"])
+        if rc != 0:
+            break
+    os._exit(rc if 0 <= rc < 256 else (128 + (-rc) if rc < 0 else 1))
+
+
+def _step(step, scratch, lim, env, allow_fork):
+    """Run one step to its end or its time limit; report it on the proof fd; its exit code (-signal when killed)."""
+    import select
+    import time
+    compile_ = step["stage"] != "run"
+    cap_r = cap_w = None
+    if compile_:
+        cap_r, cap_w = os.pipe()
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setpgid(0, 0)
+            for res, val in ((resource.RLIMIT_FSIZE, lim["file_bytes"]), (resource.RLIMIT_NOFILE, lim["open_files"]),
+                             (resource.RLIMIT_CORE, 0)):
+                resource.setrlimit(res, (val, val))
+            if step["memory_mb"]:
+                mem = step["memory_mb"] * 1024 * 1024
+                resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+            cpu = int(step["timeout_s"]) + 1
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+            if compile_:
+                os.dup2(cap_w, 1)
+                os.dup2(cap_w, 2)
+            elif step["secret"] == "fd":
+                os.set_inheritable(_STATUS_FD, True)
+                os.set_inheritable(_SECRET_FD, True)
+            elif step["secret"] == "stdin":
+                os.set_inheritable(_STATUS_FD, True)
+                os.dup2(_SECRET_FD, 0)
+            nproc = max(int(step["processes"]), 1) if not allow_fork else max(int(step["processes"]), lim["processes"])
+            # counted per uid, this supervisor included: 1 leaves the step no new process or thread
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+            os.execve(step["argv"][0], step["argv"], env)
+        except BaseException as e:
+            try:
+                os.write(2, ("sandbox: cannot start %s: %s\n" % (step["argv"][0], e)).encode())
+            finally:
+                os._exit(127)
+    out = bytearray()
+    if cap_w is not None:
+        os.close(cap_w)
+    deadline = start + float(step["timeout_s"])
+    timed_out = False
+    status = None
+    while status is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            status = os.waitpid(pid, 0)[1]
+            break
+        if cap_r is not None:
+            ready, _, _ = select.select([cap_r], [], [], min(left, 0.05))
+            if ready:
+                chunk = os.read(cap_r, 65536)
+                if chunk:
+                    out += chunk
+                    if len(out) > 262144:
+                        del out[:-65536]
+                else:
+                    os.close(cap_r)
+                    cap_r = None
+        else:
+            time.sleep(0.002)
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+    if cap_r is not None:  # the compiler ended: what it left in the pipe (its own children may hold it: not waited on)
+        os.set_blocking(cap_r, False)
+        try:
+            while (chunk := os.read(cap_r, 65536)):
+                out += chunk
+        except (BlockingIOError, OSError):
+            pass
+        os.close(cap_r)
+    try:  # the step's process group: nothing it started outlives it
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    rc = os.waitstatus_to_exitcode(status)
+    report = {"stage": step["stage"], "rc": rc, "s": round(time.monotonic() - start, 4), "timeout": timed_out}
+    if compile_:
+        report["output"] = bytes(out[-16384:]).decode("utf-8", "replace")
+    os.write(_STATUS_FD, (json.dumps(report) + "\n").encode())
+    if timed_out:
+        return 124 if compile_ else -int(signal.SIGKILL)
+    return rc
 
 
 class TamperError(Exception):

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 
+from . import toolchains
 from .base import SandboxUnavailable
 from .config import LocalSandboxConf, conf_with
 from .pool import _WorkerPool, _live
@@ -89,6 +90,9 @@ class LocalSandbox(_WorkerPool):
         under a directory others cannot enter (e.g. pyenv under /root, mode 700)."""
         exe = os.path.realpath(self.python)
         needed = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(exe)), os.path.dirname(_JAIL)}
+        tools = str(toolchains.cache_root())
+        if os.path.isdir(tools):  # compiled languages' prepared parts (sandboxes/toolchains.py), read-only
+            needed.add(tools)
         hidden = []
         home = os.path.expanduser("~")
         if home not in ("/", "") and os.path.isdir(home):

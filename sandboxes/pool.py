@@ -11,6 +11,7 @@ import weakref
 
 from .base import ExecResult, SandboxUnavailable
 from .config import PoolSandboxConf
+from .languages.base import Program
 from .worker import _Worker
 
 _live: "weakref.WeakSet[_WorkerPool]" = weakref.WeakSet()
@@ -90,9 +91,9 @@ class _WorkerPool:
             if why:
                 raise SandboxUnavailable(f"sandbox worker failed to start: {why}")
 
-    def run(self, program: str, timeout_s: float) -> ExecResult:
-        if not isinstance(program, str):
-            raise TypeError(f"program must be a str, got {type(program).__name__}")
+    def run(self, program: "str | Program", timeout_s: float) -> ExecResult:
+        if not isinstance(program, (str, Program)):
+            raise TypeError(f"program must be Python source or a Program, got {type(program).__name__}")
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
         with self._sem:

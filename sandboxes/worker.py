@@ -23,11 +23,13 @@ from concurrent.futures import Future
 
 from .base import ExecResult
 from .procs import processes_of_uids
-from .verdict import _Run, _Tail, parse_failure
+from .languages.base import Program
+from .verdict import PROOF_CAP, _Run, _Tail, native_verdict, parse_failure
 
 _JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jail.py")
 _HDR = struct.Struct("!I")
 _PROGRAM = "program.py"
+NATIVE_MARGIN_S = 5.0  # a compiled program's backstop beyond its steps' own limits (the jail reports those)
 
 # Guards the spawner thread's start here and probe_bwrap's cache in local.py (one lock for both).
 _probe_lock = threading.Lock()
@@ -185,13 +187,16 @@ class _Worker:
     # A run: send the program with four fresh pipes (stdout, stderr, the proof channel, the secret), watch the
     # pipes and the control socket until the child's end is reported and its pipes close (or the deadline, the
     # output cap, or the worker's death), then judge. `passed` needs exit 0 AND the run's secret on the proof fd.
-    def execute(self, program: str, timeout_s: float) -> tuple[ExecResult, bool]:
-        """Run one program; returns (result, worker still healthy)."""
+    def execute(self, program: "str | Program", timeout_s: float) -> tuple[ExecResult, bool]:
+        """Run one program (Python source, or a compiled language's Program whose steps carry their own limits);
+        returns (result, worker still healthy)."""
         start = time.monotonic()
         secret = secrets.token_bytes(32)  # new for every run, never leaves this process but through its pipe
         pipes = self._send(program, secret)
         if isinstance(pipes, ExecResult):
             return pipes, False
+        if isinstance(program, Program):  # the steps' own clocks rule; this one is the backstop
+            timeout_s = program.timeout_s + NATIVE_MARGIN_S
         run = self._collect(pipes, start + timeout_s)
         healthy = run.wait_status is not None and not run.timed_out and not run.flooded and not run.worker_gone
         if healthy and not os.WIFEXITED(run.wait_status):
@@ -203,7 +208,7 @@ class _Worker:
         self.runs += 1
         return self._verdict(run, program, secret, timeout_s, time.monotonic() - start), healthy
 
-    def _send(self, program: str, secret: bytes) -> tuple[int, int, int] | ExecResult:
+    def _send(self, program: "str | Program", secret: bytes) -> tuple[int, int, int] | ExecResult:
         """The program and the child's ends of fresh pipes to the worker; our read ends, or the error."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -212,7 +217,8 @@ class _Worker:
         os.write(sec_w, secret)
         os.close(sec_w)
         try:
-            _send(self.sock, {"program": program}, fds=(out_w, err_w, st_w, sec_r))
+            msg = {"native": program.wire()} if isinstance(program, Program) else {"program": program}
+            _send(self.sock, msg, fds=(out_w, err_w, st_w, sec_r))
             sent = True
         except OSError as e:
             sent, send_err = False, e
@@ -258,7 +264,7 @@ class _Worker:
                     open_pipes -= 1
                     continue
                 if key.data == "st":
-                    if len(run.proof) < 4096:
+                    if len(run.proof) < PROOF_CAP:
                         run.proof += b
                 else:
                     (run.out if key.data == "out" else run.err).add(b)
@@ -306,7 +312,7 @@ class _Worker:
             try:
                 while (b := os.read(fd, 1 << 16)):
                     if t is None:
-                        run.proof += b[: max(0, 4096 - len(run.proof))]
+                        run.proof += b[: max(0, PROOF_CAP - len(run.proof))]
                     else:
                         t.add(b)
                         if t.total > self.sbx.max_output_bytes:
@@ -314,7 +320,10 @@ class _Worker:
             except (BlockingIOError, OSError):
                 pass
 
-    def _verdict(self, run: "_Run", program: str, secret: bytes, timeout_s: float, duration: float) -> ExecResult:
+    def _verdict(self, run: "_Run", program: "str | Program", secret: bytes, timeout_s: float,
+                 duration: float) -> ExecResult:
+        if isinstance(program, Program):
+            return native_verdict(run, program, secret, duration, self.sbx, {"worker_runs": self.runs - 1})
         sbx = self.sbx
         stdout, out_cut = run.out.result()
         stderr, err_cut = run.err.result()
