@@ -14,7 +14,7 @@ from sandboxes import build_program
 from sandboxes.audit import audit_program, suspicion
 from sandboxes.base import Sandbox
 
-from . import feedback, selfcheck
+from . import feedback, multilang, selfcheck
 from .config import CANDIDATE_TEMPERATURE, PROTOCOLS, AgentConfig, round_seed, round_temperature
 from .extract import code_blocks, extract_candidate, normalise
 from .feedback import raw_feedback, shape_feedback
@@ -38,6 +38,11 @@ _env = jinja2.Environment(loader=jinja2.FileSystemLoader(PROMPTS), undefined=jin
 
 
 def render(name: str, **kw) -> str:
+    """A prompt template, filled; `fence` and `language` name the task's language (Python when no task is given)."""
+    task = kw.get("task")
+    lang = task.lang if task is not None else None
+    kw.setdefault("fence", lang.fence if lang else "python")
+    kw.setdefault("language", lang.title if lang else "Python")
     return _env.get_template(name).render(**kw).strip() + "\n"
 
 
@@ -53,10 +58,12 @@ class View:
 def visibility(task: Task, protocol: str) -> View:
     if protocol == "tests":  # the published HumanEvalFix setting
         return View(task.buggy_code, task.test.strip(), task.test)
+    # Rust's example_test is the string "None" in all 164 rows: no visible test under docs and hidden
+    example = "" if task.example_test.strip() == "None" else task.example_test
     if protocol == "docs":  # the docstring instead of tests; feedback from the docstring's examples only
-        return View((task.prompt.strip("\n") + "\n" + task.buggy_solution), None, task.example_test)
+        return View((task.prompt.strip("\n") + "\n" + task.buggy_solution), None, example)
     if protocol == "hidden":  # examples shown and used for feedback; verdict from the full test, never shown
-        return View(task.buggy_code, task.example_test.strip() or None, task.example_test)
+        return View(task.buggy_code, example.strip() or None, example)
     raise ValueError(f"unknown protocol {protocol!r}: use one of {', '.join(PROTOCOLS)}")
 
 
@@ -66,11 +73,13 @@ class Context:
     def __init__(self, task: Task, model: Model, sandbox: Sandbox, cfg: AgentConfig):
         self.task, self.model, self.sandbox, self.cfg = task, model, sandbox, cfg
         self.view = visibility(task, cfg.protocol)
+        self.python = task.lang.name == "python"  # Python's parser-based path; the others: agents/multilang.py
         # The buggy code as shown, read as a candidate would be (the program show_failure runs), and keyed: an answer
         # equal to it is "unchanged".
-        read = {shown: extract_candidate("```python\n" + shown + "\n```", task, True, False).code or shown for shown in {task.buggy_code, self.view.code}}
+        read = {shown: self.extract(f"```{task.lang.fence}\n" + shown + "\n```", False).code or shown
+                for shown in {task.buggy_code, self.view.code}}
         self.shown_code = read[self.view.code]
-        self.buggy_keys = {normalise(code) for code in read.values()}
+        self.buggy_keys = {self.key(code) for code in read.values()}
         self.own_tests: list[str] | None = None  # self_tests: the model's own assertions, written once a task
         self.own_inputs: list[str] | None = None  # self_inputs: the model's own probe inputs, written once a task
         self.side_calls: list[ModelCall] = []  # own-tests and own-inputs calls: the next attempt holds them
@@ -131,16 +140,42 @@ class Context:
         with ThreadPoolExecutor(len(positions)) as pool:
             return list(pool.map(one, positions))
 
+    def extract(self, text: str, check_signature: bool = True):
+        """The candidate in an answer (its code, or why there is none)."""
+        if self.python:
+            return extract_candidate(text, self.task, keep_context=True, check_signature=check_signature)
+        return multilang.extract(text, self.task)
+
+    def key(self, code: str) -> str:
+        """The code without what does not change its meaning (comments, layout): repeats compare by it."""
+        return normalise(code) if self.python else multilang.normalise(code)
+
+    def program(self, code: str, test: str):
+        """The program a candidate and a test become, in the task's language (Python: its source text)."""
+        if self.python:
+            return build_program(code, test)
+        return self.task.lang.program(code, test, self.task, run_timeout_s=self.cfg.timeout_s)
+
+    def run(self, code: str, test: str):
+        """A candidate run against a test in the sandbox. A test with nothing in it passes at once: Rust's and six
+        other tasks' example tests are empty (docs, hidden), and no program of theirs is built for it."""
+        if not self.python and not test.strip():
+            from sandboxes.base import ExecResult
+
+            return ExecResult(status="passed", backend=getattr(self.sandbox, "name", ""),
+                              details={"empty_test": True})
+        return self.sandbox.run(self.program(code, test), self.cfg.timeout_s)
+
     def execute(self, attempt: Attempt) -> None:
         """Run the visible tests (what the agent learns) and, when they differ, the full test (the verdict)."""
         task, cfg = self.task, self.cfg
-        visible = self.sandbox.run(build_program(attempt.code, self.view.feedback_test), cfg.timeout_s)
+        visible = self.run(attempt.code, self.view.feedback_test)
         attempt.visible_result = visible
         if self.view.feedback_test == task.test:
             attempt.result = visible
         else:
-            attempt.result = self.sandbox.run(build_program(attempt.code, task.test), cfg.timeout_s)
-        if attempt.result.passed and cfg.audit_passes:
+            attempt.result = self.run(attempt.code, task.test)
+        if attempt.result.passed and cfg.audit_passes and self.python:  # the audit reads Python's return values
             self.audit(attempt)
         self.ensure_feedback(attempt)
 
@@ -235,7 +270,7 @@ class Context:
         """A side call the self-check makes once a task, greedy, from what the agent sees (the shown code and the
         visible tests; never the full test), read by `parse`; kept in `side_calls` so its tokens count."""
         task = self.task
-        prompt = render(template, entry_point=task.entry_point, code=self.view.code.strip("\n"), tests=self.view.tests,
+        prompt = render(template, task=task, entry_point=task.entry_point, code=self.view.code.strip("\n"), tests=self.view.tests,
                         n=n)
         call = self.call([{"role": "user", "content": prompt}], 0, turn=turn, stop=CODE_STOP, temperature=0.0)
         self.side_calls.append(call)
@@ -246,8 +281,11 @@ class Context:
         run once a task; None when it passes them (a bug the visible tests do not reach) or cannot be read."""
         if self._failure is None:
             task, code = self.task, self.shown_code
-            run = self.sandbox.run(build_program(code, self.view.feedback_test), self.cfg.timeout_s)
+            run = self.run(code, self.view.feedback_test)
             self.side_runs += 1
+            if not self.python:
+                self._failure = "" if run.passed else multilang.feedback(run, feedback.FEEDBACK_CHARS).strip()
+                return self._failure or None
             self._failure = "" if run.passed else shape_feedback(
                 run, code, self.view.feedback_test, self.sandbox, timeout_s=self.cfg.timeout_s,
                 max_chars=feedback.FEEDBACK_CHARS, compute_actual=True, entry_point=task.entry_point,
@@ -271,7 +309,9 @@ class Context:
             attempt.feedback += "\n"
         else:
             attempt.feedback = ""
-        if style == "raw":
+        if style == "shaped" and not self.python:
+            attempt.feedback += multilang.feedback(visible, feedback.FEEDBACK_CHARS)
+        elif style == "raw":
             attempt.feedback += raw_feedback(visible, cfg.timeout_s, feedback.FEEDBACK_CHARS)
         elif style == "verdict":
             attempt.feedback += "The tests failed." if visible.status != "timeout" else "The tests timed out."
@@ -292,8 +332,8 @@ class Context:
                 attempt.decision, attempt.problem = "no_code", patched.problem
                 attempt.feedback = patched.problem
                 return attempt.decision
-            text = "```python\n" + patched.code + "```"
-        ex = extract_candidate(text, task, keep_context=True, check_signature=True)
+            text = f"```{task.lang.fence}\n" + patched.code + "```"
+        ex = self.extract(text)
         attempt.code = ex.code
         if ex.problem == "no_code" or (ex.problem and SYNTAX_PATH):
             attempt.decision = "no_code" if ex.problem == "no_code" else "syntax_error"
@@ -302,7 +342,7 @@ class Context:
             return attempt.decision
         if ex.problem:
             attempt.problem = ex.detail  # syntax path off: the sandbox reports it
-        key = normalise(ex.code)
+        key = self.key(ex.code)
         if key in self.buggy_keys:
             attempt.unchanged = True  # still run (it fails by construction), but the feedback says so
         if key in state.seen:

@@ -22,17 +22,18 @@ def project_root() -> Path:
 
 @dataclass
 class DatasetConf:
-    """Which tasks a job runs (the schema of conf/dataset/*.yaml): HumanEvalFix (Python), bigcode/humanevalpack,
-    config python, split test, from the hub or a local copy."""
+    """Which tasks a job runs (the schema of conf/dataset/*.yaml): HumanEvalFix, bigcode/humanevalpack, in one of
+    its six languages (the hub's config names: python, js, java, go, cpp, rust), split test, from the hub or a
+    local copy."""
 
     hub_id: str = "bigcode/humanevalpack"
-    hub_config: str = "python"
+    language: str = "python"  # the hub config read, and the language every program is built and run in
     split: str = "test"
     revision: str | None = None
     path: str | None = None  # a local jsonl or parquet file with the hub schema; wins over the hub
     # Used when `path` is null and this file exists (the offline copy on fixlab's own machines); relative to the
-    # checkout (or, installed, the working directory).
-    local_fallback: str | None = "../shared/data/humanevalfix_python.jsonl"
+    # checkout (or, installed, the working directory). {language} is the language's hub config name.
+    local_fallback: str | None = "../shared/data/humanevalfix_{language}.jsonl"
     limit: int | None = None  # first N tasks
     task_ids: list[str] | None = None  # e.g. [Python/0, Python/38]
 
@@ -41,10 +42,21 @@ class DatasetError(ValueError):
     """Bad dataset source or row. The message is one line that names the problem and the fix."""
 
 
+def dataset_language(cfg: DatasetConf):
+    """The record's language (sandboxes/languages); an unknown name is one line naming the six."""
+    from sandboxes.languages import NAMES, language
+
+    if cfg.language not in NAMES:
+        raise DatasetError(f"dataset.language={cfg.language!r} is not a HumanEvalPack language: use one of "
+                           f"{', '.join(NAMES)} (dataset.language=js)")
+    return language(cfg.language)
+
+
 def load_tasks(cfg: DatasetConf) -> list[Task]:
-    """Tasks selected by a dataset record (path / hub id, limit, task_ids)."""
+    """Tasks selected by a dataset record (language, path / hub id, limit, task_ids)."""
+    lang = dataset_language(cfg)
     rows, source = _load_rows(cfg)
-    tasks = [_validate(row, i, source) for i, row in enumerate(rows, start=1)]
+    tasks = [_validate(row, i, source, lang) for i, row in enumerate(rows, start=1)]
     seen = set()
     for t in tasks:
         if t.task_id in seen:
@@ -58,10 +70,11 @@ def load_tasks(cfg: DatasetConf) -> list[Task]:
         wanted = [str(w) for w in wanted]
         by_id = {t.task_id: t for t in tasks}
         # Accept "Python/3" or just "3".
-        norm = [w if w in by_id else f"Python/{w}" for w in wanted]
+        norm = [w if w in by_id else f"{lang.task_prefix}/{w}" for w in wanted]
         missing = [w for w, n in zip(wanted, norm) if n not in by_id]
         if missing:
-            raise DatasetError(f"dataset.task_ids: no task {missing[0]!r} in {source} (ids look like 'Python/0')")
+            raise DatasetError(f"dataset.task_ids: no task {missing[0]!r} in {source} "
+                               f"(ids look like '{lang.task_prefix}/0')")
         tasks = [by_id[n] for n in norm]
     limit = cfg.limit
     if limit is not None:
@@ -83,7 +96,7 @@ def resolve_path(cfg: DatasetConf) -> Path | None:
         return p
     fallback = cfg.local_fallback
     if fallback:
-        p = (project_root() / fallback).resolve()
+        p = (project_root() / fallback.format(language=cfg.language)).resolve()
         if p.exists():
             return p
     return None
@@ -125,7 +138,7 @@ def _read_file(path: Path) -> list[dict]:
 
 
 def _read_hub(cfg: DatasetConf) -> list[dict]:
-    hub_id, config, split = cfg.hub_id, cfg.hub_config, cfg.split
+    hub_id, config, split = cfg.hub_id, cfg.language, cfg.split
     if os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1":
         raise DatasetError(
             f"offline and no local dataset: set dataset.path=FILE (jsonl/parquet with the hub schema of {hub_id})"
@@ -149,7 +162,7 @@ def _read_hub(cfg: DatasetConf) -> list[dict]:
     return [dict(r) for r in ds]
 
 
-def _validate(row: dict, n: int, source: str) -> Task:
+def _validate(row: dict, n: int, source: str, lang) -> Task:
     for field in TASK_FIELDS:
         if field not in row:
             rid = row.get("task_id", f"row {n}")
@@ -160,6 +173,12 @@ def _validate(row: dict, n: int, source: str) -> Task:
     for field in ("task_id", "declaration", "buggy_solution", "entry_point", "test"):
         if not row[field].strip():
             raise DatasetError(f"{source}: {row.get('task_id') or f'row {n}'} (row {n}) has an empty {field!r}")
-    if f"def {row['entry_point']}" not in row["declaration"]:
+    prefix = row["task_id"].split("/", 1)[0]
+    if prefix != lang.task_prefix:
+        raise DatasetError(f"{source}: {row['task_id']} (row {n}) is a {prefix} task, not {lang.title}: set "
+                           f"dataset.language to the file's language (or dataset.path to a {lang.title} file)")
+    # HumanEvalPack's other languages name a few entry points unlike their declarations (CPP/121 declares
+    # `solutions`, entry_point `solution`; JavaScript/114, Java/99, /101, /114): their tests call the declared name
+    if lang.name == "python" and not lang.defines_entry_point(row["declaration"], row["entry_point"]):
         raise DatasetError(f"{source}: {row['task_id']} (row {n}): declaration does not define entry_point {row['entry_point']!r}")
     return Task.from_row(row)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from sandboxes.base import ExecResult
+from sandboxes.languages import of_task
 
 # The hub's 15 fields of bigcode/humanevalpack (python config, test split), in the hub's order.
 TASK_FIELDS = (
@@ -45,13 +46,19 @@ class Task:
         return cls(**kw)
 
     @property
+    def lang(self):
+        """The task's language (sandboxes/languages), from its id's prefix ("CPP/3": C++)."""
+        return of_task(self.task_id)
+
+    @property
     def buggy_code(self) -> str:
-        """The whole buggy function as a person reads it: declaration (with helpers) + buggy body."""
-        return self.declaration + self.buggy_solution
+        """The whole buggy function as a person reads it: the language's context (the declaration, with helpers) +
+        the buggy body."""
+        return self.lang.context(self) + self.buggy_solution
 
     @property
     def fixed_code(self) -> str:
-        return self.declaration + self.canonical_solution
+        return self.lang.context(self) + self.canonical_solution
 
 
 @dataclass

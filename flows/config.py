@@ -47,7 +47,34 @@ class JobSettings:
         if isinstance(s, DraftsConf):
             k += f"-k{s.candidates}" if s.candidates > 1 else ""  # several answers per round
             k += f"-rd{s.redraws}" if s.redraws else ""  # known failures drawn again
-        return self.tracking.run_name or f"{self.model.name}-{self.agent.strategy.name}{k}-iters{self.agent.iters}"
+        lang = "" if self.dataset.language == "python" else f"-{self.dataset.language}"  # Python's names as before
+        return self.tracking.run_name or f"{self.model.name}-{self.agent.strategy.name}{k}-iters{self.agent.iters}{lang}"
+
+
+# Techniques that read Python with its own parser and run Python probes (agents/selfcheck.py, agents/patch.py's
+# worked example): in the other languages a config that asks for one is refused in one line.
+PYTHON_ONLY = (("self_check", 0), ("self_tests", 0), ("self_inputs", 0))
+
+
+def check_language(job) -> None:
+    """The dataset's language is one of the six, and what the config asks for works in it."""
+    from agents.tasks import DatasetError, dataset_language
+
+    try:
+        lang = dataset_language(job.dataset)
+    except DatasetError as e:
+        raise ConfigError(str(e)) from None
+    if lang.name == "python":
+        return
+    for knob, off in PYTHON_ONLY:
+        if getattr(job.strategy, knob, off) != off:
+            raise ConfigError(f"strategy.{knob} runs Python probes; with dataset.language={lang.name} leave it at {off}")
+    if getattr(job.strategy, "answer_format", "function") == "patch":
+        raise ConfigError(f"strategy.answer_format=patch is Python's (its worked example); with "
+                          f"dataset.language={lang.name} use function or line")
+    if job.sandbox.backend == "e2b":
+        raise ConfigError(f"sandbox=e2b runs what its template offers, Python only; with dataset.language={lang.name} "
+                          "use sandbox=local or sandbox=docker")
 
 
 def _in_range(label: str, v, lo: float, hi: float | None = None) -> None:
@@ -85,6 +112,7 @@ def settings_from(cfg: dict) -> JobSettings:
         check_config(agent)  # schedules, feedback styles, tool formats: one line here, not one error per task
     except ValueError as e:
         raise ConfigError(f"strategy: {e}") from None
+    check_language(job)
     return JobSettings(
         agent=agent, model=job.model, sandbox=job.sandbox, dataset=job.dataset, runner=job.runner,
         tracking=job.tracking, samples=job.samples, offline=job.offline, resume=job.resume, raw=dict(cfg),

@@ -101,13 +101,30 @@ RETIRED = {"model.int8_fuse": "False", "strategy.diagnose": "False", "strategy.e
            "model.attn_implementation": "None", "model.int8_native": "True", "model.int8_kernel": "auto",
            "model.skinny_matmul": "True", "model.sdpa_gqa": "True", "model.cpu_attention": "True",
            "model.kv_dtype": "auto", "model.gather_ms": "30.0", "model.max_prefill_tokens": "896",
-           "model.heap_trim": "True", "model.draft_ngram": "3", "model.draft_step_tokens": "128"}
+           "model.heap_trim": "True", "model.draft_ngram": "3", "model.draft_step_tokens": "128",
+           # one language's hub config since the six languages: dataset.language names it
+           "dataset.hub_config": "python"}
+
+
+# Settings added since runs were logged without them, with what those runs did; and the old spelling of a default
+# that now names the language (dataset.local_fallback's {language}).
+ADDED = {"dataset.language": "python"}
+RESPELT = {"dataset.local_fallback": ("../shared/data/humanevalfix_python.jsonl",
+                                      "../shared/data/humanevalfix_{language}.jsonl")}
 
 
 def without_retired(params: dict) -> dict:
-    """Run params without the retired knobs that sit at their old default (one set otherwise stays: it differs).
-    Numbers compare as numbers: a reader may have written 1.0 as "1"."""
-    return {k: v for k, v in params.items() if k not in RETIRED or not _same(RETIRED[k], str(v))}
+    """Run params without the retired knobs that sit at their old default (one set otherwise stays: it differs),
+    with the settings added since filled in as those runs had them. Numbers compare as numbers: a reader may have
+    written 1.0 as "1"."""
+    out = {k: v for k, v in params.items() if k not in RETIRED or not _same(RETIRED[k], str(v))}
+    if any(k.startswith("dataset.") for k in out):  # a run's params (not a bare knob table)
+        for k, v in ADDED.items():
+            out.setdefault(k, v)
+    for k, (old, now) in RESPELT.items():
+        if out.get(k) == old:
+            out[k] = now
+    return out
 
 
 def _same(a: str, b: str) -> bool:

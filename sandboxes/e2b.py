@@ -173,8 +173,10 @@ class E2BSandbox:
         return BOOTSTRAP % base64.b64encode(json.dumps(payload).encode()).decode()
 
     def run(self, program: str, timeout_s: float) -> ExecResult:
-        if not isinstance(program, str):
-            raise TypeError(f"program must be a str, got {type(program).__name__}")
+        if not isinstance(program, str):  # a compiled language's Program: the template has no toolchain for it
+            lang = getattr(program, "language", type(program).__name__)
+            raise SandboxUnavailable(f"sandbox=e2b runs Python programs only (its template has no {lang} "
+                                     "toolchain); use sandbox=local or sandbox=docker")
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
         from e2b.exceptions import TimeoutException

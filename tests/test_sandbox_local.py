@@ -76,7 +76,7 @@ def test_stderr_is_capped_with_a_note(sbx):
 
 
 def test_bad_arguments_are_clear_errors(sbx):
-    with pytest.raises(TypeError, match="program must be a str"):
+    with pytest.raises(TypeError, match="program must be Python source or a Program"):
         sbx.run(b"print(1)", 5)
     with pytest.raises(ValueError, match="timeout_s must be a positive number"):
         sbx.run("print(1)", 0)

@@ -37,7 +37,7 @@ def test_parquet_with_hub_schema_loads_like_jsonl(tmp_path):
 def test_offline_without_file_says_how_to_fix(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(DatasetError, match="dataset.path"):
-        load_tasks(DatasetConf(hub_id="bigcode/humanevalpack", hub_config="python", local_fallback="no/such/file"))
+        load_tasks(DatasetConf(hub_id="bigcode/humanevalpack", language="python", local_fallback="no/such/file"))
 
 
 def test_unbiased_pass_at_k_matches_closed_forms():

@@ -25,8 +25,8 @@ class OracleModel:
         self.solution = solution
         self.delay_s = float(conf.delay_s or 0)
         self._tasks = list(tasks)
-        self._code = {t.task_id: t.declaration + (t.canonical_solution if solution == "canonical" else t.buggy_solution)
-                      for t in self._tasks}
+        # the language's context (the declaration, with what it lacks) + the body: Python's is its declaration
+        self._code = {t.task_id: t.fixed_code if solution == "canonical" else t.buggy_code for t in self._tasks}
 
     def _task_shown(self, shown: str):
         """The task whose code the prompt shows: its buggy body, else (a rewrite prompt shows no body) its
@@ -34,7 +34,8 @@ class OracleModel:
         def score(t) -> tuple:
             return (t.buggy_solution.strip() in shown, t.declaration.strip() in shown, t.test.strip() in shown,
                     len(t.buggy_solution))
-        named = [t for t in self._tasks if f"def {t.entry_point}(" in shown or f"`{t.entry_point}`" in shown]
+        named = [t for t in self._tasks if f"def {t.entry_point}(" in shown or f"`{t.entry_point}`" in shown
+                 or f"{t.entry_point}(" in shown]
         best = max(named, key=score, default=None)
         return best if best is not None and any(score(best)[:3]) else None
 
@@ -46,7 +47,8 @@ class OracleModel:
         code = self._code[task.task_id]
         if self.delay_s:
             time.sleep(self.delay_s)
-        return Generation(text="```python\n" + code + "```", prompt_tokens=0, completion_tokens=0, seconds=self.delay_s)
+        return Generation(text=f"```{task.lang.fence}\n" + code + "```", prompt_tokens=0, completion_tokens=0,
+                          seconds=self.delay_s)
 
     def close(self) -> None:
         pass

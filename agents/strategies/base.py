@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ..config import CANDIDATE_TEMPERATURE
 from ..context import CODE_STOP, Context, State, render
-from ..extract import normalise
 from ..patch import STOP as PATCH_STOP, answers_as_patches
 from ..types import Attempt
 
@@ -17,7 +16,7 @@ class Strategy:
         ctx = self.ctx
         patch = answers_as_patches(ctx.cfg.strategy)
         failure = ctx.buggy_failure() if getattr(ctx.cfg.strategy, "show_failure", False) else None
-        return [{"role": "system", "content": render("system.txt", patch=patch)},
+        return [{"role": "system", "content": render("system.txt", task=ctx.task, patch=patch)},
                 {"role": "user", "content": render("fix.txt", task=ctx.task, code=ctx.view.code.strip("\n"),
                                                    tests=ctx.view.tests, patch=patch, failure=failure)}]
 
@@ -88,7 +87,7 @@ class Strategy:
         for i, call in enumerate(calls):
             a = self._judged(call, rnd, state, run=False)
             if a.decision == "tested":
-                key = normalise(a.code)
+                key = ctx.key(a.code)
                 if key in ran:
                     a.decision, a.same_as_candidate = "repeat", ran[key]
                 else:
@@ -128,14 +127,14 @@ class Strategy:
 
     def absorb(self, state: State, attempt: Attempt) -> None:
         if attempt.decision == "tested" and attempt.code is not None:
-            state.seen[normalise(attempt.code)] = attempt.round
+            state.seen[self.ctx.key(attempt.code)] = attempt.round
             state.feedback[attempt.round] = attempt.feedback
             check = attempt.self_check or {}
             if check.get("scope") == "task":  # its passing answers join the pool later answers must agree with
                 state.pool += check["behaviours"]
             if attempt.held:  # passed what it saw, nobody agrees yet: not handed in, and a repeat of it is a vote
                 if not attempt.unchanged:  # (the buggy code handed back never votes: its repeats are not run again)
-                    del state.seen[normalise(attempt.code)]
+                    del state.seen[self.ctx.key(attempt.code)]
             elif attempt.visible is not None and attempt.visible.passed:
                 # the agent is done; under docs/hidden the verdict may differ, and a failed self-check says so
                 state.done = "unsure" if attempt.unsure else "solved"

@@ -85,7 +85,7 @@ class ReactStrategy(Strategy):
 
     def first_messages(self) -> list[dict]:
         ctx = self.ctx
-        return [{"role": "system", "content": render("react_system.txt", native=self.native,
+        return [{"role": "system", "content": render("react_system.txt", task=ctx.task, native=self.native,
                                                      max_turns=ctx.cfg.strategy.max_turns)},
                 {"role": "user", "content": render("react_task.txt", task=ctx.task, code=ctx.view.code.strip("\n"),
                                                    tests=ctx.view.tests)}]

@@ -24,7 +24,7 @@ class Reflection(Strategy):
             # A small model that hands the bug back keeps copying what it is shown: start a new conversation
             # without the buggy body, from the signature, the visible tests and how the old code failed.
             seen_fb = attempt.feedback if attempt.decision == "tested" else state.feedback.get(attempt.same_as_round)
-            state.messages = [{"role": "system", "content": render("system.txt")},
+            state.messages = [{"role": "system", "content": render("system.txt", task=task)},
                               {"role": "user", "content": render("rewrite.txt", react=False, task=task,
                                                                  header=header(self.ctx), tests=self.ctx.view.tests,
                                                                  feedback=without_unchanged_note(seen_fb))}]

@@ -4,7 +4,6 @@ from __future__ import annotations
 import difflib
 
 from ..context import CODE_STOP, OWN_TESTS_TURN, State, render
-from ..extract import extract_candidate
 from .. import lines as line_answers  # FUNCTION_EVERY read at call time (a test changes it)
 from ..lines import LOCATE_LINES, fixable_lines, rank_lines, replace_line
 from ..types import Attempt
@@ -27,7 +26,7 @@ class SingleShot(Strategy):
         super().__init__(ctx)
         self.ranking: list[int] | None = None  # line format: indexes of the shown code's lines, most suspect first
         code = ctx.view.code.strip("\n")
-        self.fixable = fixable_lines(code, ctx.task.buggy_solution)  # line format: the lines an answer may correct
+        self.fixable = fixable_lines(code, ctx.task.buggy_solution, ctx.task.lang)  # line format: the lines an answer may correct
         self._first: str | None = None  # line format: answer 0's code (a whole function), the ranking's lead
         self._made: dict[int, tuple[int, str]] = {}  # id(call) -> (line, candidate text) for line answers
 
@@ -45,7 +44,7 @@ class SingleShot(Strategy):
         lines = [p for p in positions if p not in whole]
         calls = dict(zip(whole, ctx.answers(state.messages, whole, stop=CODE_STOP))) if whole else {}
         if 0 in calls and not calls[0].error:  # answer 0 leads the ranking whether or not it is judged yet
-            self._first = extract_candidate(calls[0].output, ctx.task, True, False).code
+            self._first = ctx.extract(calls[0].output, False).code
         side, located = [], None
         if lines and self.ranking is None:
             side = [self._locate(code)]
@@ -57,8 +56,9 @@ class SingleShot(Strategy):
             for p, call in zip(lines, made):  # the candidate each line answer makes (the call keeps its own text)
                 calls[p] = call
                 if not call.error:
-                    new, problem = replace_line(code, at[p][0], call.output, ctx.task.entry_point)
-                    self._made[id(call)] = (at[p][0] + 1, problem or "```python\n" + new + "```")
+                    new, problem = replace_line(code, at[p][0], call.output, ctx.task.lang.declared_name(ctx.task),
+                                                 ctx.task.lang)
+                    self._made[id(call)] = (at[p][0] + 1, problem or f"```{ctx.task.lang.fence}\n" + new + "```")
         ordered = [calls[p] for p in positions]
         attempt = self._pick(ordered, rnd, state) if k > 1 or self.checking() else self._judged(ordered[0], rnd, state)
         attempt.calls = side + attempt.calls
@@ -82,8 +82,9 @@ class SingleShot(Strategy):
         ranks the shown code's lines (agents/lines.py)."""
         ctx = self.ctx
         call = ctx.call(self._line_messages(code, None), 0, turn=LOCATE_TURN, stop=CODE_STOP, temperature=0.0)
-        changed = "```python\n" + "\n".join(self._changed(code)) + "\n```"
-        self.ranking = rank_lines(code, self.fixable, changed, "" if call.error else call.output)
+        changed = f"```{ctx.task.lang.fence}\n" + "\n".join(self._changed(code)) + "\n```"
+        self.ranking = rank_lines(code, self.fixable, changed, "" if call.error else call.output,
+                                  lang=ctx.task.lang)
         return call
 
     def _changed(self, code: str) -> list[str]:
@@ -100,7 +101,7 @@ class SingleShot(Strategy):
         ctx = self.ctx
         failure = ctx.buggy_failure() if ctx.cfg.strategy.show_failure else None
         line = None if at is None else code.split("\n")[at].strip()
-        return [{"role": "system", "content": render("system.txt", patch=False, line=True)},
+        return [{"role": "system", "content": render("system.txt", task=ctx.task, patch=False, line=True)},
                 {"role": "user", "content": render("locate.txt", task=ctx.task, code=code, tests=ctx.view.tests,
                                                    failure=failure, line=line, n=LOCATE_LINES)}]
 

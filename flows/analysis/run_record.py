@@ -19,7 +19,8 @@ from agents.types import Attempt, passed_at, row_verdicts
 from ..stats import paired, wilson
 from .records import cost_by_round, task_seconds
 
-TUNING = {f"Python/{i}" for i in range(24)}  # the tuning sample: never report a claim from it alone
+# the tuning sample: tasks 0-23 of each language (Python/0-23, CPP/0-23, ...); never report a claim from it alone
+TUNING = {f"{prefix}/{i}" for prefix in ("Python", "JavaScript", "Java", "Go", "CPP", "Rust") for i in range(24)}
 COST = ("prompt_tokens", "prefill_tokens", "completion_tokens", "model_calls", "sandbox_runs", "length_stops",
         "suspicious", "errors", "wall_s")
 TITLE = "A run of `python -m flows.evaluate`, as the job recorded it when it ended"

@@ -89,6 +89,11 @@ class Language:
     # Does the task's declaration define the entry point? The dataset check (agents/tasks.py) asks this.
     entry_pattern = r"{name}"
 
+    @property
+    def fence(self) -> str:
+        """The tag prompts put on this language's code fences."""
+        return next(f for f in self.fences if f)
+
     def defines_entry_point(self, declaration: str, entry_point: str) -> bool:
         return re.search(self.entry_pattern.format(name=re.escape(entry_point)), declaration) is not None
 
@@ -129,6 +134,21 @@ class Language:
     def prepare(self, into) -> None:
         """Build the toolchain's reusable, trusted parts into the folder `into` (sandboxes/toolchains.py), once per
         machine: precompiled headers, crates, archives, the harness."""
+
+    def declared_name(self, task) -> str:
+        """The entry point's name as the declaration writes it, which the tests call (a few HumanEvalPack tasks name
+        their entry_point otherwise: CPP/121 declares `solutions`, entry_point `solution`)."""
+        lines = [ln for ln in self.context(task).splitlines() if "(" in ln]
+        if lines:
+            m = (re.search(r"\b(?:const|let|var|function)\s+(\w+)", lines[-1])
+                 or re.search(r"(\w+)\s*(?:<[^()]*>)?\s*\(", lines[-1]))
+            if m:
+                return m.group(1)
+        return task.entry_point
+
+    def strip_tests(self, code: str, task) -> str:
+        """An answer's code without the tests or the `main` it echoes back (the harness adds the real ones)."""
+        return code
 
     def entry_signature(self, task) -> str:
         """The entry point's header as the declaration writes it (for prompts and the signature check)."""
