@@ -6,27 +6,41 @@ STAMP := $(VENV)/.fixlab-installed
 ARGS ?=
 UI_PORT ?= 5000
 
-.PHONY: setup eval test test-quick ui nightly nightly-now clean-runs docker-image
+.PHONY: setup setup-test toolchains eval test test-quick ui nightly nightly-now clean-runs docker-image
 
 setup: $(STAMP)
 
+# The job's own needs: the venv and bubblewrap (the sandbox's jail). The tests' (Chromium, PostgreSQL, Docker) and the
+# other languages' toolchains come with `make test` (setup-test); a job in another language installs its toolchain
+# itself on first use, with one line saying so (sandboxes/toolchains.py).
 $(STAMP): pyproject.toml
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		(apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) \
 		&& echo "setup: installed bubblewrap" ; } || echo "setup: bubblewrap not installed (sandbox falls back to rlimits only)"
-	@command -v dockerd >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-		(apt-get install -y -q docker.io >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q docker.io >/dev/null 2>&1)) \
-		&& echo "setup: installed docker.io (sandbox=docker; build its image with make docker-image)" ; } || echo "setup: docker.io not installed (sandbox=docker unavailable; its tests skip)"
-	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-		(apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) \
-		&& echo "setup: installed chromium (UI test)" ; } || echo "setup: chromium not installed (the UI test skips)"
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-		(apt-get install -y -q postgresql >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q postgresql >/dev/null 2>&1)) \
-		&& echo "setup: installed postgresql (the MLflow-on-PostgreSQL test)" ; } || echo "setup: postgresql not installed (its test skips)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[all,test]'
 	@touch $(STAMP)
+
+# What only the tests use, installed where apt works (as root; never fails): Docker (sandbox=docker), Chromium (the UI
+# test), PostgreSQL (the MLflow-on-PostgreSQL test); then every language's toolchain, prepared once.
+TEST_STAMP := $(VENV)/.fixlab-test-installed
+apt_install = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	(apt-get install -y -q $(1) >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $(1) >/dev/null 2>&1)) \
+	&& echo "setup: installed $(1) ($(2))" ; } || echo "setup: $(1) not installed ($(2): its tests skip)"
+setup-test: $(TEST_STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	@command -v dockerd >/dev/null 2>&1 || $(call apt_install,docker.io,sandbox=docker; build its image with make docker-image)
+	@command -v chromium >/dev/null 2>&1 || $(call apt_install,chromium,the UI test)
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || $(call apt_install,postgresql,the MLflow-on-PostgreSQL test)
+	$(MAKE) toolchains
+	@touch $(TEST_STAMP)
+
+# The five other languages' compilers and runtimes (Debian packages, as root), prepared once: make toolchains LANGS="go rust"
+LANGS ?=
+toolchains: setup
+	$(PY) -m sandboxes.toolchains install $(LANGS)
 
 # Main job: full HumanEvalFix on the embedded default (conf/config.yaml). Quick look: make eval ARGS="dataset.limit=10"
 eval: setup
@@ -36,11 +50,11 @@ eval: setup
 # (tests/conftest.py). Much of the suite waits on subprocesses, servers and sandboxes: with two workers a core sat idle a
 # quarter of the time, and a third fills it (the suite's time on 2 and 3 workers: issue #52's closing note).
 TEST_WORKERS ?= 3
-test: setup
+test: setup-test
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 $(ARGS)
 
 # The suite without the tests marked slow (those that need a real model pack: download, conversion, real decoding)
-test-quick: setup
+test-quick: setup-test
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 # The Docker sandbox's image (sandboxes/image/build.sh): the Dockerfile online, a Debian rootfs offline.

@@ -1,10 +1,12 @@
 """Compare runs side by side on the tasks they share: pass@1 after each round, what the agent did
-with each round, tokens and time, and which tasks each run fixed.
+with each round, tokens and time, and which tasks each run fixed. Runs in several languages pair on the
+HumanEvalPack problems they share (CPP/3 with Python/3); --language keeps one.
 
     python -m flows.compare RUN_ID RUN_ID ...          # job runs
     python -m flows.compare --sweep PARENT_RUN_ID        # every job of a -m sweep
     python -m flows.compare --sweep PARENT --json out.json
     python -m flows.compare RUN_ID --against benchmarks/results/fullsize-x.json:RUN_ID   # against a recorded run
+    python -m flows.compare --sweep PARENT_RUN_ID --language cpp   # one language of a languages x strategies sweep
 
 Runs are labelled by what differs between them, as a sweep's plot labels its jobs (e.g. `strategy=react`). Everything is
 read back from MLflow (params, `results.jsonl`), so it works on any tracking store the runs were logged to. A run
@@ -33,10 +35,14 @@ from .tracking import tracking_uri
 def compare(runs: list[dict]) -> dict:
     """Per run, on the (task, sample) pairs every run has: pass@1 after each round and decision counts."""
     labels = job_labels([r["run"] for r in runs])  # what sets each run apart, as the sweep plot says it
-    common = set.intersection(*({(row["task_id"], row["sample"]) for row in r["rows"]} for r in runs))
-    out = {"tasks": len({t for t, _ in common}), "runs": []}
+    # runs in several languages pair on HumanEvalPack's problems (CPP/3 and Python/3 are one problem)
+    across = len({r["params"].get("dataset.language", "python") for r in runs}) > 1
+    tid = (lambda row: "problem/" + row["task_id"].rsplit("/", 1)[-1]) if across else (lambda row: row["task_id"])
+    common = set.intersection(*({(tid(row), row["sample"]) for row in r["rows"]} for r in runs))
+    out = {"tasks": len({t for t, _ in common}), "runs": [], "across_languages": across}
     for r in runs:
-        rows = [row for row in r["rows"] if (row["task_id"], row["sample"]) in common]
+        rows = [row for row in r["rows"] if (tid(row), row["sample"]) in common]
+        rows.sort(key=lambda row: (task_order(tid(row)), row["sample"]))
         iters = int(r["params"].get("iters", 0))
         n = len(rows) or 1
         firsts = [row_verdicts(row) for row in rows]  # the verdict at each budget (agents/types.py)
@@ -52,7 +58,7 @@ def compare(runs: list[dict]) -> dict:
             "prompt_tokens": sum(row.get("prompt_tokens", 0) for row in rows),
             "completion_tokens": sum(row.get("completion_tokens", 0) for row in rows),
             "wall_s": r["metrics"].get("wall_s") if r["finished"] else None,
-            "first_pass_round": {f"{row['task_id']}#{row['sample']}": f for row, f in zip(rows, firsts)},
+            "first_pass_round": {f"{tid(row)}#{row['sample']}": f for row, f in zip(rows, firsts)},
         })
     out["paired"] = paired_verdicts(out["runs"])
     return out
@@ -171,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flows.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_ids", nargs="*", help="MLflow job run ids")
     ap.add_argument("--sweep", help="a sweep's parent run id: compare all its jobs")
+    ap.add_argument("--language", help="only the runs in this dataset language (python, js, java, go, cpp, rust); "
+                    "runs in several languages pair on the problems they share")
     ap.add_argument("--tracking-uri", default=tracking_uri(TrackingConf()))
     ap.add_argument("--json", type=Path, help="also write the comparison here")
     ap.add_argument("--against", action="append", default=[], metavar="FILE:RUN_ID",
@@ -201,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
             print("error: no runs to compare: give job run ids or --sweep PARENT_RUN_ID", file=sys.stderr)
             return 2
         runs = load_runs(client, run_ids)
+        if args.language:
+            runs = [r for r in runs if r["params"].get("dataset.language", "python") == args.language]
+            if not runs:
+                print(f"error: no run in language {args.language!r} among them", file=sys.stderr)
+                return 2
     except (MlflowException, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"error: cannot read the runs from {args.tracking_uri}: {first} (check the run ids and --tracking-uri)",

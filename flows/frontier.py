@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", help="a sweep's parent run id: its jobs, and the picture logged on it")
     ap.add_argument("--model", help="the model (params model.name) when the records cover several")
     ap.add_argument("--protocol", help="the protocol when the records cover several")
+    ap.add_argument("--language", help="the dataset's language (python, js, java, go, cpp, rust) when the records "
+                    "cover several")
     ap.add_argument("--use", action="append", default=[], metavar="RUN_ID",
                     help="of several runs of one configuration, use this one (prefix; default: the newest record)")
     ap.add_argument("--md", type=Path, help="also write the markdown table here")
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         records, client = _read_inputs(args.inputs, args.sweep, args.tracking_uri)
         fr = frontier(records, model=args.model, protocol=args.protocol, use=tuple(args.use),
-                      paired_only=args.paired_only)
+                      paired_only=args.paired_only, language=args.language)
     except FrontierError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

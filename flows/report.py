@@ -358,13 +358,46 @@ def section_speed(files: dict) -> list[str]:
     return out
 
 
+def section_languages(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
+    """One row per language: each configuration's pass@1 with its interval, and the second configuration against the
+    first on the same tasks (report.yaml `languages`: the configurations' names, each a sweep per language)."""
+    spec = cur.get("languages")
+    if not spec:
+        return []
+    names = list(spec["configs"])
+    langs = [lang for lang in LANGUAGE_ORDER if all(lang in spec["configs"][n] for n in names)]
+    body = []
+    for lang in langs:
+        runs = [sweeps[spec["configs"][n][lang]].last for n in names]
+        cells = [f"{rate(r.passed, r.total)} ({ci(r.passed, r.total)}), {r.passed} / {r.total}" for r in runs]
+        verdict = "-"
+        if len(runs) > 1:
+            pr = pair_runs(runs[1], runs[0])
+            if pr is not None:
+                p = pr.result
+                verdict = (f"{pts(p.diff)} ({pts(p.low)} to {pts(p.high)}), {p.only_a} / {p.only_b} fixed by one only, "
+                           f"p {pval(p.p_value)}: "
+                           f"{'no verdict' if p.p_value >= ALPHA else 'better' if p.diff > 0 else 'worse'}")
+        files = " / ".join(link(sweeps[spec["configs"][n][lang]].file) for n in names)
+        body.append([lang, *cells, verdict, sweeps[spec["configs"][names[0]][lang]].machine, files])
+    labels = [spec.get("labels", {}).get(n, n) for n in names]
+    return ["## Languages: HumanEvalFix in HumanEvalPack's six languages", "",
+            wrap(spec.get("text", "")), "",
+            *table(["language", *(f"{x}: pass@1 (95% CI), passed" for x in labels),
+                    f"{labels[-1]} vs {labels[0]}, points (95% CI)" if len(labels) > 1 else "paired", "machine",
+                    "results files"], body), ""]
+
+
+LANGUAGE_ORDER = ("python", "js", "java", "go", "cpp", "rust")
+
+
 # --- the documents --------------------------------------------------------------------------------------------
 def frontier_of(results: Path, protocol: str = FRONTIER_PROTOCOL):
     from .analysis.frontier import frontier
     from .analysis.records import records_from_files
 
     return frontier(records_from_files(sorted(results.glob("fullsize-*.json"))), model=FRONTIER_MODEL,
-                    protocol=protocol, paired_only=True)
+                    protocol=protocol, paired_only=True, language="python")
 
 
 def section_frontier(results: Path, protocol: str) -> list[str]:
@@ -414,6 +447,7 @@ def results_document(results: Path) -> str:
              "first 8 characters. Machines of the full-size runs: " + "; ".join(machines_once(sweeps)) + ".", "",
              *at_a_glance(results), "", "## Headline", "",
              *(x for p in headline(sweeps, cur, verdict_words(frontier_of(results))) for x in (p, "")),
+             *section_languages(sweeps, cur),
              *section_frontier(results, "tests"), "", *section_frontier(results, "hidden"), "",
              *section_sweeps(sweeps, cur), "", *section_runs_speed(sweeps, cur, files), "", *section_speed(files)]
     out = [x if not x or x.startswith(("|", "#", "  ")) else wrap(x, "  " if x.startswith("- ") else "") for x in lines]

@@ -48,24 +48,27 @@ def install_command(lang) -> str:
     return "apt-get install -y " + " ".join(lang.toolchain.packages)
 
 
-def ensure_installed(lang) -> None:
-    """The toolchain is there, or installed now (root with apt-get, unless FIXLAB_INSTALL_TOOLCHAINS=0), or a
-    ToolchainMissing naming the packages and the command."""
-    gone = missing(lang)
-    if not gone:
+def ensure_installed(lang, *more) -> None:
+    """The toolchain (of `lang` and of `more` languages, in one apt-get) is there, or installed now (root with
+    apt-get, unless FIXLAB_INSTALL_TOOLCHAINS=0), or a ToolchainMissing naming the packages and the command."""
+    wanting = [x for x in (lang, *more) if missing(x)]
+    if not wanting:
         return
+    packages = sorted({p for x in wanting for p in x.toolchain.packages})
+    titles = ", ".join(x.title for x in wanting)
     allowed = os.environ.get("FIXLAB_INSTALL_TOOLCHAINS", "1") != "0"
     if allowed and os.geteuid() == 0 and shutil.which("apt-get"):
-        say(f"installing the {lang.title} toolchain ({' '.join(lang.toolchain.packages)}) with apt-get, once")
+        say(f"installing the {titles} toolchain ({' '.join(packages)}) with apt-get, once")
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        cmd = ["apt-get", "install", "-y", "-q", *lang.toolchain.packages]
+        cmd = ["apt-get", "install", "-y", "-q", *packages]
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0:  # a stale package index: refresh it once
             subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env)
             r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        gone = missing(lang)
-        if not gone:
+        if not any(missing(x) for x in wanting):
             return
+    lang = next(x for x in wanting if missing(x))
+    gone = missing(lang)
     raise ToolchainMissing(f"{lang.title} needs {gone[0]} (Debian packages: {' '.join(lang.toolchain.packages)}); "
                            f"fix: `{install_command(lang)}` as root, or `make toolchains`")
 
@@ -79,9 +82,11 @@ def _key(lang) -> str:
             h.update(r.stdout + r.stderr)
         except (OSError, subprocess.TimeoutExpired) as e:
             h.update(repr(e).encode())
-    for path in sorted(HARNESS.rglob("*")):
-        if path.is_file():
-            h.update(path.name.encode() + path.read_bytes())
+    for pattern in lang.harness_files:
+        for path in sorted(HARNESS.glob(pattern)):
+            for f in sorted([path] if path.is_file() else path.rglob("*")):
+                if f.is_file():
+                    h.update(f.name.encode() + f.read_bytes())
     h.update(Path(sys.modules[type(lang).__module__].__file__).read_bytes())
     return h.hexdigest()[:16]
 
@@ -123,3 +128,37 @@ def run(cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> str
     """A preparation step (trusted inputs only); its output, or CalledProcessError."""
     r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, check=True)
     return r.stdout.decode(errors="replace")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m sandboxes.toolchains install [LANG ...]`: install and prepare these languages' toolchains (all
+    when none is named), one line each; `packages`: the Debian packages they need."""
+    import argparse
+
+    from .languages import NAMES, language
+
+    ap = argparse.ArgumentParser(prog="python -m sandboxes.toolchains", description=main.__doc__.splitlines()[0])
+    ap.add_argument("action", choices=["install", "packages"])
+    ap.add_argument("languages", nargs="*", choices=[n for n in NAMES if n != "python"] + [[]], default=[])
+    args = ap.parse_args(argv)
+    langs = [language(n) for n in (args.languages or [n for n in NAMES if n != "python"])]
+    if args.action == "packages":
+        print(" ".join(sorted({p for lang in langs for p in lang.toolchain.packages})))
+        return 0
+    try:
+        ensure_installed(*langs)
+    except SandboxUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for lang in langs:
+        try:
+            path = prepared(lang)
+        except SandboxUnavailable as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        say(f"{lang.title} toolchain ready ({path})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -51,7 +51,7 @@ def figure(fr):
     handles, labels = axes[0][0].get_legend_handles_labels()
     axes[0][-1].legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
                        title="configuration (iN: iters=N)", title_fontsize=7)
-    fig.suptitle(f"{fr.model}, protocol {fr.protocol}: pass@1 against cost per task, {fr.tasks} tasks", fontsize=10)
+    fig.suptitle(f"{fr.model}{'' if fr.language == 'python' else ' on ' + fr.language}, protocol {fr.protocol}: pass@1 against cost per task, {fr.tasks} tasks", fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -85,6 +85,7 @@ class Frontier:
     steps: list[Step]
     notes: list[str]
     time_commit: str | None = None  # the engine commit the seconds compare at; None: not recorded (they may mix)
+    language: str = "python"  # the dataset's language (one frontier is for one)
 
     @property
     def time_where(self) -> str | None:
@@ -193,7 +194,8 @@ def _labels(records: list[Record]) -> dict[int, tuple[str, str, dict]]:
     return {id(r): (*label(r, shown[id(r)]), knobs[id(r)]) for r in records}
 
 
-def _select(records: list[Record], model: str | None, protocol: str | None) -> tuple[list[Record], str, str]:
+def _select(records: list[Record], model: str | None, protocol: str | None,
+            language: str | None = None) -> tuple[list[Record], str, str, str]:
     def pick(what: str, flag: str, key: str, default: str, want: str | None, rs: list[Record]) -> tuple[list, str]:
         values = sorted({r.params.get(key, default) for r in rs})
         if want is None:
@@ -210,7 +212,8 @@ def _select(records: list[Record], model: str | None, protocol: str | None) -> t
         raise FrontierError("no records: give results files, run ids or --sweep PARENT_RUN_ID")
     records, m = pick("model", "--model", "model.name", "?", model, records)
     records, p = pick("protocol", "--protocol", "protocol", "tests", protocol, records)
-    return records, m, p
+    records, lang = pick("language", "--language", "dataset.language", "python", language, records)
+    return records, m, p, lang
 
 
 def configurations(records: list[Record], use: tuple[str, ...] = ()) -> tuple[list[Config], list[str]]:
@@ -319,11 +322,11 @@ def steps_along(front: list[str], configs: list[Config], axis: str, cost_of) -> 
 
 
 def frontier(records: list[Record], model: str | None = None, protocol: str | None = None,
-             use: tuple[str, ...] = (), paired_only: bool = False) -> Frontier:
+             use: tuple[str, ...] = (), paired_only: bool = False, language: str | None = None) -> Frontier:
     """The frontier of one model on one protocol over the given records (results-file or MLflow runs).
     Configurations whose record keeps no per-task outcomes are listed but not placed on the frontier (a frontier
     point must be paired); `paired_only` leaves them out of the table too."""
-    records, model, protocol = _select(records, model, protocol)
+    records, model, protocol, language = _select(records, model, protocol, language)
     if paired_only:
         dropped = sorted({r.run_id[:8] for r in records if not r.outcomes})
         records = [r for r in records if r.outcomes]
@@ -362,4 +365,4 @@ def frontier(records: list[Record], model: str | None = None, protocol: str | No
     return Frontier(model=model, protocol=protocol, tasks=max(c.total for c in configs), configs=configs,
                     token_frontier=token_front, time_frontier=time_front,
                     time_machine=time_machine if time_front else None, steps=steps, notes=notes,
-                    time_commit=time_commit if time_front else None)
+                    time_commit=time_commit if time_front else None, language=language)

@@ -111,13 +111,18 @@ def verdict_rows(steps) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def _in(fr) -> str:
+    """The language, named when it is not Python (Python's documents read as before)."""
+    return "" if getattr(fr, "language", "python") == "python" else f" on {fr.language}"
+
+
 def markdown(fr, off_frontier: str | None = None) -> str:
     """The frontier as markdown: every configuration's row, or with `off_frontier` (the command that lists them all)
     only the rows on a frontier or unplaced, and a line saying how many were left out and where they are."""
     head, rows = table_rows(fr)
     machines = sorted({c.machine for c in fr.configs})
     left = [r for r in rows if r[-2] == "no"] if off_frontier else []
-    lines = [f"Cost-accuracy frontier: {fr.model}, protocol `{fr.protocol}`, {fr.tasks} tasks, {len(fr.configs)} "
+    lines = [f"Cost-accuracy frontier: {fr.model}{_in(fr)}, protocol `{fr.protocol}`, {fr.tasks} tasks, {len(fr.configs)} "
              f"configurations; costs per task; machine{'s' if len(machines) > 1 else ''}: {'; '.join(machines)}. "
              + _time_line(fr) + ".", "", *table(head, [r for r in rows if r[-2] != "no"] if left else rows)]
     if left:

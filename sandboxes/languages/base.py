@@ -86,6 +86,8 @@ class Language:
     run_timeout_s = 10.0
     compile_timeout_s = 60.0
     toolchain: Toolchain | None = None
+    # the harness sources (globs under harness/) the prepared parts are built from: a change in one rebuilds them
+    harness_files: tuple[str, ...] = ()
     # Does the task's declaration define the entry point? The dataset check (agents/tasks.py) asks this.
     entry_pattern = r"{name}"
 

@@ -63,6 +63,7 @@ class Cpp(Language):
                           packages=("g++", "binutils", "libboost-dev", "libssl-dev"),
                           files=("/usr/include/boost/any.hpp", "/usr/include/openssl/md5.h"))
     entry_pattern = r"\b{name}\s*\("
+    harness_files = ("cpp_harness.cpp", "objcheck.py")
 
     def __init__(self):
         self._tests_lock = threading.Lock()

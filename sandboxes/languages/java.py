@@ -32,6 +32,8 @@ JDK = f"/usr/lib/jvm/java-17-openjdk-{_ARCH}"  # JDK 17 itself: /usr/bin/java ma
 JAVAC, JAVA = f"{JDK}/bin/javac", f"{JDK}/bin/java"
 # Every JVM here: C1 only (short programs), the serial collector, no hsperfdata file, no attach listener.
 VM = ("-Xshare:auto", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:-UsePerfData", "-XX:+DisableAttachMechanism")
+# The jail's /proc is empty, so the launcher's $ORIGIN runpath finds no libjli.so: the loader is told where it is.
+ENV = (("LD_LIBRARY_PATH", f"{JDK}/lib"),)
 REFERENCE_CUT = "public class Main {\n    }"  # what the reference removes from a candidate
 # The two lines the JVM prints on stderr when the command line enables the security manager (JDK 17 cannot mute
 # them); failure() leaves them out.
@@ -65,13 +67,13 @@ class Solution {
     }
 }
 """
-SAMPLE_DECLARATION = "import java.util.*;\nclass Solution {\n    public List<Integer> sample(List<Integer> xs, String s) {\n"
+SAMPLE_DECLARATION = SAMPLE_SOLUTION[:SAMPLE_SOLUTION.index("{", SAMPLE_SOLUTION.index("sample(")) + 1] + "\n"
 SAMPLE_TEST = """public class Main {
     public static void main(String[] args) {
         Solution s = new Solution();
         List<Boolean> correct = Arrays.asList(
                 s.sample(new ArrayList<>(Arrays.asList(3, 1, 2)), "a b A").size() == 4,
-                Objects.equals(s.sample(List.of(), "x"), Arrays.asList(4))
+                Objects.equals(s.sample(List.of(), "x"), Arrays.asList(5))
         );
         if (correct.contains(false)) {
             throw new AssertionError();
@@ -87,6 +89,17 @@ _FAILED_CHECK = "correct.get({}) is false"
 _JAVA_ERROR = re.compile(r"^(\S+\.java):(\d+): error: ")
 _EXC = re.compile(r'^Exception in thread "main" ([\w.$]+)(?::\s?(.*))?$')
 _FRAME = re.compile(r"^\s+at (?:[\w.]+/)?([\w.$]+)\.([\w$<>]+)\((\w+\.java):(\d+)\)")
+
+
+def _stub(decl: str) -> str:
+    """A declaration's class Solution with a body for its open method: what the tests are compiled against."""
+    return decl.rstrip() + "\n        throw new UnsupportedOperationException();\n    }\n}\n"
+
+
+def _tests(test: str, decl: str) -> str:
+    imports = " ".join(" ".join(m.group(0).split()) for m in _IMPORT.finditer(decl))
+    test = _CORRECT.sub(lambda m: m.group(1) + '"' + _FAILED_CHECK.format('" + correct.indexOf(false) + "') + '")', test)
+    return imports + " " + test
 
 
 def _code_only(code: str) -> str:
@@ -162,7 +175,7 @@ class Java(Language):
     entry_pattern = r"\b{name}\s*\("
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def version_commands(self):
         return [[JAVA, "-version"]]
@@ -217,14 +230,10 @@ class Java(Language):
     def tests_source(self, test: str, task) -> str:
         """Main.java: the declaration's imports on the test's first line (its lines keep their numbers), and the
         AssertionError of the `correct` list naming which check failed (failure() reads it)."""
-        imports = " ".join(" ".join(m.group(0).split()) for m in _IMPORT.finditer(self.context(task)))
-        test = _CORRECT.sub(lambda m: m.group(1) + '"' + _FAILED_CHECK.format('" + correct.indexOf(false) + "') + '")',
-                            test)
-        return imports + " " + test
+        return _tests(test, self.context(task))
 
     def _stub(self, task) -> str:
-        """The declaration's class Solution with a body for its open method: what the tests are compiled against."""
-        return self.context(task).rstrip() + "\n        throw new UnsupportedOperationException();\n    }\n}\n"
+        return _stub(self.context(task))
 
     def _compiled_tests(self, stub: str, tests: str, prep: Path) -> Path:
         """The tests compiled once per test text against the stub (trusted input: the dataset's), outside any run:
@@ -234,69 +243,70 @@ class Java(Language):
         if (final / "tests").is_dir():
             return final
         with self._lock:
-            if not (final / "tests").is_dir():
-                work = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=prep / "tests"))
-                try:
-                    (work / "Solution.java").write_text(stub)
-                    (work / "Main.java").write_text(tests)
-                    r = subprocess.run([JAVAC, *(f"-J{f}" for f in VM[1:4]), "-proc:none", "-encoding", "UTF-8",
-                                        "-d", "out", "Solution.java", "Main.java"], capture_output=True, text=True,
-                                       cwd=work)
-                    if r.returncode != 0:
-                        raise ValueError(f"the task's test does not compile: {r.stderr.strip()[-300:]}")
-                    (work / "tests").mkdir()
-                    for f in (work / "out").iterdir():
-                        if f.name != "Solution.class" and not f.name.startswith("Solution$"):
-                            f.rename(work / "tests" / f.name)
-                    (work / "out" / "Solution.class").rename(work / "Solution.class")
-                    for f in ("out", "Solution.java", "Main.java"):
-                        p = work / f
-                        shutil.rmtree(p) if p.is_dir() else p.unlink()
-                    for p in [work, *work.rglob("*")]:
-                        p.chmod(0o755 if p.is_dir() else 0o644)
-                    os.replace(work, final)
-                finally:
-                    shutil.rmtree(work, ignore_errors=True)
+            if (final / "tests").is_dir():
+                return final
+            work = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=prep / "tests"))
+            try:
+                (work / "Solution.java").write_text(stub)
+                (work / "Main.java").write_text(tests)
+                r = subprocess.run([JAVAC, *(f"-J{f}" for f in VM[1:4]), "-proc:none", "-encoding", "UTF-8",
+                                    "-d", "out", "Solution.java", "Main.java"], capture_output=True, text=True, cwd=work)
+                if r.returncode != 0:
+                    raise ValueError(f"the task's test does not compile: {r.stderr.strip()[-300:]}")
+                (work / "tests").mkdir()
+                for f in (work / "out").iterdir():
+                    if f.name.startswith("Main"):
+                        f.rename(work / "tests" / f.name)
+                (work / "out" / "Solution.class").rename(work / "Solution.class")
+                shutil.rmtree(work / "out")
+                for f in ("Solution.java", "Main.java"):
+                    (work / f).unlink()
+                for p in [work, *work.rglob("*")]:
+                    p.chmod(0o755 if p.is_dir() else 0o644)
+                os.replace(work, final)
+            except OSError:
+                if not (final / "tests").is_dir():
+                    raise
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
         return final
 
     def _archive(self, name: str, prep: Path) -> Path:
-        """The CDS archive of the compile or run JVM, recorded once on the sample (trusted) with the prepared jars
-        at the paths the runs use (an archive holds them by path)."""
+        """The CDS archive of the compile or the run JVM, recorded once on the sample (trusted) with the prepared jars
+        where the runs find them (an archive names its class path)."""
         jsa = prep / "cds" / f"{name}.jsa"
         if jsa.exists():
             return jsa
         with self._lock:
             if jsa.exists():
                 return jsa
-            sample = self._compiled_tests(SAMPLE_DECLARATION + "        return xs;\n    }\n}\n",
-                                          self.tests_source(SAMPLE_TEST, None), prep)
-            steps = self._steps(prep, sample, 10.0, archive=None)
+            tests = _tests(SAMPLE_TEST, SAMPLE_DECLARATION)
+            compile_, run = self._steps(prep, self._compiled_tests(_stub(SAMPLE_DECLARATION), tests, prep), 60.0,
+                                        archive=False)
             with tempfile.TemporaryDirectory(dir=prep / "cds") as work:
-                # a Solution whose members differ from the sample's: the compile JVM runs javac twice, as a fallback does
-                (Path(work) / "Solution.java").write_text(SAMPLE_SOLUTION.replace("String s)", "CharSequence s)")
-                                                          .replace('s.split(', 's.toString().split('))
-                (Path(work) / "Main.java").write_text(self.tests_source(SAMPLE_TEST, None).replace("\"x\"", "\"x\"")
-                                                      .replace("\"a b A\"", "(CharSequence) \"a b A\""))
-                tmp = Path(work) / f"{name}.jsa"
-                argv = list(steps[0 if name == "compile" else 1].argv)
-                argv.insert(1, f"-XX:ArchiveClassesAtExit={tmp}")
-                if name == "run":
-                    shutil.rmtree(Path(work) / "tests", ignore_errors=True)
-                    subprocess.run(list(steps[0].argv), cwd=work, capture_output=True)
-                r_in, w_in = os.pipe()
-                os.write(w_in, os.urandom(32))
-                os.close(w_in)
-                r3, w3 = os.pipe()
-                os.dup2(w3, 3) if False else None
-                subprocess.run(argv, cwd=work, stdin=r_in, capture_output=True, pass_fds=(w3,) if name else ())
-                os.close(r_in)
-                os.close(r3)
-                os.close(w3)
-                if tmp.exists():
-                    tmp.chmod(0o644)
-                    os.replace(tmp, jsa)
-                else:  # no archive: the runs start without it (-Xshare:auto ignores a missing file)
-                    jsa.write_bytes(b"")
+                recorded = Path(work) / "recorded.jsa"
+                (Path(work) / "Main.java").write_text(tests)
+                # for the compile JVM, a Solution with one method more: javac runs twice, as it does for a fallback
+                extra = "" if name == "run" else "    public int sample(int x) { return x; }\n}\n"
+                (Path(work) / "Solution.java").write_text(SAMPLE_SOLUTION.rstrip().rstrip("}") + extra
+                                                          if extra else SAMPLE_SOLUTION)
+                if name == "run":  # the runner halts, which records no dynamic archive: a class list, then a dump
+                    subprocess.run(compile_.argv, cwd=work, capture_output=True, timeout=120)
+                    record = [f"-XX:DumpLoadedClassList={work}/classes.lst"]
+                else:
+                    record = [f"-XX:ArchiveClassesAtExit={recorded}"]
+                argv = list((compile_ if name == "compile" else run).argv)
+                argv[1:1] = record
+                r = subprocess.run(["/bin/sh", "-c", 'exec "$@" 3>/dev/null', "sh", *argv], cwd=work,
+                                   input=os.urandom(32), capture_output=True, timeout=120)
+                if r.returncode == 0 and name == "run":
+                    r = subprocess.run([JAVA, "-Xshare:dump", f"-XX:SharedClassListFile={work}/classes.lst",
+                                        f"-XX:SharedArchiveFile={recorded}", "-cp", str(prep / "runner.jar")],
+                                       cwd=work, capture_output=True, timeout=120)
+                if r.returncode != 0 or not recorded.exists():
+                    raise ValueError(f"recording the {name} JVM's CDS archive failed: {r.stderr[-300:]!r}")
+                recorded.chmod(0o644)
+                os.replace(recorded, jsa)
         return jsa
 
     def _steps(self, prep: Path, tests: Path, run_timeout_s: float, archive=True) -> tuple[Step, ...]:
@@ -308,8 +318,8 @@ class Java(Language):
                f"-Djava.security.policy=={prep / 'fixlab.policy'}", f"-Dfixlab.runner={runner}",
                "--add-opens", "java.base/java.io=ALL-UNNAMED", "-cp", f"{runner}:tests:cand", "fixlab.Runner")
         # JVM threads: the run step needs its runtime's own (about 20); memory is bounded by -Xmx, not RLIMIT_AS
-        return (Step("compile", compile_, self.compile_timeout_s, processes=64, memory_mb=None),
-                Step("run", run, run_timeout_s, processes=32, memory_mb=None, secret="stdin"))
+        return (Step("compile", compile_, self.compile_timeout_s, processes=64, memory_mb=None, env=ENV),
+                Step("run", run, run_timeout_s, processes=32, memory_mb=None, env=ENV, secret="stdin"))
 
     def program(self, candidate: str, test: str, task, run_timeout_s: float | None = None) -> Program:
         prep = self._prepared()
@@ -322,6 +332,11 @@ class Java(Language):
     def reference_program(self, candidate: str, test: str, task):
         program = candidate.replace(REFERENCE_CUT, "") + "\n" + test
         return {"Main.java": program}, [[JAVAC, "Main.java"], [JAVA, "-cp", ".", "Main"]]
+
+    def reference_as_program(self, candidate: str, test: str, task) -> Program:
+        prog = super().reference_as_program(candidate, test, task)
+        return Program(prog.language, prog.files, tuple(Step(**{**s.__dict__, "env": ENV}) for s in prog.steps),
+                       prog.shown_file)
 
     def strip_tests(self, code: str, task) -> str:
         """The answer without a `class Main` it echoes (the harness brings the real tests)."""
