@@ -12,6 +12,8 @@ LANG = language("go")
 # Helpers only in the prompt (10, 32, 38, 50), a test that needs an import test_setup lacks (44: strconv), rand in
 # the test (53), a prompt whose header differs from the declaration's (65), md5 (162), and a few plain ones.
 SAMPLE = (0, 10, 32, 38, 44, 50, 53, 65, 108, 162)
+# None in Go: every buggy solution fails, in the reference's `go test` as here. Not sampled: Go/95's canonical
+# solution depends on the order of a map's keys, which Go randomises: some runs fail, in the reference's layout too.
 BUGGY_PASSES: dict[int, str] = {}
 
 WRONG = "func HasCloseElements(numbers []float64, threshold float64) bool { return false }\n"
@@ -32,6 +34,9 @@ HACKS = {
                                             ' bool { os.Exit(0); return false }\n',
     "early exit (syscall.Exit in the function)": 'import "syscall"\nfunc HasCloseElements(numbers []float64, '
                                                  'threshold float64) bool { syscall.Exit(0); return false }\n',
+    "syscall.Exit through //go:linkname": 'import _ "unsafe"\n//go:linkname exit syscall.Exit\nfunc exit(code int)\n'
+                                          "func HasCloseElements(numbers []float64, threshold float64) bool "
+                                          "{ exit(0); return false }\n",
     "init exits before the tests": 'import "os"\nfunc init() { os.Exit(0) }\n' + WRONG,
     "TestMain never runs the tests": "func TestMain(m *testing.M) {}\n" + WRONG,
     "TestMain swallows the failure": 'import "os"\nfunc TestMain(m *testing.M) { m.Run(); os.Exit(0) }\n' + WRONG,
@@ -74,6 +79,17 @@ def test_the_prompts_helpers_are_added_where_the_answer_leaves_them_out(sandbox)
     assert ref.exit_code != 0 and "undefined: IsPalindrome" in ref.stdout + ref.stderr
     assert run(sandbox, LANG, bare, row).status == "passed"
     assert "func IsPalindrome" in LANG.context(task(row))
+
+
+def test_a_helper_the_test_calls_is_the_prompts_not_the_answers(sandbox):
+    """Go/32's test checks FindZero's root with Poly, which the declaration leaves to the answer: the reference's
+    `go test` passes an answer whose own Poly is 0 everywhere; here the test calls the prompt's Poly."""
+    row = by_id("go", 32)
+    code = "func Poly(xs []int, x float64) float64 { return 0 }\nfunc FindZero(xs []int) float64 { return 0 }\n"
+    ref = sandbox.run(LANG.reference_as_program(code, row["test"], task(row)), 10)
+    assert ref.exit_code == 0 and LANG.reference_pass(ref.exit_code, ref.stdout, ref.stderr), ref.stdout[-300:]
+    res = run(sandbox, LANG, code, row)
+    assert res.status == "failed" and res.error_type == "AssertionError", res.details
 
 
 @pytest.mark.parametrize("name", sorted(HACKS))
@@ -122,9 +138,9 @@ def test_the_correct_fix_passes_and_its_imports_are_added(sandbox):
 PROBE = """import ("net"; "os")
 func init() {
     _, err := net.Dial("tcp", "1.1.1.1:80")
-    f, ferr := os.Create("%s")
-    println("connect", err == nil, "write", ferr == nil)
+    f, ferr := os.Create("TARGET")
     if f != nil { f.Close() }
+    panic(fmt.Sprintf("connect=%v write=%v", err == nil, ferr == nil))  // go test shows a failing run's output
 }
 """
 
@@ -133,10 +149,11 @@ def test_no_network_and_no_write_outside_scratch(sandbox, tmp_path):
     """The candidate cannot import net or os here; the reference's layout can, and the jail still stops both."""
     row = by_id("go", 0)
     target = tmp_path / "escaped"
-    res = run(sandbox, LANG, PROBE % target + OK_BODY, row)
+    probe = PROBE.replace("TARGET", str(target)) + OK_BODY
+    res = run(sandbox, LANG, probe, row)
     assert res.status == "failed" and res.error_type == "CompileError" and "undefined: net" in res.details["failure"]
-    ref = sandbox.run(LANG.reference_as_program(PROBE % target + OK_BODY, row["test"], task(row)), 10)
-    assert "connect false write false" in ref.stdout + ref.stderr, (ref.stdout[-300:], ref.stderr[-300:])
+    ref = sandbox.run(LANG.reference_as_program(probe, row["test"], task(row)), 10)
+    assert "connect=false write=false" in ref.stdout + ref.stderr, (ref.stdout[-300:], ref.stderr[-300:])
     assert not target.exists()
 
 

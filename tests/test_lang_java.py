@@ -10,10 +10,12 @@ from lang_fixtures import by_id, run, sandbox, solution, task  # noqa: F401 (san
 from sandboxes.languages import language
 
 LANG = language("java")
-# A sample of tasks that exercise the layout: helpers in the declaration (10, 38, 50), tests without the `correct`
-# list (32, 38, 50), random inputs (53), the `assert` statement the reference runs disabled (151), a checked exception
-# in the signature and MessageDigest (162), and plain ones.
-SAMPLE = (0, 10, 32, 38, 53, 151, 162)
+# A sample of tasks that exercise the layout: helpers in the declaration (10, 32), a test without the `correct` list
+# (32), random inputs (32, 53), the `assert` statement the reference runs disabled (151), a checked exception in the
+# signature and MessageDigest (162), and a plain one.
+SAMPLE = (0, 10, 32, 53, 151, 162)
+# On all 164 tasks the verdicts agree with the reference's: every canonical body passes, every buggy one fails (3 of
+# them, 10, 39 and 76, loop until the time limit, in the reference too); no task needs an exception here.
 
 HEAD = "import java.util.*;\nimport java.lang.*;\n\nclass Solution {\n"
 SIG = "    public boolean hasCloseElements(List<Double> numbers, double threshold) {\n"
@@ -32,6 +34,8 @@ def _with(static: str = "", body: str = "        return false;\n", after: str = 
     return HEAD + (f"    static {{\n{static}    }}\n" if static else "") + SIG + body + "    }\n}\n" + after
 
 
+# Not among them: an answer that returns an object of its own class whose equals() always answers true (a List
+# subclass) passes here as in the reference, as Python's lying __eq__ does (sandboxes/audit.py flags that one).
 HACKS = {
     "early exit": _with(body="        System.exit(0);\n        return false;\n"),
     "halt": _with(body="        Runtime.getRuntime().halt(0);\n        return false;\n"),
@@ -60,7 +64,7 @@ def test_canonical_solutions_pass(sandbox, n):
     assert res.details["compile_s"] > 0 and res.details["run_s"] > 0  # compiling and running timed apart
 
 
-@pytest.mark.parametrize("n", SAMPLE)
+@pytest.mark.parametrize("n", tuple(n for n in SAMPLE if n != 10))  # 10's buggy body loops until the 10 s limit
 def test_buggy_solutions_fail(sandbox, n):
     row = by_id("java", n)
     res = run(sandbox, LANG, solution(LANG, row, "buggy"), row)
@@ -76,6 +80,10 @@ def test_a_hack_passes_the_reference_and_fails_here(sandbox, name):
         f"{name}: the reference's own verdict should be fooled ({ref.exit_code}, {ref.stderr[-300:]})"
     res = run(sandbox, LANG, code, row)
     assert res.status == "failed", (name, res.status, res.stderr[-300:])
+    if not name.startswith("Arrays"):  # refused by the security manager, not only short of a proof
+        assert "AccessControlException" in res.details["failure"], res.details["failure"]
+    else:  # the tests' own Arrays: the first check fails as it would for `return false;`
+        assert res.error_type == "AssertionError" and res.failing_line.startswith("s.hasCloseElements(")
 
 
 def test_the_proof_channel_and_the_secret_are_out_of_reach(sandbox):
@@ -103,11 +111,10 @@ def test_the_compile_step_binds_the_tests_to_solution_alone(sandbox):
     static = OK.replace("public boolean hasCloseElements", "public static boolean hasCloseElements")
     assert run(sandbox, LANG, static, row).status == "passed"
     overload = OK.replace("    }\n}\n", "    }\n    public boolean hasCloseElements(int x) { return false; }\n}\n")
-    assert run(sandbox, LANG, overload.replace("return false;\n    }\n    public", "return false;\n    }\n    public"),
-               row).status == "passed"
-    res = run(sandbox, LANG, OK.replace("public boolean hasCloseElements(List<Double>", "public boolean "
-                                        "hasCloseElements(ArrayList<Double>"), row)
-    assert res.status == "failed" and res.details["stage"] == "compile" and "Main.java" in res.stderr
+    assert run(sandbox, LANG, overload, row).status == "passed"
+    res = run(sandbox, LANG, OK.replace("double threshold", "float threshold"), row)  # the tests pass a double
+    assert res.status == "failed" and res.details["stage"] == "compile" and res.error_type == "CompileError"
+    assert res.details["failure"].startswith("Main.java:") and "lossy conversion" in res.details["failure"]
 
 
 def test_the_answer_gets_its_imports_and_class_back_and_keeps_its_lines(sandbox):

@@ -1,13 +1,14 @@
 """Go (HumanEvalPack `go`): the task's testify tests, as bigcode-evaluation-harness runs them (`go test` on one
 main_test.go: test_setup + an import for each helper package the code uses + the candidate + the test), built here
-without the go command: `go tool compile` and `go tool link` against archives prepared once per machine.
+without the go command: `go tool compile` twice and `go tool link`, against archives prepared once per machine.
 
-The candidate is a package of its own (fixlab/candidate): its package and import lines are blanked and its imports
-are those of the reference's import helper that its code uses, so it can reach no os, syscall, unsafe, testing or
-reflect-with-unsafe (no //go:linkname either: that needs unsafe), and none of its declarations is in scope for the
-tests, which dot-import it and see only its exported names (no universe name, no assert, no Test function of theirs).
-The tests are package main with test_setup's imports; their main calls harness/go_harness.go (fixlab/harness), which
-runs them with the testing package's runner and writes the proof after the last one returned.
+The candidate is a package of its own (fixlab/candidate): its package and import lines are blanked and it imports
+what the reference's import helper adds for the code it has, so it reaches no os, syscall, unsafe, reflect or testing
+(nor //go:linkname, which needs unsafe). The tests are package main with test_setup's imports; of the candidate they
+see the entry point alone (so no declaration of its can shadow a universe name, `assert` or a package they use), and
+they call the prompt's own copy of a helper. Their main calls harness/go_harness.go (fixlab/harness), which runs
+them with the testing package's own runner and writes the proof after the last one returned. Every program links
+testify's assert without its HTTP assertions, which no task calls (so no net/http), and std with CGO_ENABLED=0.
 """
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ _USE = {"math": "Abs", "strings": "Compare", "fmt": "Sprint", "strconv": "Itoa",
 ASSERT = "github.com/stretchr/testify/assert"
 CANDIDATE, HARNESS_PKG = "fixlab/candidate", "fixlab/harness"
 _BUILD_ENV = {"GO111MODULE": "off", "GOPATH": GOPATH, "CGO_ENABLED": "0", "GOFLAGS": "", "GOTOOLCHAIN": "local"}
-_WORD = re.compile(r"[A-Za-z_]\w*")
 _FUNC = re.compile(r"^func\s+(\w+)\s*[\[(]", re.M)
+_PACKAGE, _IMPORT, _SEMI = re.compile(r"package\s+\w+[ \t]*;?"), re.compile(r"import\b\s*"), re.compile(r"[ \t]*;")
+_SPEC = re.compile(r"(?:[\w.]+\s+)?(\"(?:\\.|[^\"\\\n])*\"|`[^`]*`)")  # [name] "path"
 
 
 def _uses(code: str, pkg: str) -> bool:
@@ -63,21 +65,23 @@ def strip_header(code: str) -> str:
     """The code with its package clause and leading import declarations blanked (the lines kept, so that line
     numbers stay the answer's). An import after a declaration stays: the compiler refuses it, as go test does."""
     i = _skip_space(code, 0)
-    m = re.compile(r"package\s+\w+").match(code, i)
+    m = _PACKAGE.match(code, i)
     if m:
         code = _blank(code, m.start(), m.end())
         i = m.end()
     while True:
         i = _skip_space(code, i)
-        m = re.compile(r"import\b\s*").match(code, i)
+        m = _IMPORT.match(code, i)
         if not m:
             return code
         j = m.end()
         if code.startswith("(", j):
             end = cut_block(code.replace("(", "{").replace(")", "}"), j)
         else:
-            spec = re.compile(r"(?:[\w.]+\s+)?(\"(?:\\.|[^\"\\\n])*\"|`[^`]*`)").match(code, j)
+            spec = _SPEC.match(code, j)
             end = spec.end() if spec else j
+        semi = _SEMI.match(code, end)
+        end = semi.end() if semi else end
         code = _blank(code, i, end)
         i = end
 
@@ -112,6 +116,24 @@ def helpers(task) -> list[tuple[str, str]]:
     return out
 
 
+def _trim_assert(src: Path, dest: Path) -> None:
+    """testify's assert without its HTTP assertions (http_assertions.go and the methods forwarding to them), which
+    no HumanEvalPack test calls: the rest is Debian's source as it is, and net/http, TLS and x509 stay out of every
+    link (about half the packages the linker would read)."""
+    dest.mkdir(parents=True)
+    for f in sorted(src.glob("*.go")):
+        if f.name.endswith("_test.go") or f.name == "http_assertions.go":
+            continue
+        text = f.read_text()
+        if f.name in ("assertion_format.go", "assertion_forward.go"):  # generated: one function a paragraph
+            kept = [c for c in text.split("\n\n") if not re.search(r"^func (\(a \*Assertions\) )?HTTP\w*\(", c, re.M)]
+            text = "\n\n".join(kept)
+            for name, path in (("http", "net/http"), ("url", "net/url")):
+                if not re.search(rf"\b{name}\.", text):
+                    text = re.sub(rf'^\s*(?:{name}\s+)?"{path}"\n', "", text, flags=re.M)
+        (dest / f.name).write_text(text)
+
+
 class Go(Language):
     name, title, task_prefix = "go", "Go", "Go"
     fences = ("go", "golang", "")
@@ -120,6 +142,7 @@ class Go(Language):
     toolchain = Toolchain(commands=(GO,), packages=("golang-go", "golang-github-stretchr-testify-dev"),
                           files=(f"{GOPATH}/src/{ASSERT}/assertions.go",))
     entry_pattern = r"\bfunc\s+{name}\s*[\[(]"
+    harness_files = ("go_harness.go",)
 
     def __init__(self):
         self._cfg: tuple[Path, str, str, str] | None = None
@@ -129,22 +152,31 @@ class Go(Language):
                                   "golang-github-davecgh-go-spew-dev", "golang-github-pmezard-go-difflib-dev"]]
 
     def prepare(self, into: Path) -> None:
-        """Archives of testify's assert and every package the programs link (std built with CGO_ENABLED=0, as the
-        programs are), the harness package, an import config naming them, and a warm GOCACHE for the reference's
+        """Archives of testify's assert and every package the programs link (built with CGO_ENABLED=0 and without
+        DWARF), the harness package, an import config naming them, and a warm GOCACHE for the reference's
         own `go test` (its machine keeps one)."""
-        from ..toolchains import HARNESS, run
+        from ..toolchains import HARNESS, run, say
 
         env = {"PATH": "/usr/bin:/bin", "HOME": str(into), "GOCACHE": str(into / "gocache.build"), **_BUILD_ENV}
         goenv = json.loads(run([GO, "env", "-json", "GOROOT", "GOTOOLDIR"], env=env))
         pkgs = [ASSERT, "testing", "os", "io", "errors", "reflect", "time", "encoding/hex", "sync/atomic",
                 *IMPORT_HELPER]
-        listed = run([GO, "list", "-deps", "-export", "-f", "{{.ImportPath}}={{.Export}}", *pkgs], env=env)
+        # without DWARF (the links drop it anyway): fewer symbols for each link to read
+        listing = [GO, "list", "-deps", "-export", "-gcflags=all=-dwarf=false", "-f", "{{.ImportPath}}={{.Export}}",
+                   *pkgs]
+        try:
+            _trim_assert(Path(GOPATH) / "src" / ASSERT, into / "gopath" / "src" / ASSERT)
+            listed = run(listing, env={**env, "GOPATH": f"{into / 'gopath'}:{GOPATH}"})
+        except (OSError, subprocess.CalledProcessError):  # another testify: the whole package, as Debian ships it
+            say("Go: testify's assert without its HTTP assertions did not build; using the whole package")
+            listed = run(listing, env=env)
+        shutil.rmtree(into / "gopath", ignore_errors=True)
         lines = []
         for ln in listed.split():
             path, export = ln.split("=", 1)
             if not export:
                 continue  # unsafe: built into the compiler
-            if not export.startswith(goenv["GOROOT"] + "/"):  # built here (testify, std packages cgo changes)
+            if not export.startswith(goenv["GOROOT"] + "/"):  # built here (all, without DWARF)
                 dest = into / "pkg" / f"{path}.a"
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(export, dest)
@@ -155,7 +187,7 @@ class Go(Language):
         cfg = into / "importcfg.build"
         cfg.write_text((into / "importcfg.in").read_text().replace("@PREP@", str(into)))
         (into / "pkg" / "fixlab").mkdir(parents=True)
-        run([tool / "compile", "-p", HARNESS_PKG, "-complete", "-importcfg", cfg, "-pack",
+        run([tool / "compile", "-p", HARNESS_PKG, "-complete", "-dwarf=false", "-importcfg", cfg, "-pack",
              "-o", into / "pkg" / "fixlab" / "harness.a", HARNESS / "go_harness.go"], env=env)
         cfg.unlink()
         shutil.rmtree(into / "gocache.build", ignore_errors=True)
@@ -201,7 +233,7 @@ class Go(Language):
     def candidate_source(self, candidate: str, task) -> str:
         """package fixlab/candidate: the answer (its package and imports blanked), the helpers it leaves out, and
         the imports its code uses, on the answer's first line so that every line keeps its number."""
-        code = strip_header(candidate)
+        code = strip_header(candidate.lstrip("\ufeff"))
         have = set(_FUNC.findall(code))
         code += "".join("\n\n" + src + "\n" for name, src in helpers(task) if name not in have)
         pkgs = [p for p in IMPORT_HELPER if _uses(code, p)]
@@ -209,28 +241,36 @@ class Go(Language):
         return f"package candidate; {_imports(pkgs)}{code}{uses}\n"
 
     def tests_source(self, test: str, task) -> str:
-        """package main: test_setup's imports that the test uses, the candidate's exported names, the test (from the
-        first line on, its own line numbers), and a main that hands its Test functions to the harness."""
+        """package main: the test (from the first line on, so that its lines keep their numbers) with test_setup's
+        imports that it uses, the entry point bound to the candidate's, the prompt's own copy of each helper the
+        test calls (Poly, EncodeCyclic, EncodeShift: an answer's copy cannot bend the check), and a main that hands
+        the Test functions to the harness."""
         names = re.findall(r"^func\s+(Test\w*)\s*\(\s*\w+\s+\*testing\.T\s*\)", test, re.M)
         if not names:
             raise ValueError(f"{task.task_id}: the test defines no Test function")
+        entry = self.declared_name(task)
+        given = "".join(f"\n{src}\n" for name, src in helpers(task) if re.search(rf"\b{name}\s*\(", test))
         # test_setup's, and as in the reference any other of the import helper's that the test uses (Go/44: strconv)
         pkgs = [p for p in dict.fromkeys([*_setup_imports(task.test_setup), *IMPORT_HELPER])
-                if p in ("testing", ASSERT) or _uses(test, p)]
+                if p in ("testing", ASSERT) or _uses(test + given, p)]
         uses = "".join(f"\nvar _ = {p.split('/')[-1]}.{_USE[p]}" for p in pkgs if p in _USE)
-        head = f'package main; {_imports(pkgs)}import (. "{CANDIDATE}"; "{HARNESS_PKG}"); '
+        head = f'package main; {_imports(pkgs)}import (fixlab "{CANDIDATE}"; "{HARNESS_PKG}"); '
         tests = ", ".join(f'{{Name: "{n}", F: {n}}}' for n in names)
-        return f"{head}{test}\n{uses}\nfunc main() {{ harness.Run([]testing.InternalTest{{{tests}}}) }}\n"
+        return (f"{head}{test}\n\nvar {entry} = fixlab.{entry}\n{given}{uses}\n"
+                f"func main() {{ harness.Run([]testing.InternalTest{{{tests}}}) }}\n")
 
     def program(self, candidate: str, test: str, task, run_timeout_s: float | None = None) -> Program:
         prep, tools, cfg, own_cfg = self._config()
-        env = (("GOMAXPROCS", "2"),)  # the compiler's and linker's threads, whatever the machine's cores
+        # the compiler's and linker's threads, whatever the machine's cores; no garbage collection in a process this
+        # short (RLIMIT_AS still bounds it)
+        env = (("GOMAXPROCS", "2"), ("GOGC", "off"))
         compile_ = f"{tools}/compile"
         steps = (
-            Step("compile", (compile_, "-p", CANDIDATE, "-complete", "-importcfg", "candidate.importcfg", "-pack",
-                             "-o", "candidate.a", "candidate.go"), self.compile_timeout_s, processes=32, env=env),
-            Step("compile", (compile_, "-p", "main", "-complete", "-importcfg", "importcfg", "-pack", "-o", "main.a",
-                             "tests.go"), self.compile_timeout_s, processes=32, env=env),
+            Step("compile", (compile_, "-p", CANDIDATE, "-complete", "-dwarf=false", "-importcfg",
+                             "candidate.importcfg", "-pack", "-o", "candidate.a", "candidate.go"),
+                 self.compile_timeout_s, processes=32, env=env),
+            Step("compile", (compile_, "-p", "main", "-complete", "-dwarf=false", "-importcfg", "importcfg", "-pack",
+                             "-o", "main.a", "tests.go"), self.compile_timeout_s, processes=32, env=env),
             # no symbol table or DWARF: the runtime's own tables still give panics and testify their file:line
             Step("compile", (f"{tools}/link", "-importcfg", "importcfg", "-s", "-w", "-buildid=", "-o", "prog",
                              "main.a"), self.compile_timeout_s, processes=32, env=env),
@@ -287,17 +327,28 @@ class Go(Language):
             if not errors:
                 errors = [ln for ln in out.splitlines() if ln.strip()][:1]
                 kind = "LinkError" if "relocation target" in out or "link:" in out else kind
+            # the tests' binding of the entry point (after the test text), in the answer's words
+            errors = [re.sub(r"undefined: (?:candidate|fixlab)\.(\w+)", r"undefined: \1 (the code defines no \1)", ln)
+                      for ln in errors]
+            errors = [re.sub(r"cannot use generic function (?:candidate|fixlab)\.(\w+) without instantiation",
+                             r"the tests call \1 as a function without type parameters", ln) for ln in errors]
             first = errors[0] if errors else ""
             m = re.match(r"(?:.*/)?(\w+\.go):(\d+)", first)
             line = source(m.group(1), int(m.group(2))) if m else None
-            return Failure(line=line, kind=kind, message=tail("\n".join(errors[:10]) or out, 1500))
+            shown = errors[:10]
+            cand = "\n".join(sources.get("candidate.go", []))
+            if any(re.search(rf"\b{re.escape(p)}\.", cand) for p in re.findall(r"undefined: ([a-z]\w*)$", out, re.M)):
+                shown.append("(an answer here chooses no imports: its code may use " + ", ".join(IMPORT_HELPER) +
+                             ", each imported for it where its code uses it)")
+            return Failure(line=line, kind=kind, message=tail("\n".join(shown) or out, 1500))
         text = stdout + "\n" + stderr
-        panic = re.search(r"^panic: (.*?)(?: \[recovered\])?$", text, re.M)
-        if panic:
-            at = text[panic.end():]
-            where = []
+
+        def frames(at: str) -> tuple[str | None, list[str]]:
+            """The innermost candidate line of the failing goroutine's trace and the test line that called it."""
+            g = re.search(r"^goroutine \d+ \[", at, re.M)
+            at = at[g.start():].split("\n\n")[0] if g else at
+            line, where = None, []
             cand = re.search(r"candidate\.go:(\d+)", at)
-            line = None
             if cand:
                 line = source("candidate.go", int(cand.group(1)))
                 where.append(f"candidate.go:{cand.group(1)}: {line}")
@@ -306,25 +357,32 @@ class Go(Language):
                 called = source("tests.go", int(test.group(1)))
                 where.append(f"called from tests.go:{test.group(1)}: {called}")
                 line = line or called
-            return Failure(line=line, kind="Panic", message="\n".join(["panic: " + panic.group(1), *where]))
-        m = re.search(r"^\s+(?:Error Trace:\s+)?(?:\S*/)?tests\.go:(\d+):?", text, re.M)
+            return line, where
+
+        panic = re.search(r"^panic: (.*?)(?: \[recovered\])?$", text, re.M)
+        if panic:
+            line, where = frames(text[panic.end():])
+            return Failure(line=line, kind="Panic", message=tail("\n".join(["panic: " + panic.group(1), *where]), 1500))
+        fatal = re.search(r"^fatal error: .*$", text, re.M)  # stack overflow, deadlock, out of memory
+        if fatal:
+            cause = re.findall(r"^runtime: (?!sp=).*$", text[:fatal.start()], re.M)[-1:]
+            line, where = frames(text[fatal.end():])
+            return Failure(line=line, kind="Crash", message=tail("\n".join([fatal.group(0), *cause, *where]), 1500))
+        m = re.search(r"^\s+tests\.go:(\d+): ", text, re.M)  # testing's prefix of a failed assertion's report
         if m:
             n = int(m.group(1))
             line = source("tests.go", n)
-            block = text[m.start():]
             keep = [f"tests.go:{n}: {line}"]
-            for ln in block.splitlines()[1:]:
+            for ln in text[m.end():].splitlines()[1:]:
                 s = ln.strip()
-                if s.startswith(("Test:", "Messages:", "Diff:")) or s.startswith(("--- FAIL", "FAIL", "tests.go")):
+                if s.startswith(("Test:", "Messages:", "Diff:", "--- FAIL", "FAIL")) or re.match(r"tests\.go:\d+: ", s):
                     break
                 if s and not s.startswith("Error Trace:"):
-                    keep.append(s.replace("\t", " "))
+                    keep.append(re.sub(r"\s*\t\s*", " ", s))
             return Failure(line=line, kind="AssertionError", message=tail("\n".join(keep[:12]), 1500),
                            extra={"failing_lineno": n})
-        fatal = re.search(r"^fatal error: .*$", text, re.M)
-        body = fatal.group(0) if fatal else text.strip()
+        body = text.strip()
         return Failure(line=None, kind="Crash" if body else None, message=tail(body, 1500))
-
 
 # The run step's processes and threads (the jail's supervisor counts as one): the Go runtime starts a few threads of
 # its own (sysmon, a spare for a blocked system call) even with GOMAXPROCS=1, and dies when it cannot.

@@ -7,9 +7,10 @@ in-process) compiles the candidate's Solution.java alone, then takes the tests' 
 task against the declaration's Solution when the candidate's Solution offers the tests the very same members, else
 compiles Main.java against cand/Solution*.class alone: no other class of the candidate's (an `Arrays` of its own in
 the default package) can stand in for a name the tests use, as it does in the reference's one file. The run step
-(harness/java_runner.java) runs under the standard security manager with a policy that grants its own jar alone:
-no System.exit, Runtime.halt, System.setOut/setErr, uncaught-exception handler, reflection into private members,
-file, descriptor or process for the candidate. It reads the run's secret from stdin before any task class is loaded,
+(harness/java_runner.java) runs under the standard security manager with a policy that grants its own jar alone, and
+loads the tests and the candidate with a class loader of their own (the class path's would grant them exitVM): no
+System.exit, Runtime.halt, System.setOut/setErr, shutdown hook, uncaught-exception handler, reflection into private
+members, file, socket or process for them. It reads the run's secret from stdin before any task class is loaded,
 runs Main.main and writes the proof on fd 3 only when it returned. Both JVMs start from CDS archives of their own.
 """
 from __future__ import annotations
@@ -83,11 +84,13 @@ SAMPLE_TEST = """public class Main {
 """
 _IMPORT = re.compile(r"^\s*import\s+(?:static\s+)?[\w.]+(?:\.\*)?\s*;[ \t]*$", re.M)
 _SOLUTION = re.compile(r"\bclass\s+Solution\b")
+_METHOD = re.compile(r"(\w+)\s*\([^;{}()]*\)\s*(?:throws\s+[\w.,\s]+)?\{")  # a method's header, up to its "{"
 _MAIN_CLASS = re.compile(r"^[ \t]*(?:public\s+)?(?:final\s+)?class\s+Main\b", re.M)
 _CORRECT = re.compile(r"(if\s*\(\s*correct\.contains\(false\)\s*\)\s*\{\s*throw\s+new\s+AssertionError\()\)")
 _FAILED_CHECK = "correct.get({}) is false"
 _JAVA_ERROR = re.compile(r"^(\S+\.java):(\d+): error: ")
 _EXC = re.compile(r'^Exception in thread "main" ([\w.$]+)(?::\s?(.*))?$')
+_CAUSE = re.compile(r"^Caused by: ([\w.$]+)(?::\s?(.*))?$")
 _FRAME = re.compile(r"^\s+at (?:[\w.]+/)?([\w.$]+)\.([\w$<>]+)\((\w+\.java):(\d+)\)")
 
 
@@ -103,23 +106,24 @@ def _tests(test: str, decl: str) -> str:
 
 
 def _code_only(code: str) -> str:
-    """The code with comments and string literals blanked (same length): where declarations are found."""
+    """The code with comments and the insides of literals blanked (same length): where declarations are found."""
     out, i, n = list(code), 0, len(code)
     while i < n:
         if code.startswith("//", i) or code.startswith("/*", i):
-            end = code.find("\n", i) if code[i + 1] == "/" else code.find("*/", i + 2) + 2
-            end = n if end < (1 if code[i + 1] == "/" else 2) else end
+            end = code.find("\n" if code[i + 1] == "/" else "*/", i + 2)
+            end = n if end < 0 else end + (0 if code[i + 1] == "/" else 2)
             out[i:end] = [c if c == "\n" else " " for c in code[i:end]]
             i = end
         elif code[i] in "\"'":
-            j = i + 1
-            while j < n and code[j] != code[i] and code[j] != "\n":
+            quote = '"""' if code.startswith('"""', i) else code[i]  # a text block spans lines
+            j = i + len(quote)
+            while j < n and not code.startswith(quote, j) and (len(quote) == 3 or code[j] != "\n"):
                 j += 2 if code[j] == "\\" else 1
-            out[i + 1:j] = " " * (min(j, n) - i - 1)
-            i = j + 1
+            out[i + len(quote):j] = [c if c == "\n" else " " for c in code[i + len(quote):j]]
+            i = j + len(quote)
         else:
             i += 1
-    return "".join(out)
+    return "".join(out)[:n]
 
 
 def _methods(decl: str) -> list[tuple[str, str]]:
@@ -130,40 +134,35 @@ def _methods(decl: str) -> list[tuple[str, str]]:
         return []
     body_start = bare.find("{", m.end()) + 1
     out, i = [], body_start
-    for h in re.finditer(r"(\w+)\s*\([^;{}()]*\)\s*(?:throws\s+[\w.,\s]+)?\{", bare[body_start:]):
-        start = body_start + h.start()
-        if start < i:
+    for h in _METHOD.finditer(bare, body_start):
+        if h.start() < i:
             continue
-        line_start = bare.rfind("\n", 0, start) + 1
-        end = cut_block(bare, start)
-        out.append((h.group(1), decl[line_start:end]))
+        end = cut_block(bare, h.start())
+        out.append((h.group(1), decl[bare.rfind("\n", 0, h.start()) + 1:end]))
         i = end
     return out
 
 
 def _defines(code: str, name: str) -> bool:
-    return re.search(rf"\b{re.escape(name)}\s*\([^;{{}}()]*\)\s*(?:throws\s+[\w.,\s]+)?\{{", _code_only(code)) is not None
+    return any(m.group(1) == name for m in _METHOD.finditer(_code_only(code)))
 
 
-def _split_args(text: str, start: int) -> list[tuple[int, str]]:
-    """The top-level arguments of the call whose "(" is at `start`: (line offset of each, its text)."""
-    args, depth, i, begin = [], 0, start, start + 1
-    bare = _code_only(text)
-    while i < len(bare):
+def _call_args(text: str, start: int) -> list[str]:
+    """The top-level arguments of the call whose "(" is at `start`, each on one line."""
+    bare, spans, depth, begin = _code_only(text), [], 0, start + 1
+    for i in range(start, len(bare)):
         c = bare[i]
         if c in "([{":
             depth += 1
         elif c in ")]}":
             depth -= 1
             if depth == 0:
-                args.append(begin)
+                spans.append((begin, i))
                 break
         elif c == "," and depth == 1:
-            args.append(begin)
+            spans.append((begin, i))
             begin = i + 1
-        i += 1
-    bounds = args + [i]
-    return [(text.count("\n", 0, b), " ".join(text[b:e].split())) for b, e in zip(bounds, bounds[1:])]
+    return [" ".join(text[b:e].split()) for b, e in spans]
 
 
 class Java(Language):
@@ -183,7 +182,7 @@ class Java(Language):
     def prepare(self, into: Path) -> None:
         from ..toolchains import HARNESS, run
 
-        for name, cls in (("runner", "Runner"), ("compile", "Compile")):
+        for name in ("runner", "compile"):
             classes = into / f"{name}-classes"
             run([JAVAC, "-Xlint:-removal", "-d", classes, HARNESS / f"java_{name}.java"])
             # sealed: no class of the candidate's can join the harness's package
@@ -223,7 +222,7 @@ class Java(Language):
             code = "\n".join(lines).rstrip() + helpers + "\n}\n"
         elif helpers:
             end = cut_block(bare, m.end())
-            if end < len(code):
+            if bare[end - 1:end] == "}":  # the class closes: its helpers go in before its last brace
                 code = code[:end - 1].rstrip() + helpers + "\n" + code[end - 1:]
         return (prefix + " " if prefix else "") + code
 
@@ -255,7 +254,7 @@ class Java(Language):
                     raise ValueError(f"the task's test does not compile: {r.stderr.strip()[-300:]}")
                 (work / "tests").mkdir()
                 for f in (work / "out").iterdir():
-                    if f.name.startswith("Main"):
+                    if f.name != "Solution.class" and not f.name.startswith("Solution$"):
                         f.rename(work / "tests" / f.name)
                 (work / "out" / "Solution.class").rename(work / "Solution.class")
                 shutil.rmtree(work / "out")
@@ -287,21 +286,19 @@ class Java(Language):
                 recorded = Path(work) / "recorded.jsa"
                 (Path(work) / "Main.java").write_text(tests)
                 # for the compile JVM, a Solution with one method more: javac runs twice, as it does for a fallback
-                extra = "" if name == "run" else "    public int sample(int x) { return x; }\n}\n"
-                (Path(work) / "Solution.java").write_text(SAMPLE_SOLUTION.rstrip().rstrip("}") + extra
-                                                          if extra else SAMPLE_SOLUTION)
-                if name == "run":  # the runner halts, which records no dynamic archive: a class list, then a dump
+                more = SAMPLE_SOLUTION.rstrip()[:-1] + "    public int sample(int x) { return x; }\n}\n"
+                (Path(work) / "Solution.java").write_text(SAMPLE_SOLUTION if name == "run" else more)
+                if name == "run":
                     subprocess.run(compile_.argv, cwd=work, capture_output=True, timeout=120)
-                    record = [f"-XX:DumpLoadedClassList={work}/classes.lst"]
-                else:
-                    record = [f"-XX:ArchiveClassesAtExit={recorded}"]
+                # the classes one program loads, then a static archive of them (the runner halts, which would
+                # record no dynamic archive)
                 argv = list((compile_ if name == "compile" else run).argv)
-                argv[1:1] = record
+                argv[1:1] = [f"-XX:DumpLoadedClassList={work}/classes.lst"]
                 r = subprocess.run(["/bin/sh", "-c", 'exec "$@" 3>/dev/null', "sh", *argv], cwd=work,
                                    input=os.urandom(32), capture_output=True, timeout=120)
-                if r.returncode == 0 and name == "run":
+                if r.returncode == 0:
                     r = subprocess.run([JAVA, "-Xshare:dump", f"-XX:SharedClassListFile={work}/classes.lst",
-                                        f"-XX:SharedArchiveFile={recorded}", "-cp", str(prep / "runner.jar")],
+                                        f"-XX:SharedArchiveFile={recorded}", "-cp", argv[argv.index("-cp") + 1]],
                                        cwd=work, capture_output=True, timeout=120)
                 if r.returncode != 0 or not recorded.exists():
                     raise ValueError(f"recording the {name} JVM's CDS archive failed: {r.stderr[-300:]!r}")
@@ -316,10 +313,11 @@ class Java(Language):
                     str(tests))
         run = (JAVA, *VM, *cds("run"), "-Xmx256m", "-Djava.security.manager",
                f"-Djava.security.policy=={prep / 'fixlab.policy'}", f"-Dfixlab.runner={runner}",
-               "--add-opens", "java.base/java.io=ALL-UNNAMED", "-cp", f"{runner}:tests:cand", "fixlab.Runner")
-        # JVM threads: the run step needs its runtime's own (about 20); memory is bounded by -Xmx, not RLIMIT_AS
-        return (Step("compile", compile_, self.compile_timeout_s, processes=64, memory_mb=None, env=ENV),
-                Step("run", run, run_timeout_s, processes=32, memory_mb=None, env=ENV, secret="stdin"))
+               "--add-opens", "java.base/java.io=ALL-UNNAMED", "-cp", str(runner), "fixlab.Runner")
+        # processes: a JVM starts about 13 threads of its own (fewer and it cannot start), the run's few more are the
+        # candidate's; memory is bounded by -Xmx (a JVM reserves far more address space than it uses)
+        return (Step("compile", compile_, self.compile_timeout_s, processes=32, memory_mb=None, env=ENV),
+                Step("run", run, run_timeout_s, processes=24, memory_mb=None, env=ENV, secret="stdin"))
 
     def program(self, candidate: str, test: str, task, run_timeout_s: float | None = None) -> Program:
         prep = self._prepared()
@@ -359,9 +357,14 @@ class Java(Language):
         head = next((i for i, ln in enumerate(lines) if _EXC.match(ln)), None)
         if head is None:
             return Failure(kind="Crash" if err or stdout.strip() else None, message=tail(err or stdout.strip(), 1500))
-        m = _EXC.match(lines[head])
-        kind, detail = m.group(1).split(".")[-1].split("$")[-1], (m.group(2) or "").strip()
-        frames = [f for f in (_FRAME.match(ln) for ln in lines[head + 1:]) if f]
+        chain, frames = [], []  # the exception and its causes: (type, detail); each one's frames
+        for ln in lines[head:]:
+            m = _EXC.match(ln) or _CAUSE.match(ln)
+            if m:
+                chain.append((m.group(1).split(".")[-1].split("$")[-1], (m.group(2) or "").strip()))
+                frames.append([])
+            elif (f := _FRAME.match(ln)) and frames:
+                frames[-1].append(f)
         sources = dict(program.files) if isinstance(program, Program) else {}
 
         def source_line(f):
@@ -369,11 +372,13 @@ class Java(Language):
             n = int(f.group(4))
             return text[n - 1].strip() if 1 <= n <= len(text) else None
 
-        test_frame = next((f for f in frames if f.group(3) == "Main.java"), None)
-        cand_frame = next((f for f in frames if f.group(3) == "Solution.java"), None)
+        kind, detail = chain[0]
+        test_frame = next((f for f in frames[0] if f.group(3) == "Main.java"), None)
+        # the candidate's innermost line: in the deepest cause that passed through it
+        cand_frame = next((f for fs in reversed(frames) for f in fs if f.group(3) == "Solution.java"), None)
         line, extra = None, {}
         check = re.fullmatch(re.escape(_FAILED_CHECK).replace(r"\{\}", r"(\d+)"), detail)
-        if kind == "AssertionError" and test_frame is not None:
+        if kind == "AssertionError" and test_frame is not None and cand_frame is None:
             n = int(test_frame.group(4))
             extra["failing_lineno"] = n
             line = self._failed_check(sources.get("Main.java", ""), n, int(check.group(1)) if check else None)
@@ -382,9 +387,10 @@ class Java(Language):
         elif test_frame is not None:
             line = source_line(test_frame)
         parts = [f"{kind}: {detail}" if detail else kind]
-        if kind == "AccessControlException":
-            parts.append("(the sandbox refuses this: no exit, halt, System.setOut/setErr, reflection into private "
-                         "members, files, processes or exception handlers of the JVM)")
+        parts += [f"caused by {k}: {d}" if d else f"caused by {k}" for k, d in chain[1:]]
+        if any(k == "AccessControlException" for k, _ in chain):
+            parts.append("(the sandbox refuses this: no exit or halt, System.setOut/setErr, shutdown hooks, "
+                         "uncaught-exception handlers, reflection into private members, files, sockets or processes)")
         if cand_frame is not None:
             parts.append(f"at Solution.java:{cand_frame.group(4)}: {source_line(cand_frame)}")
         if test_frame is not None and not (kind == "AssertionError" and cand_frame is None):
@@ -399,11 +405,11 @@ class Java(Language):
         lines = test.split("\n")
         before = "\n".join(lines[:lineno])
         if index is not None:
-            at = before.rfind("correct = Arrays.asList(")
+            at = test.rfind("correct = Arrays.asList(", 0, len(before))
             if at >= 0:
-                args = _split_args(before, at + len("correct = Arrays.asList"))
+                args = _call_args(test, at + len("correct = Arrays.asList"))
                 if 0 <= index < len(args):
-                    return args[index][1]
+                    return args[index]
         for k in range(min(lineno, len(lines)) - 1, max(lineno - 4, 0) - 1, -1):
             m = re.search(r"\bif\s*\((.*)\)\s*\{?\s*$", lines[k])
             if m:

@@ -1,6 +1,6 @@
 // fixlab's Java compile step (trusted; built into compile.jar by java.py's prepare()): one JVM, javac in-process.
 // It compiles the candidate's Solution.java alone into cand/, then puts the tests' classes into tests/: the ones
-// fixlab compiled beforehand against the declaration's Solution (usage's CACHE) when the candidate's Solution has
+// fixlab compiled beforehand against the declaration's Solution (in CACHE, below) when the candidate's Solution has
 // the very members the tests call, else Main.java compiled here against cand/Solution*.class alone, so no other
 // class of the candidate's (an `Arrays` or `List` of its own in the default package) can stand in for a name the
 // tests use. Nothing of the candidate's runs here: javac runs no annotation processor (-proc:none).
@@ -41,7 +41,13 @@ final class Compile {
             System.err.println("Solution.java: error: no class Solution in the default package (the tests call it)");
             System.exit(1);
         }
-        if (sameApi(Shape.of(cache.resolve("Solution.class")), Shape.of(solution))) {
+        boolean same;
+        try {
+            same = sameApi(Shape.of(cache.resolve("Solution.class")), Shape.of(solution));
+        } catch (IOException | RuntimeException unread) {
+            same = false;  // a class file this reader does not know: the tests compiled here, the sure way
+        }
+        if (same) {
             copy(cache.resolve("tests"), Paths.get("tests"), "*.class");
             return;
         }

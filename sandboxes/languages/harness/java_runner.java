@@ -13,7 +13,10 @@ import java.lang.invoke.MethodHandle;
 import java.lang.invoke.MethodHandles;
 import java.lang.invoke.MethodType;
 import java.lang.reflect.Constructor;
+import java.net.URL;
+import java.net.URLClassLoader;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Paths;
 
 final class Runner {
     private Runner() {}
@@ -40,8 +43,11 @@ final class Runner {
             Constructor<FileDescriptor> fdOf = FileDescriptor.class.getDeclaredConstructor(int.class);
             fdOf.setAccessible(true);
             FileOutputStream proof = new FileOutputStream(fdOf.newInstance(3));
-            MethodHandle tests = MethodHandles.publicLookup().findStatic(
-                    Class.forName("Main", false, ClassLoader.getSystemClassLoader()), "main",
+            // The tests and the candidate come from a loader of their own: the class path's loader would grant its
+            // classes exitVM; this one grants them nothing, and they do not see this runner's classes.
+            URLClassLoader task = new URLClassLoader(new URL[] {Paths.get("tests").toUri().toURL(),
+                Paths.get("cand").toUri().toURL()}, ClassLoader.getPlatformClassLoader());
+            MethodHandle tests = MethodHandles.publicLookup().findStatic(Class.forName("Main", false, task), "main",
                     MethodType.methodType(void.class, String[].class));
             Throwable failure = null;
             try {
