@@ -61,8 +61,9 @@ test-quick: setup-test
 # IMAGE_FROM=auto|dockerfile|rootfs, FORCE=1 rebuilds; starts dockerd (as root) when it is not running.
 DOCKER_IMAGE ?= fixlab-sandbox:latest
 IMAGE_FROM ?= auto
-docker-image:
-	IMAGE="$(DOCKER_IMAGE)" FROM="$(IMAGE_FROM)" FORCE="$(FORCE)" sandboxes/image/build.sh
+docker-image: setup
+	IMAGE="$(DOCKER_IMAGE)" FROM="$(IMAGE_FROM)" FORCE="$(FORCE)" \
+		PACKAGES="$$($(PY) -m sandboxes.toolchains packages 2>/dev/null)" sandboxes/image/build.sh
 
 # MLflow UI on http://127.0.0.1:$(UI_PORT): one web worker and no job runner start in ~10 s and 0.5 GB
 # (the default starts a 10-process job runner: 20-40 s, 1.9 GB). The store is made first under fixlab's store lock

@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import toolchains
 from .base import SandboxUnavailable
 from .config import DockerSandboxConf, conf_with
 from .local import _WORKER_CAPS
@@ -284,6 +285,7 @@ class DockerSandbox(_WorkerPool):
             raise SandboxUnavailable(why)
         self.docker = shutil.which(docker)
         remove_stale(self.docker)
+        self._toolchains_ok: set[str] = set()
         _live.add(self)
 
     def container_name(self, slot: int) -> str:
@@ -296,7 +298,8 @@ class DockerSandbox(_WorkerPool):
         return [self.docker, "run", "--rm", "--init", "--name", name,
                 "--label", f"{_LABEL}=1", "--label", f"fixlab.owner={_OWNER}",
                 "--network", "none", "--ipc", "none", "--hostname", "sandbox", "--read-only",
-                "--tmpfs", f"{_SCRATCH}:rw,nosuid,nodev,noexec,size={self.scratch_mb}m,mode=0755",
+                # exec: a compiled language's program is a binary built in its scratch dir
+                "--tmpfs", f"{_SCRATCH}:rw,nosuid,nodev,exec,size={self.scratch_mb}m,mode=0755",
                 "--tmpfs", "/dev/mqueue:ro,size=4k,mode=0555",  # else a writable place kept between programs
                 "--user", "0:0", "--cap-drop", "ALL", *caps, "--security-opt", "no-new-privileges",
                 "--memory", mem, "--memory-swap", mem, "--pids-limit", str(self.pids_limit),
@@ -304,8 +307,36 @@ class DockerSandbox(_WorkerPool):
                 *(["--cgroup-parent", self.cgroup_parent] if self.cgroup_parent else []),
                 "--env", "PATH=/usr/local/bin:/usr/bin:/bin", "--env", "LANG=C.UTF-8",
                 "--env", "OPENBLAS_NUM_THREADS=1", "--env", "OMP_NUM_THREADS=1", "--workdir", _SCRATCH,
-                "-v", f"{ctl_dir}:{_CTL_DIR}:ro", "-v", f"{_JAIL}:{_JAIL_IN}:ro",
+                "-v", f"{ctl_dir}:{_CTL_DIR}:ro", "-v", f"{_JAIL}:{_JAIL_IN}:ro", *self.toolchain_mounts(),
                 self.image, "python3", "-I", "-B", _JAIL_IN, f"{_CTL_DIR}/ctl.sock", json.dumps(cfg)]
+
+    def run(self, program, timeout_s: float):
+        """As the pool runs it; a compiled language's first program checks that the image carries its toolchain."""
+        if not isinstance(program, str):
+            self._check_toolchain(program.language)
+        return super().run(program, timeout_s)
+
+    def _check_toolchain(self, name: str) -> None:
+        if name in self._toolchains_ok:
+            return
+        from .languages import language
+
+        lang = language(name)
+        need = [*lang.toolchain.commands, *lang.toolchain.files] if lang.toolchain else []
+        r = _docker(self.docker, "run", "--rm", "--network", "none", "--entrypoint", "ls", self.image, *need,
+                    timeout=120)
+        if r.returncode != 0:
+            raise SandboxUnavailable(f"the image {self.image} has no {lang.title} toolchain "
+                                     f"({_last_line(r.stderr)}); rebuild it: make docker-image FORCE=1")
+        self._toolchains_ok.add(name)
+
+    def toolchain_mounts(self) -> list[str]:
+        """The compiled languages' prepared parts (sandboxes/toolchains.py), read-only at the host's path, and the
+        harness sources their steps name: the image carries the same Debian toolchains that built them."""
+        tools = str(toolchains.cache_root())
+        harness = str(toolchains.HARNESS)
+        out = ["-v", f"{harness}:{harness}:ro"]
+        return out + (["-v", f"{tools}:{tools}:ro"] if os.path.isdir(tools) else [])
 
     def remove(self, names: list[str]) -> None:
         """`docker rm -f`: SIGKILL to every process of these containers, then they are gone (synchronous)."""

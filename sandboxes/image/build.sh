@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the Docker sandbox's image (`make docker-image`): an interpreter with numpy, tagged $IMAGE.
+# Build the Docker sandbox's image (`make docker-image`): an interpreter with numpy and the compiled languages'
+# toolchains ($PACKAGES: Debian packages, `python -m sandboxes.toolchains packages`), tagged $IMAGE.
 #   FROM=dockerfile  docker build from sandboxes/image/Dockerfile (python:3.11-slim + numpy; needs a registry)
 #   FROM=rootfs      offline: a minimal Debian root filesystem with python3 and python3-numpy made by debootstrap
 #                    from the distribution mirror ($MIRROR, $SUITE), then `docker import` (needs root)
@@ -12,6 +13,7 @@ FROM=${FROM:-auto}
 FORCE=${FORCE:-}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 SUITE=${SUITE:-bookworm}
+PACKAGES=${PACKAGES:-}
 here=$(cd "$(dirname "$0")" && pwd)
 say() { echo "docker-image: $*"; }
 die() { echo "docker-image: $*" >&2; exit 1; }
@@ -38,7 +40,7 @@ fi
 
 from_dockerfile() {
     say "docker build $IMAGE from $here/Dockerfile"
-    docker build -q -t "$IMAGE" -f "$here/Dockerfile" "$here"
+    docker build -q -t "$IMAGE" --build-arg PACKAGES="$PACKAGES" -f "$here/Dockerfile" "$here"
 }
 
 from_rootfs() {
@@ -51,15 +53,16 @@ from_rootfs() {
     fi
     tmp=$(mktemp -d /var/tmp/fixlab-rootfs.XXXXXX)
     trap 'rm -rf "$tmp"' EXIT
-    say "debootstrap $SUITE (python3, python3-numpy) from $MIRROR into $tmp (a minute or two)"
-    debootstrap --variant=minbase --include=python3,python3-numpy "$SUITE" "$tmp/rootfs" "$MIRROR" \
+    include=$(echo "python3 python3-numpy $PACKAGES" | tr -s ' ' ',' | sed 's/,$//')
+    say "debootstrap $SUITE ($include) from $MIRROR into $tmp (minutes: the toolchains are most of it)"
+    debootstrap --variant=minbase --include="$include" "$SUITE" "$tmp/rootfs" "$MIRROR" \
         >"$tmp/debootstrap.log" 2>&1 || { tail -5 "$tmp/debootstrap.log" >&2; die "debootstrap failed"; }
     # What a container never needs: package caches and lists, docs, man pages, translations.
     rm -rf "$tmp"/rootfs/var/cache/apt/* "$tmp"/rootfs/var/lib/apt/lists/* "$tmp"/rootfs/usr/share/doc \
         "$tmp"/rootfs/usr/share/man "$tmp"/rootfs/usr/share/locale
     tar --numeric-owner -C "$tmp/rootfs" -c . | docker import \
         -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' -c 'CMD ["python3"]' \
-        -m "fixlab sandbox: debootstrap $SUITE minbase + python3 python3-numpy" - "$IMAGE" >/dev/null
+        -m "fixlab sandbox: debootstrap $SUITE minbase + $include" - "$IMAGE" >/dev/null
 }
 
 case "$FROM" in

@@ -151,7 +151,9 @@ class Cpp(Language):
         prep = self._prepared()
         tests_obj = self._tests_object(self.tests_source(test, task), prep)
         helper = str(prep / "helper.h")
-        check = (sys.executable, "-I", "-S", str(Path(__file__).parent / "harness" / "objcheck.py"),
+        # the system's interpreter where there is one: the Docker image has it at the same path, not this venv
+        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+        check = (python, "-I", "-S", str(Path(__file__).parent / "harness" / "objcheck.py"),
                  "candidate.o", str(prep / "exports.txt"), str(tests_obj), str(prep / "harness.o"))
         steps = (
             Step("compile", (GXX, STD, "-include", helper, "-c", "candidate.cpp", "-o", "candidate.o"),
