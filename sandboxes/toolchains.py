@@ -119,9 +119,21 @@ def prepared(lang) -> Path:
                 (build / ".done").write_text("")
                 shutil.rmtree(final, ignore_errors=True)
                 build.rename(final)
+                _prune(final)
     with _memo_lock:
         _memo[lang.name] = final
     return final
+
+
+def _prune(final: Path, age_s: float = 3600.0) -> None:
+    """The language's parts built for other toolchain versions or harnesses, left an hour (a job still running an
+    older checkout may use them): removed, so that edits do not pile up folders of a hundred megabytes."""
+    import time
+
+    lang = final.name.rsplit("-", 1)[0]
+    for old in final.parent.glob(f"{lang}-*"):
+        if old != final and old.is_dir() and time.time() - old.stat().st_mtime > age_s:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def run(cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> str:

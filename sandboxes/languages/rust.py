@@ -1,26 +1,28 @@
 """Rust (HumanEvalPack `rust`): rustc 1.63 and the crates rand, regex and md5, as bigcode-evaluation-harness runs it
 (one file: `fn main(){}` + the declaration's lines the answer lacks + the answer + the test, as src/bin/test.rs of a
-cargo project with rand = "0.4", regex = "1", md5 = "0.7.0"; `cargo check`, then `cargo test`).
+cargo project with rand = "0.4", regex = "1", md5 = "0.7.0"; `cargo check --bin test`, then `cargo test --bin test`).
 
-The crates come from Debian (librust-*-dev) through an offline cargo directory source. Debian has only rand 0.8.5,
-whose `gen_range` takes a range, while the reference pinned rand 0.4 and Rust/32's and Rust/50's tests call
-`rng.gen_range(low, high)`: so prepare() adds a crate of its own named rand, version 0.4.6
-(harness/rust_rand04: 0.4's API implemented over rand 0.8.5, a renamed dependency) to a copy of Debian's registry,
-and cargo resolves the reference's `rand = "0.4"` to it. prepare() builds that registry's crates once in the
-reference's own cargo project (dev profile: debug assertions and overflow checks on, as `cargo test` has them), which
-also serves as the reference's target dir, shared across its runs as on the reference's machine.
+The crates are Debian's (librust-*-dev), offline. Debian has only rand 0.8.5, whose gen_range takes a range, while
+the reference pinned rand 0.4 and Rust/32's and /50's tests call `rng.gen_range(low, high)`. So prepare() copies
+Debian's registry (/usr/share/cargo/registry) into the prepared folder as a cargo directory source, adds
+harness/rust_rand04 to it as rand-0.4.6 (rand 0.4's API over rand 0.8.5, a dependency renamed rand08; an empty
+.cargo-checksum.json), and replaces crates-io with that source, so the reference's own `rand = "0.4"` resolves to
+it. There it builds the reference's cargo project once (`cargo check`, `cargo test --no-run`: the dev profile, debug
+assertions and overflow checks on); its target dir is the reference's, shared by its runs as on its machine.
 
-fixlab compiles each program with one rustc (no cargo) against those rlibs, with the dev profile's semantics
-(opt-level 0, overflow checks and debug assertions on; no debuginfo; std linked as a shared library). The crate
-forbids `unsafe`. main.rs puts the answer (candidate.rs, with the declaration's `use` lines and helper functions it
-lacks) in `mod candidate`, and the tests (tests.rs) in a module inside it that sees only the declaration's names:
-its `use` lines, trusted copies of its helpers, and the entry point as a wrapper with the declared signature that
-calls the candidate's (so a candidate type whose `==` always holds cannot stand in for `bool`, as the C++ tests
-compile against the declaration's prototypes). Every macro the tests call is a path (`::std::assert_eq!`), so no
-`macro_rules!` of the candidate's replaces it. Its `main` hands the test functions to the harness crate
-(harness/rust_proof.rs), which runs them on the main thread and writes the proof after the last one; before the run,
-harness/rust_objcheck.py holds the program's object to its rules (safe Rust has soundness holes: no file, socket,
-fd or process API, no constructor section, and only `main` may call the harness).
+fixlab compiles a program with one rustc against those rlibs: edition 2021, the dev profile's semantics (opt-level 0,
+overflow checks and debug assertions on) without debuginfo, std linked as a shared library (gold). The crate forbids
+`unsafe`. main.rs puts the answer (candidate.rs, after the declaration's `use` lines and helpers it lacks) in `mod
+candidate`, and in a module inside it the tests (tests.rs), which see only the declaration's names: its `use` lines,
+trusted copies of its helpers, and the entry point as a wrapper with the declared signature that calls the answer's
+(so a type whose `==` always holds cannot stand in for `bool`; the C++ tests compile against the declared prototypes
+likewise). Each macro the tests call is a path (`::std::assert_eq!`), which no `macro_rules!` of the answer's
+replaces. main hands the test functions to the harness crate (harness/rust_proof.rs), which runs them on the main
+thread (libtest runs each in a thread of its own, with a 2 MiB stack: deeper recursion fails there, not here) and
+writes the proof after the last; before the run, harness/rust_objcheck.py holds the program's object to its rules,
+as safe Rust has soundness holes (no file, socket, fd, process or thread API, no constructor section, only main may
+call the harness). rustc and cargo find their sysroot through /proc/self/exe, which the jail hides: a preloaded
+readlink (harness/rust_procexe.c) answers for it.
 """
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def _split_top(text: str) -> list[str]:
     """`text` split at the commas outside brackets."""
     out, depth, cur = [], 0, ""
     for c in text:
-        depth += c in "<([" 
+        depth += c in "<(["
         depth -= c in ">)]"
         if c == "," and depth == 0:
             out.append(cur)
@@ -79,10 +80,12 @@ class Rust(Language):
     fences = ("rust", "rs", "")
     run_timeout_s = 300.0  # the reference's 300 s (for cargo's first build and the run together)
     compile_timeout_s = 120.0
-    toolchain = Toolchain(commands=(RUSTC, CARGO, "/usr/bin/cc", "/usr/bin/nm", "/usr/bin/objdump"),
+    # rustc depends on gcc (its linker driver) and binutils (nm, objdump, ld.gold)
+    toolchain = Toolchain(commands=(RUSTC, CARGO, "/usr/bin/cc", "/usr/bin/ld.gold", "/usr/bin/nm", "/usr/bin/objdump"),
                           packages=("rustc", "cargo", "librust-rand-dev", "librust-regex-dev", "librust-md5-dev"),
                           files=(f"{REGISTRY}/rand-0.8.5", f"{REGISTRY}/regex-1.7.1", f"{REGISTRY}/md5-0.7.0"))
     entry_pattern = r"\bfn\s+{name}\s*[<(]"
+    harness_files = ("rust_proof.rs", "rust_objcheck.py", "objcheck.py", "rust_procexe.c", "rust_rand04")
 
     def version_commands(self):
         return [[RUSTC, "-vV"], [CARGO, "--version"], ["/bin/ls", REGISTRY]]
@@ -91,23 +94,35 @@ class Rust(Language):
 
     def prepare(self, into: Path) -> None:
         """Debian's registry + the rand 0.4 crate; the reference's cargo project with its crates built (check and
-        test builds), whose rlibs fixlab's programs link; the harness crate."""
+        test builds), whose rlibs fixlab's programs link; the harness crate and the jail's /proc/self/exe stand-in.
+        Cargo keeps the registry's path in the target dir's fingerprints, so it is built through the folder's final
+        path (toolchains.prepared renames the folder when this returns): a symlink to it for the while."""
+        final = into.with_name(into.name.split(".build-")[0])
+        if final.is_symlink():
+            final.unlink()
+        shutil.rmtree(final, ignore_errors=True)
+        final.symlink_to(into)
+        try:
+            self._build(final)
+        finally:
+            final.unlink()
+
+    def _build(self, final: Path) -> None:
         from ..toolchains import HARNESS, run
 
-        final = into.with_name(into.name.split(".build-")[0])  # toolchains.prepared renames the folder when done
-        registry = into / "registry"
+        registry = final / "registry"
         shutil.copytree(REGISTRY, registry, symlinks=False)
         shim = registry / "rand-0.4.6"
         shutil.copytree(HARNESS / "rust_rand04", shim)
         (shim / ".cargo-checksum.json").write_text('{"package":"","files":{}}')
-        ref = into / "ref"
+        ref = final / "ref"
         (ref / "src" / "bin").mkdir(parents=True)
         (ref / "Cargo.toml").write_text(CARGO_TOML)
         (ref / "src" / "bin" / "test.rs").write_text("fn main(){}\n#[cfg(test)]\nmod tests {\n#[test]\nfn t() {}\n}\n")
-        home = into / "cargo-home"
+        home = final / "cargo-home"
         home.mkdir()
         (home / "config.toml").write_text(CARGO_CONFIG.format(registry=registry))
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(into), "CARGO_HOME": str(home), "RUSTC": RUSTC}
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(final), "CARGO_HOME": str(home), "RUSTC": RUSTC}
         run([CARGO, "check", "--bin", "test"], cwd=ref, env=env)
         out = run([CARGO, "test", "--bin", "test", "--no-run", "--message-format=json"], cwd=ref, env=env)
         rlibs = {}
@@ -116,7 +131,8 @@ class Rust(Language):
             pid = msg.get("package_id", "")
             for want in ("rand 0.4.", "regex 1.", "md5 0."):
                 if msg.get("reason") == "compiler-artifact" and pid.startswith(want):
-                    rlibs[want.split()[0]] = next(f for f in msg["filenames"] if f.endswith(".rlib"))
+                    rlib = Path(next(f for f in msg["filenames"] if f.endswith(".rlib")))
+                    rlibs[want.split()[0]] = str(final / "ref" / "target" / "debug" / "deps" / rlib.name)
         target = ref / "target"
         shutil.rmtree(home)
         # the reference's runs copy this target dir as symlinks: what cargo writes there must not be one
@@ -126,15 +142,13 @@ class Rust(Language):
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
         sysroot = run([RUSTC, "--print", "sysroot"]).strip()
         host = re.search(r"host: (\S+)", run([RUSTC, "-vV"])).group(1)
-        run(["/usr/bin/cc", "-shared", "-fPIC", "-O2", HARNESS / "rust_procexe.c", "-o", into / "procexe.so", "-ldl"])
-        proof = into / "libfixlab_proof.rlib"
+        run(["/usr/bin/cc", "-shared", "-fPIC", "-O2", HARNESS / "rust_procexe.c", "-o", final / "procexe.so", "-ldl"])
         run([RUSTC, "--edition", "2021", "--crate-type", "rlib", "--crate-name", "fixlab_proof", *DEV_PROFILE,
-             HARNESS / "rust_proof.rs", "-o", proof])
-        rel = {k: str(final / Path(v).relative_to(into)) for k, v in rlibs.items()}
-        (into / "rust.json").write_text(json.dumps({
-            "deps": str(final / "ref" / "target" / "debug" / "deps"), "extern": rel,
-            "proof": str(final / proof.name), "preload": str(final / "procexe.so"), "registry": str(final / "registry"),
-            "target": str(final / "ref" / "target"), "stdlib": f"{sysroot}/lib/rustlib/{host}/lib"}))
+             HARNESS / "rust_proof.rs", "-o", final / "libfixlab_proof.rlib"])
+        (final / "rust.json").write_text(json.dumps({
+            "deps": str(target / "debug" / "deps"), "extern": rlibs, "proof": str(final / "libfixlab_proof.rlib"),
+            "preload": str(final / "procexe.so"), "registry": str(registry), "target": str(target),
+            "stdlib": f"{sysroot}/lib/rustlib/{host}/lib"}))
 
     def _info(self) -> dict:
         from ..toolchains import prepared
@@ -165,8 +179,9 @@ class Rust(Language):
         helpers it does not define. candidate.rs is the answer alone, so its line numbers are the answer's."""
         code = "fn main()".join(candidate.split("fn main()")[0:2])
         uses, helpers, _ = self._declaration(task)
-        added = [f"#[allow(unused_imports, deprecated)] {u}" for u in uses if u not in code]
-        added += [f"#[allow(dead_code)]\n{whole}" for name, whole in helpers if not re.search(rf"\bfn\s+{name}\b", code)]
+        added = [f"#[allow(unused_imports, deprecated)] {u}" for u in uses if u not in candidate]
+        added += [f"#[allow(dead_code)]\n{whole}" for name, whole in helpers
+                  if not re.search(rf"\bfn\s+{name}\b", code)]
         if "global_asm" in code:  # module-level assembly: the unsafe_code lint does not see it
             added.insert(0, 'compile_error!("sandbox: programs here may not use global_asm!");')
         return added, code
@@ -241,7 +256,8 @@ class Rust(Language):
         files = (("main.rs", self.main_source(added, task, names)), ("candidate.rs", code), ("tests.rs", tests))
         externs = [a for k, v in info["extern"].items() for a in ("--extern", f"{k}={v}")]
         rustc = (RUSTC, "--edition", "2021", "--crate-type", "bin", "--crate-name", CRATE, *DEV_PROFILE,
-                 "-C", "prefer-dynamic", "-C", f"link-arg=-Wl,-rpath,{info['stdlib']}",
+                 "-C", "prefer-dynamic", "-C", f"link-arg=-Wl,-rpath,{info['stdlib']}", "-C", "strip=debuginfo",
+                 "-C", "link-arg=-fuse-ld=gold",
                  "-L", f"dependency={info['deps']}", *externs, "--extern", f"fixlab_proof={info['proof']}",
                  "--emit=link,obj", "main.rs", "-o", "prog")
         check = (sys.executable, "-I", "-S", str(Path(__file__).parent / "harness" / "rust_objcheck.py"), "prog.o",
@@ -267,13 +283,14 @@ class Rust(Language):
         g = "fn main()".join(g.split("fn main()")[0:2])
         program = new_gen + g + "\n" + test
         info = self._info()
-        files = {"src/bin/test.rs": program, "Cargo.toml": CARGO_TOML, "Cargo.lock": Path(info["target"]).parent
-                 .joinpath("Cargo.lock").read_text(), ".cargo/config.toml": CARGO_CONFIG.format(registry=info["registry"])}
+        lock = (Path(info["target"]).parent / "Cargo.lock").read_text()
+        files = {"src/bin/test.rs": program, "Cargo.toml": CARGO_TOML, "Cargo.lock": lock,
+                 ".cargo/config.toml": CARGO_CONFIG.format(registry=info["registry"])}
         return files, [["/bin/cp", "-rs", info["target"], "target"], [CARGO, "check", "--bin", "test"],
                        [CARGO, "test", "--bin", "test"]]
 
     def reference_as_program(self, candidate: str, test: str, task) -> Program:
-        """The reference's steps; cargo and rustc get the jail's stand-in for /proc/self/exe (harness/rust_procexe.c)."""
+        """The reference's steps; cargo and rustc get the jail's stand-in for /proc/self/exe (rust_procexe.c)."""
         prog = super().reference_as_program(candidate, test, task)
         env = (("LD_PRELOAD", self._info()["preload"]),)
         return Program(prog.language, prog.files, tuple(Step(**{**s.__dict__, "env": env}) for s in prog.steps),
@@ -300,12 +317,15 @@ class Rust(Language):
                 n = int(loc.group(2))
                 line = src[n - 1].strip() if 0 < n <= len(src) else None
             extra = {"failing_lineno": int(loc.group(2)), "failing_file": loc.group(1)} if loc else {}
+            if loc and loc.group(1) == "main.rs":  # fixlab's file: the tests' call of the entry point as declared
+                first += "\nnote: main.rs is fixlab's: its tests call the entry point with the declaration's signature"
             return Failure(line=line, kind="CompileError", message=tail(first, 1500), extra=extra)
         m = (re.search(r"panicked at '(.*?)', ([\w./-]+):(\d+):\d+", stderr, re.S)
              or re.search(r"panicked at ([\w./-]+):(\d+):\d+:\n(.*?)(?:\nnote: |\Z)", stderr, re.S))
         if m:
             msg, file, n = (m.group(1), m.group(2), m.group(3)) if m.re.pattern.startswith("panicked at '") \
                 else (m.group(3), m.group(1), m.group(2))
+            msg = re.sub(r"::\s*std\s*::\s*(\w+)\s*!", r"\1!", msg)  # the tests' macros as the task writes them
             src = files.get(os.path.basename(file), "").splitlines()
             n = int(n)
             line = src[n - 1].strip() if 0 < n <= len(src) else None
@@ -313,12 +333,15 @@ class Rust(Language):
                 line = re.sub(r"::std::(\w+!)", r"\1", line)
             kind = "AssertionError" if msg.startswith("assertion failed") else "Panic"
             where = f"{os.path.basename(file)}:{n}"
-            return Failure(line=line, kind=kind, message=tail(f"{msg.strip()}\n  at {where}: {line or ''}".strip(), 1500),
+            message = tail(f"{msg.strip()}\n  at {where}: {line or ''}".strip(), 1500)
+            return Failure(line=line, kind=kind, message=message,
                            extra={"failing_lineno": n, "failing_file": os.path.basename(file)})
         if "test result:" not in stdout:
-            return Failure(line=None, kind="EarlyExit", message=tail(
-                ("the program ended before its tests did (no test result)\n" + (stderr or stdout)).strip(), 1500))
-        return Failure(line=None, kind=None, message=tail((stderr or stdout).strip(), 1500))
+            crash = "fatal runtime error" in stderr or "overflowed its stack" in stderr
+            return Failure(line=None, kind="Crash" if crash else "EarlyExit", message=tail(
+                ("the program ended before its tests did (no test result: it exited, crashed, for instance on a stack "
+                 "overflow from endless recursion, or was stopped)\n" + (stderr or stdout)).strip(), 1500))
+        return Failure(line=None, kind="TestFailed", message=tail((stderr or stdout).strip(), 1500))
 
 
 LANGUAGE = Rust()
