@@ -13,6 +13,7 @@ import jinja2
 from sandboxes import build_program
 from sandboxes.audit import audit_program, suspicion
 from sandboxes.base import Sandbox
+from sandboxes.languages import of_task
 
 from . import feedback, multilang, selfcheck
 from .config import CANDIDATE_TEMPERATURE, PROTOCOLS, AgentConfig, round_seed, round_temperature
@@ -73,7 +74,6 @@ class Context:
     def __init__(self, task: Task, model: Model, sandbox: Sandbox, cfg: AgentConfig):
         self.task, self.model, self.sandbox, self.cfg = task, model, sandbox, cfg
         self.view = visibility(task, cfg.protocol)
-        self.python = task.lang.name == "python"  # Python's parser-based path; the others: agents/multilang.py
         # The buggy code as shown, read as a candidate would be (the program show_failure runs), and keyed: an answer
         # equal to it is "unchanged".
         read = {shown: self.extract(f"```{task.lang.fence}\n" + shown + "\n```", False).code or shown
@@ -139,6 +139,11 @@ class Context:
 
         with ThreadPoolExecutor(len(positions)) as pool:
             return list(pool.map(one, positions))
+
+    @property
+    def python(self) -> bool:
+        """Python's parser-based path; the other languages read answers with agents/multilang.py."""
+        return of_task(self.task.task_id).name == "python"
 
     def extract(self, text: str, check_signature: bool = True):
         """The candidate in an answer (its code, or why there is none)."""
