@@ -5,7 +5,8 @@ becomes local to it (objcopy), except the functions the tests call from it and t
 tests hold too (theirs are linked first and used): so it can replace nothing the tests, the harness or a library
 define (an `__assert_fail`, `abort` or `operator==` of its own serves only itself). It may call no library function
 that reaches a file descriptor, a process, a signal or memory maps, and hold no system-call instruction and no IFUNC.
-usage: objcheck.py CANDIDATE.o EXPORTS.txt OTHER.o... ; rewrites CANDIDATE.o, or exits 1 with one line.
+usage: objcheck.py CANDIDATE.o EXPORTS.txt OTHER.o|OTHER.syms... ; rewrites CANDIDATE.o, or exits 1 with one line
+(a .syms file: an object's `nm -P -g` listing, made once when that trusted object was built).
 """
 import re
 import subprocess
@@ -35,7 +36,12 @@ def base(name):
 
 
 def symbols(path, *flags):
-    out = subprocess.run(["/usr/bin/nm", "-P", *flags, path], capture_output=True, text=True, check=True).stdout
+    """(name, type) of an object's symbols (`nm -P`); a `.syms` file is that listing made once beforehand."""
+    if path.endswith(".syms"):
+        with open(path) as f:
+            out = f.read()
+    else:
+        out = subprocess.run(["/usr/bin/nm", "-P", *flags, path], capture_output=True, text=True, check=True).stdout
     return [tuple(line.split()[:2]) for line in out.splitlines() if len(line.split()) >= 2]
 
 
@@ -46,8 +52,9 @@ def demangle(name):
 
 def main(cand, exports_file, *others):
     exports = set(open(exports_file).read().split())
-    defined = [(n, t) for n, t in symbols(cand, "-g", "--defined-only")]
-    undefined = [n for n, t in symbols(cand, "-u")]
+    listed = symbols(cand, "-g")  # one nm: its global definitions and what it leaves undefined
+    defined = [(n, t) for n, t in listed if t not in "Uvw"]
+    undefined = [n for n, t in listed if t in "Uw"]
     needed, weak_other = set(), set()  # what the tests and harness take from elsewhere; their own weak copies
     for o in others:
         for n, t in symbols(o, "-g"):
