@@ -35,7 +35,7 @@ TITLE = "Verdicts a second per language (`benchmarks/verdicts.py`)"
 TEXT = ("The canonical programs of the same tasks in each language, run in the local jail fixlab's way and the "
         "reference harness's way (its one file, its own compile and run commands), alternating task by task. A "
         "program's wall time covers building and running it; `ratio` is the reference's median over fixlab's.")
-TABLE = {"rows": "languages", "keys": ["language"],
+TABLE = {"rows": "languages.*", "keys": ["language"],
          "columns": [["programs", "programs"], ["fixlab median s", "fixlab.median_s"], ["fixlab p90 s", "fixlab.p90_s"],
                      ["fixlab verdicts/s", "fixlab.verdicts_per_s"], ["reference median s", "reference.median_s"],
                      ["reference p90 s", "reference.p90_s"], ["reference verdicts/s", "reference.verdicts_per_s"],
@@ -57,11 +57,11 @@ def tasks_of(lang: str, n: int) -> list:
     return out
 
 
-def summary(times: list[float], passed: int, wall: float) -> dict:
+def summary(times: list[float], passed: int) -> dict:
+    """One way's programs: their wall times (median, p90, mean) and verdicts a second over the time they took."""
     q = sorted(times)
     return {"median_s": round(statistics.median(q), 4), "p90_s": round(q[min(len(q) - 1, int(0.9 * len(q)))], 4),
-            "mean_s": round(statistics.mean(q), 4), "verdicts_per_s": round(len(q) / wall, 3) if wall else None,
-            "passed": passed, "wall_s": round(wall, 2)}
+            "mean_s": round(statistics.mean(q), 4), "verdicts_per_s": round(len(q) / sum(q), 3), "passed": passed}
 
 
 def measure(name: str, n: int, workers: int, sbx) -> dict:
@@ -92,7 +92,8 @@ def measure(name: str, n: int, workers: int, sbx) -> dict:
     for _, out in results:
         for way, v in out.items():
             rows[way].append(v)
-    report = {way: summary([v[0] for v in vs], sum(v[1] for v in vs), wall) for way, vs in rows.items()}
+    report = {way: summary([v[0] for v in vs], sum(v[1] for v in vs)) for way, vs in rows.items()}
+    report["wall_s"] = round(wall, 2)
     report["programs"] = len(tasks)
     report["ratio_median"] = round(report["reference"]["median_s"] / report["fixlab"]["median_s"], 2)
     report["differ"] = {tid: {w: v[2] for w, v in out.items()} for tid, out in results
@@ -126,7 +127,7 @@ def main() -> int:
         sbx.close()
     from flows.results import stamp, write
 
-    report = {"languages": [dict(language=k, **v) for k, v in langs.items()], "workers": args.workers}
+    report = {"languages": langs, "workers": args.workers}
     path = write("verdicts", report, title=TITLE, text=TEXT, table=TABLE, out=args.out / f"verdicts-{stamp()}.json",
                  config={k: str(v) for k, v in vars(args).items()},
                  machine=describe(platform=platform.platform(), loadavg_before=[round(x, 2) for x in load_before],
