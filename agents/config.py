@@ -205,6 +205,8 @@ def check_config(cfg: AgentConfig) -> None:
         raise ValueError(f"unknown protocol {cfg.protocol!r}: use one of {', '.join(PROTOCOLS)}")
     if isinstance(s, ReactConf) and s.tool_format not in TOOL_FORMATS:
         raise ValueError(f"unknown tool_format {s.tool_format!r}: use {', '.join(TOOL_FORMATS)}")
+    if isinstance(s, ReactConf) and s.max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1 (a model turn is how react acts), got {s.max_turns}")
     round_temperature(cfg, 0)
     if isinstance(s, PortfolioConf) and s.revisions < 0:
         raise ValueError(f"revisions must be >= 0, got {s.revisions}")

@@ -33,6 +33,9 @@ from .workers import close_all
 USER_ERRORS = (ConfigError, DatasetError, ModelUnavailable, SandboxUnavailable)
 
 
+FAILED_RUNS: list[str] = []  # this process's runs that ended FAILED (tasks that ended in an error): exit 1
+
+
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> float:
     try:
@@ -43,6 +46,8 @@ def main(cfg: DictConfig) -> float:
         close_all()
         sys.exit(2)
     print(json.dumps(summary), flush=True)
+    if summary.get("errors"):  # the run ended FAILED: a script or a scheduler must see it (the exit code, after a sweep)
+        FAILED_RUNS.append(summary.get("run_id"))
     return summary["pass@1"]
 
 
@@ -259,6 +264,8 @@ if __name__ == "__main__":
     stop_on_signals()
     try:
         main()
+        if FAILED_RUNS:
+            sys.exit(1)
     except BaseException as e:
         # After a stop signal every way out is the stop's (exit 130, the run marked KILLED). The stop does not always
         # surface as KeyboardInterrupt: Prefect raises its own TerminationSignal inside a flow, and an exception

@@ -64,3 +64,17 @@ def test_malformed_row_names_row_and_field(evaluate, tmp_path):
     _one_line_error(evaluate("model=canonical", f"dataset.path={bad}"), "Python/1", "row 2", "'test'")
     bad.write_text(json.dumps(rows[0]) + "\n{not json\n")
     _one_line_error(evaluate("model=canonical", f"dataset.path={bad}"), "line 2", "JSON")
+
+
+def test_react_without_turns_is_one_line(evaluate):
+    _one_line_error(evaluate("model=canonical", "strategy=react", "strategy.max_turns=0"), "max_turns", ">= 1")
+
+
+def test_a_run_that_ends_failed_exits_non_zero(evaluate):
+    """Tasks that ended in an error leave the run FAILED (resume=last runs them again): the exit code says so, for a
+    script or a scheduler, after the summary line."""
+    run = evaluate("model=openai-server", "model.model=qwen", "model.base_url=http://127.0.0.1:1/v1",
+                   "model.max_retries=0", "dataset.limit=1", "iters=0")
+    assert run.rc == 1, run.stderr[-2000:]
+    assert "1 of 1 tasks ended in an error" in run.stderr and "Traceback" not in run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1])["errors"] == 1
