@@ -25,7 +25,7 @@ from sandboxes import SandboxUnavailable
 from . import schema
 from .schema import CONF_DIR
 from .config import ConfigError, settings_from
-from .job import run_job, stopped
+from .job import STOPPING, run_job, stopped
 from .mark_killed import OpenRun, hand_over
 from .prefect_api import stop_prefect_api
 from .workers import close_all
@@ -91,7 +91,7 @@ class _Stop:
     the runs not marked by then go to a detached process that marks them once the job is gone (flows/mark_killed.py)."""
 
     job_run: OpenRun | None = None
-    signalled = threading.Event()  # SIGTERM or Ctrl-C arrived (set by the watcher, which the C-level handler wakes)
+    signalled = STOPPING  # SIGTERM or Ctrl-C arrived (set by the handler, or the watcher the C-level handler wakes)
     GRACE_S = 3.0  # tasks in flight (a model call can take minutes) are dropped after this; resume reruns them
     # Past the grace, a mark still running gets this much longer; then the process leaves regardless (and hands the
     # mark over). A stop whose mark is done by the end of the grace still leaves at once.

@@ -31,6 +31,9 @@ from .usage import Usage
 from .workers import model_and_sandbox
 
 Outcome = Trajectory | BaseException
+# Set by the stop handler (flows/evaluate.py) the moment SIGTERM or Ctrl-C arrives. Whatever ends the job after that
+# is the stop's: a task cut short can come back as an error, not an exception, and must not make the run FAILED.
+STOPPING = threading.Event()
 Runner = Callable[[list[Job], JobSettings, Callable[[Job, Outcome], None]], None]
 
 
@@ -82,6 +85,8 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
     try:
         if jobs:
             runner(jobs, settings, finished)
+        if STOPPING.is_set():  # the runner returned with the tasks the stop cut short as errors
+            raise KeyboardInterrupt
         trajs = store.load_all()  # read once: the summary, the rows, the MLflow files and the results file share them
         rows, dicts = list(_result_rows(trajs)), [t.to_dict() for t in trajs]
         summary = _summary(tracker, trajs, rows, dicts, tasks, settings, run_id, t0)
@@ -121,9 +126,11 @@ def stopped(e: BaseException) -> bool:
     """Whether `e` is a stop or came out of one: KeyboardInterrupt (flows/evaluate.py's handler raises it for SIGTERM
     too), SystemExit, or Prefect's TerminationSignal (its own SIGTERM handler inside a flow), itself or anywhere in
     what it was raised from or during. An error raised while a stop unwinds (a store or API call cut short: Prefect
-    records the crash on its server first) must not make a stopped run FAILED."""
+    records the crash on its server first) must not make a stopped run FAILED; nor may anything once STOPPING is set."""
     prefect = sys.modules.get("prefect.exceptions")  # not loaded: no TerminationSignal can have been raised
     stops = (KeyboardInterrupt, SystemExit) + ((prefect.TerminationSignal,) if prefect else ())
+    if STOPPING.is_set():
+        return True
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))

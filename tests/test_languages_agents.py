@@ -101,24 +101,22 @@ def test_an_answer_without_the_entry_point_takes_the_short_path(sbx, lang):
     assert traj.passed
 
 
-def _job(tmp_path, *overrides):
-    flags = [o for o in overrides if o.startswith("-")]
-    cmd = [sys.executable, "-m", "flows.evaluate", *(o for o in overrides if not o.startswith("-")),
-           f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.artifacts={tmp_path}/artifacts",
-           f"tracking.results={tmp_path}/results", f"hydra.run.dir={tmp_path}/outputs",
-           f"hydra.sweep.dir={tmp_path}/multirun", *flags]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=base_env(tmp_path), timeout=900)
+def _job(evaluate, *overrides):
+    """A real `python -m flows.evaluate` on the session's Prefect server (conftest's `evaluate`)."""
+    flags = [o for o in overrides if o.startswith("-")]  # after the overrides: Hydra's parser wants them last
+    return evaluate(*(o for o in overrides if o not in flags), f"tracking.results={evaluate.tmp}/results", *flags,
+                    timeout=900)
 
 
-def test_a_sweep_over_languages_runs_one_job_each_under_a_parent(tmp_path):
+def test_a_sweep_over_languages_runs_one_job_each_under_a_parent(evaluate):
     first_task("cpp"), first_task("js")
-    r = _job(tmp_path, "model=canonical", "dataset.language=cpp,js", "dataset.limit=3", "iters=0", "-m")
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = _job(evaluate, "model=canonical", "dataset.language=cpp,js", "dataset.limit=3", "iters=0", "-m")
+    assert r.rc == 0, r.stderr[-2000:]
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     assert sorted((x["passed"], x["total"]) for x in lines) == [(3, 3), (3, 3)]
     import mlflow
 
-    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    client = mlflow.MlflowClient(evaluate.uri)
     runs = client.search_runs([client.get_experiment_by_name("humanevalfix").experiment_id])
     parents = [x for x in runs if x.data.tags.get("fixlab.kind") == "sweep"]
     jobs = [x for x in runs if x.data.tags.get("mlflow.parentRunId")]
@@ -126,9 +124,9 @@ def test_a_sweep_over_languages_runs_one_job_each_under_a_parent(tmp_path):
     assert all(x.info.run_name.endswith(("-cpp", "-js")) for x in jobs)
 
 
-def test_the_buggy_double_passes_nothing_in_a_language_job(tmp_path):
+def test_the_buggy_double_passes_nothing_in_a_language_job(evaluate):
     first_task("go")
-    r = _job(tmp_path, "model=buggy", "dataset.language=go", "dataset.limit=3", "iters=0")
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = _job(evaluate, "model=buggy", "dataset.language=go", "dataset.limit=3", "iters=0")
+    assert r.rc == 0, r.stderr[-2000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["passed"] == 0 and summary["total"] == 3 and summary["errors"] == 0
