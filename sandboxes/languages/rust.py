@@ -30,10 +30,9 @@ import json
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
-from .base import Failure, Language, Program, Step, Toolchain, cut_block, tail
+from .base import SYSTEM_PYTHON, Failure, Language, Program, Step, Toolchain, cut_block, tail
 
 RUSTC, CARGO = "/usr/bin/rustc", "/usr/bin/cargo"
 REGISTRY = "/usr/share/cargo/registry"
@@ -260,7 +259,7 @@ class Rust(Language):
                  "-C", "link-arg=-fuse-ld=gold",
                  "-L", f"dependency={info['deps']}", *externs, "--extern", f"fixlab_proof={info['proof']}",
                  "--emit=link,obj", "main.rs", "-o", "prog")
-        check = (sys.executable, "-I", "-S", str(Path(__file__).parent / "harness" / "rust_objcheck.py"), "prog.o",
+        check = (SYSTEM_PYTHON, "-I", "-S", str(Path(__file__).parent / "harness" / "rust_objcheck.py"), "prog.o",
                  CRATE)
         steps = (
             Step("compile", rustc, self.compile_timeout_s, processes=64, memory_mb=4096,
