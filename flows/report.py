@@ -388,6 +388,24 @@ def section_languages(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
                     "results files"], body), ""]
 
 
+def section_checks(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
+    """The verdict's own check per language and backend: how many tasks the test doubles' answers pass (report.yaml
+    `checks`: columns by label, each a sweep per language). Every canonical solution must pass, every buggy one fail."""
+    spec = cur.get("checks")
+    if not spec:
+        return []
+    names = list(spec["columns"])
+    langs = [lang for lang in LANGUAGE_ORDER if any(lang in spec["columns"][n] for n in names)]
+    body = []
+    for lang in langs:
+        keys = [spec["columns"][n].get(lang) for n in names]
+        cells = ["-" if k is None else f"{sweeps[k].last.passed} / {sweeps[k].last.total}" for k in keys]
+        files = " / ".join(link(sweeps[k].file) for k in keys if k)
+        body.append([lang, *cells, next(sweeps[k].machine for k in keys if k), files])
+    return ["## Languages: the verdict checked by the test doubles", "", wrap(spec.get("text", "")), "",
+            *table(["language", *(f"{n}: passed / tasks" for n in names), "machine", "results files"], body), ""]
+
+
 LANGUAGE_ORDER = ("python", "js", "java", "go", "cpp", "rust")
 
 
@@ -447,7 +465,7 @@ def results_document(results: Path) -> str:
              "first 8 characters. Machines of the full-size runs: " + "; ".join(machines_once(sweeps)) + ".", "",
              *at_a_glance(results), "", "## Headline", "",
              *(x for p in headline(sweeps, cur, verdict_words(frontier_of(results))) for x in (p, "")),
-             *section_languages(sweeps, cur),
+             *section_languages(sweeps, cur), *section_checks(sweeps, cur),
              *section_frontier(results, "tests"), "", *section_frontier(results, "hidden"), "",
              *section_sweeps(sweeps, cur), "", *section_runs_speed(sweeps, cur, files), "", *section_speed(files)]
     out = [x if not x or x.startswith(("|", "#", "  ")) else wrap(x, "  " if x.startswith("- ") else "") for x in lines]
