@@ -245,7 +245,7 @@ def stop_now(code: int) -> None:
     """Leave at once: worker threads still inside a task would hold a normal exit until their task ends (minutes
     for a model call). Every finished task is already on disk and the run is already marked, so nothing is lost."""
     try:
-        stop_prefect_api()
+        stop_prefect_api(drain_logs=False)
     finally:
         for stream in (sys.stderr, sys.stdout):
             try:

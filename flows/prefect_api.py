@@ -172,10 +172,18 @@ def start_prefect_server(host: str, port: int | str, log_path, env: dict | None 
     return proc
 
 
-def stop_prefect_api() -> None:
-    """Stop the temporary server now (a clean exit or Ctrl-C; SIGKILL is covered by the kernel)."""
+def stop_prefect_api(drain_logs: bool = True) -> None:
+    """Stop the temporary server now (a clean exit or Ctrl-C; SIGKILL is covered by the kernel). On a clean exit the
+    flow and task lines still queued for the API go first: a server stopped under Prefect's log worker made it print
+    "--- Error logging to API --- All connection attempts failed" as a sweep's last line. A stop does not wait."""
     global _server
     if _server is not None:
+        handlers = sys.modules.get("prefect.logging.handlers")  # not loaded: nothing was logged to the API
+        if drain_logs and handlers is not None:
+            try:
+                handlers.APILogHandler.flush()  # blocks until the queue is sent, 5 s at most
+            except Exception:
+                pass
         os.environ.pop("PREFECT_API_URL", None)
         _server.stop()
         _server = None
