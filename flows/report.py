@@ -379,13 +379,17 @@ def section_languages(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
                            f"p {pval(p.p_value)}: "
                            f"{'no verdict' if p.p_value >= ALPHA else 'better' if p.diff > 0 else 'worse'}")
         files = " / ".join(link(sweeps[spec["configs"][n][lang]].file) for n in names)
-        body.append([lang, *cells, verdict, sweeps[spec["configs"][names[0]][lang]].machine, files])
+        first = spec["configs"][names[0]][lang]
+        wall = runs[0].cost.get("wall_s")  # a resumed job's covers only its last part
+        cost = (f"{runs[0].cost.get('completion_tokens', '-')}, "
+                f"{'resumed' if first in spec.get('resumed', ()) or wall is None else f'{wall:.0f} s'}")
+        body.append([lang, *cells, verdict, cost, sweeps[first].machine, files])
     labels = [spec.get("labels", {}).get(n, n) for n in names]
     return ["## Languages: HumanEvalFix in HumanEvalPack's six languages", "",
             wrap(spec.get("text", "")), "",
             *table(["language", *(f"{x}: pass@1 (95% CI), passed" for x in labels),
-                    f"{labels[-1]} vs {labels[0]}, points (95% CI)" if len(labels) > 1 else "paired", "machine",
-                    "results files"], body), ""]
+                    f"{labels[-1]} vs {labels[0]}, points (95% CI)" if len(labels) > 1 else "paired",
+                    f"{labels[0]}: completion tokens, job time", "machine", "results files"], body), ""]
 
 
 def section_checks(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
