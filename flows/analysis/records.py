@@ -124,7 +124,19 @@ def config_defaults(params: dict[str, str]) -> dict[str, str]:
     set of options, shared by the records that name them."""
     options = tuple((group, params.get(f"{group}.{sel}"), params.get("model.name") if group == "model"
                      else params.get(f"{group}.{sel}")) for group, (sel, _) in GROUPS.items())
-    return _defaults(options)
+    return {**_defaults(options), **_default_choices()}
+
+
+@functools.cache
+def _default_choices() -> dict[str, str]:
+    """The sandbox and runner conf/config.yaml picks, as their selector params: a run on another one (Docker) differs
+    from the defaults there, so its label names it whatever else is loaded (its own option's record would make it
+    no difference, and only runs loaded beside it would tell it apart)."""
+    from omegaconf import OmegaConf
+
+    picks = {k: v for d in OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))["defaults"]
+             if isinstance(d, dict) for k, v in d.items()}
+    return {f"{group}.{GROUPS[group][0]}": picks[group] for group in ("sandbox", "runner") if group in picks}
 
 
 # ---------------------------------------------------------------------------------------------------- reading
