@@ -47,6 +47,37 @@ def render(name: str, **kw) -> str:
     return _env.get_template(name).render(**kw).strip() + "\n"
 
 
+def program_for(task: Task, code: str, test: str, timeout_s: float):
+    """The program a candidate and a test become, in the task's language (Python: its source text)."""
+    if of_task(task.task_id).name == "python":
+        return build_program(code, test)
+    return task.lang.program(code, test, task, run_timeout_s=timeout_s)
+
+
+def run_test(sandbox: Sandbox, task: Task, code: str, test: str, timeout_s: float):
+    """A candidate run against a test in the sandbox: what an agent's round and a rescore (flows/rescore.py) both
+    judge by. A test with nothing in it passes at once: Rust's and six other tasks' example tests are empty (docs,
+    hidden), and no program of theirs is built for it."""
+    if of_task(task.task_id).name != "python" and not test.strip():
+        from sandboxes.base import ExecResult
+
+        return ExecResult(status="passed", backend=getattr(sandbox, "name", ""), details={"empty_test": True})
+    return sandbox.run(program_for(task, code, test, timeout_s), timeout_s)
+
+
+def audit_pass(sandbox: Sandbox, task: Task, code: str, result, cfg) -> tuple:
+    """(why a Python pass looks gamed or None, the failed result that replaces it under `cfg.strict` or None): its
+    returned values are checked to be plain builtins (a lying __eq__; sandboxes/audit.py). The audit reads Python's
+    return values, so the other languages' passes are not audited here (their tests compare declared types)."""
+    if of_task(task.task_id).name != "python" or not cfg.audit_passes:
+        return None, None
+    why = suspicion(sandbox.run(audit_program(code, task.test, task.entry_point), cfg.timeout_s))
+    if not (why and cfg.strict):
+        return why, None
+    return why, dataclasses.replace(result, status="failed", error_type="SuspiciousReturn", failing_line=None,
+                                    stderr=f"strict: {why}", details={**result.details, "suspicious": why})
+
+
 @dataclass(frozen=True)
 class View:
     """What the agent is shown and what its feedback runs on, for one protocol."""
@@ -157,19 +188,11 @@ class Context:
 
     def program(self, code: str, test: str):
         """The program a candidate and a test become, in the task's language (Python: its source text)."""
-        if self.python:
-            return build_program(code, test)
-        return self.task.lang.program(code, test, self.task, run_timeout_s=self.cfg.timeout_s)
+        return program_for(self.task, code, test, self.cfg.timeout_s)
 
     def run(self, code: str, test: str):
-        """A candidate run against a test in the sandbox. A test with nothing in it passes at once: Rust's and six
-        other tasks' example tests are empty (docs, hidden), and no program of theirs is built for it."""
-        if not self.python and not test.strip():
-            from sandboxes.base import ExecResult
-
-            return ExecResult(status="passed", backend=getattr(self.sandbox, "name", ""),
-                              details={"empty_test": True})
-        return self.sandbox.run(self.program(code, test), self.cfg.timeout_s)
+        """A candidate run against a test in the sandbox (run_test)."""
+        return run_test(self.sandbox, self.task, code, test, self.cfg.timeout_s)
 
     def execute(self, attempt: Attempt) -> None:
         """Run the visible tests (what the agent learns) and, when they differ, the full test (the verdict)."""
@@ -180,19 +203,14 @@ class Context:
             attempt.result = visible
         else:
             attempt.result = self.run(attempt.code, task.test)
-        if attempt.result.passed and cfg.audit_passes and self.python:  # the audit reads Python's return values
+        if attempt.result.passed:
             self.audit(attempt)
         self.ensure_feedback(attempt)
 
     def audit(self, attempt: Attempt) -> None:
         """A pass whose returned values are not plain builtins (a lying __eq__) is flagged; strict fails it."""
-        task, cfg = self.task, self.cfg
-        audit = self.sandbox.run(audit_program(attempt.code, task.test, task.entry_point), cfg.timeout_s)
-        attempt.suspicious = suspicion(audit)
-        if attempt.suspicious and cfg.strict:
-            failed = dataclasses.replace(attempt.result, status="failed", error_type="SuspiciousReturn",
-                                         failing_line=None, stderr=f"strict: {attempt.suspicious}",
-                                         details={**attempt.result.details, "suspicious": attempt.suspicious})
+        attempt.suspicious, failed = audit_pass(self.sandbox, self.task, attempt.code, attempt.result, self.cfg)
+        if failed is not None:
             if attempt.visible_result is attempt.result:
                 attempt.visible_result = failed
             attempt.result = failed

@@ -31,7 +31,7 @@ from .neutral import without_neutral
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENTS = REPO_ROOT / "agents"
-UNCACHED_BACKENDS = ("oracle",)
+UNCACHED_BACKENDS = ("oracle", "answers")
 
 def default_cache_dir() -> Path:
     return cache_root() / "trajectories"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 import threading
@@ -22,7 +21,7 @@ from agents import loop as agent_loop
 from agents.config import AgentConfig
 from agents.types import Task, Trajectory
 
-from .stats import interval
+from .stats import PASS_AT_K_CI, interval, pass_at_k_table
 
 Job = tuple[Task, int]  # a task and the index of its independent sample
 
@@ -110,13 +109,6 @@ def keep(store: TaskStore, traj: Trajectory, on_done: Callable[[Trajectory], Non
 
 
 # ---------------------------------------------------------------- metrics
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k estimator (Chen et al. 2021) for n samples of which c passed."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
-
-
 def summarize(trajs: list[Trajectory], tasks: list[Task], samples: int, iters: int) -> dict:
     """pass@1 overall and after each round (with 95% intervals), pass@k, by bug type, and what it cost."""
     n, total = samples, len(tasks)
@@ -155,8 +147,10 @@ def summarize(trajs: list[Trajectory], tasks: list[Task], samples: int, iters: i
                                       for r in range(iters + 1)]
     if n > 1:
         passes = [sum(t.passed for t in by_task.get(task.task_id, [])) for task in tasks]
-        summary["pass@k"] = {k: round(sum(pass_at_k(n, c, k) for c in passes) / total, 6)
-                             for k in (1, 2, 5, 10, 100) if k <= n}
+        table = pass_at_k_table(passes, n)
+        summary["pass@k"] = {k: row["value"] for k, row in table.items()}
+        summary["pass@k_ci95"] = {k: row["ci95"] for k, row in table.items()}
+        summary["pass@k_ci_method"] = PASS_AT_K_CI
     passed = dict(zip((task.task_id for task in tasks), per_task(lambda t: t.passed)))
     summary["pass@1_by_bug_type"] = {
         b: round(sum(passed[t.task_id] for t in tasks if t.bug_type == b) / sum(t.bug_type == b for t in tasks), 6)

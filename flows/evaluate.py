@@ -40,6 +40,9 @@ FAILED_RUNS: list[str] = []  # this process's runs that ended FAILED (tasks that
 def main(cfg: DictConfig) -> float:
     try:
         settings = settings_from(OmegaConf.to_container(cfg, resolve=True))
+        if settings.model.backend == "answers":  # its runner is flows/rescore.py's: no agent may ask it
+            raise ConfigError("model=answers judges answers already made: run `python -m flows.rescore --answers FILE` "
+                              "or `python -m flows.rescore RUN_ID`")
         summary = run_job(settings, on_open=_Stop.hold)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

@@ -151,8 +151,8 @@ def _model_up_front(settings: JobSettings):
         # a recorded parameter: runs that took different paths (different answers) are not one configuration
         settings.raw["serving"] = choice.record()
     else:
-        # a server (hosted, OpenAI-compatible) promises no repeat across batches; the oracle doubles have no numerics
-        settings.raw["serving"] = {"deterministic": settings.model.backend == "oracle"}
+        # a server (hosted, OpenAI-compatible) promises no repeat across batches; the doubles and recorded answers have no numerics
+        settings.raw["serving"] = {"deterministic": settings.model.backend in ("oracle", "answers")}
     return model
 
 

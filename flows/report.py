@@ -14,43 +14,21 @@ import argparse
 import json
 import re
 import sys
-import textwrap
 from pathlib import Path
 
 from .analysis.figures import png_bytes
 from .analysis.records import FrontierError
-from .markdown import table
+from .markdown import ALPHA, ci, link, minutes, pts, pval, rate, rounds, table, tok, wrap
 from .neutral import result_neutral
+from .report_languages import section_checks, section_languages, section_leaderboard
 from .results import RESULTS_DIR, ReportError, Run, Sweep, budget_pair, cell, field, load_all, machine_words, pair_runs, records
-from .stats import sign_test_p, wilson
+from .stats import sign_test_p
 
 REPO = Path(__file__).resolve().parent.parent
 DOC, README, PICTURE = REPO / "docs" / "RESULTS.md", REPO / "README.md", REPO / "docs" / "frontier.png"
 HEADLINE_START, HEADLINE_END = "<!-- results:headline -->", "<!-- /results:headline -->"
-COMMAND, WIDTH, ALPHA = "python -m flows.report", 116, 0.05
+COMMAND = "python -m flows.report"
 FRONTIER_MODEL, FRONTIER_PROTOCOL = "qwen1.5b-coder-q4", "tests"  # the frontier the README shows
-
-
-# --- figures --------------------------------------------------------------------------------------------------
-def ci(p: int, n: int) -> str:
-    lo, hi = wilson(p, n)
-    return f"{lo:.3f}-{hi:.3f}"
-
-
-rate = lambda p, n: f"{p / n:.3f}" if n else "-"  # noqa: E731
-tok = lambda n: "-" if n is None else f"{n / 1000:.1f}k"  # noqa: E731
-minutes = lambda s: "-" if s is None else f"{s / 60:.1f} min"  # noqa: E731
-pts = lambda x: f"{x * 100:+.1f}"  # noqa: E731
-link = lambda name: f"[{name}](../benchmarks/results/{name})"  # noqa: E731
-rounds = lambda n: f"{n} round{'' if n == 1 else 's'}"  # noqa: E731
-
-
-def pval(p: float) -> str:
-    return f"{p:.2f}" if p >= 0.01 else f"{p:.3f}" if p >= 0.001 else f"{p:.0e}"
-
-
-def wrap(text: str, indent: str = "") -> str:
-    return textwrap.fill(text, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
 
 
 def family(m: dict) -> str:
@@ -358,61 +336,6 @@ def section_speed(files: dict) -> list[str]:
     return out
 
 
-def section_languages(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
-    """One row per language: each configuration's pass@1 with its interval, and the second configuration against the
-    first on the same tasks (report.yaml `languages`: the configurations' names, each a sweep per language)."""
-    spec = cur.get("languages")
-    if not spec:
-        return []
-    names = list(spec["configs"])
-    langs = [lang for lang in LANGUAGE_ORDER if all(lang in spec["configs"][n] for n in names)]
-    body = []
-    for lang in langs:
-        runs = [sweeps[spec["configs"][n][lang]].last for n in names]
-        cells = [f"{rate(r.passed, r.total)} ({ci(r.passed, r.total)}), {r.passed} / {r.total}" for r in runs]
-        verdict = "-"
-        if len(runs) > 1:
-            pr = pair_runs(runs[1], runs[0])
-            if pr is not None:
-                p = pr.result
-                verdict = (f"{pts(p.diff)} ({pts(p.low)} to {pts(p.high)}), {p.only_a} / {p.only_b} fixed by one only, "
-                           f"p {pval(p.p_value)}: "
-                           f"{'no verdict' if p.p_value >= ALPHA else 'better' if p.diff > 0 else 'worse'}")
-        files = " / ".join(link(sweeps[spec["configs"][n][lang]].file) for n in names)
-        first = spec["configs"][names[0]][lang]
-        wall = runs[0].cost.get("wall_s")  # a resumed job's covers only its last part
-        cost = (f"{runs[0].cost.get('completion_tokens', '-')}, "
-                f"{'resumed' if first in spec.get('resumed', ()) or wall is None else f'{wall:.0f} s'}")
-        body.append([lang, *cells, verdict, cost, sweeps[first].machine, files])
-    labels = [spec.get("labels", {}).get(n, n) for n in names]
-    return ["## Languages: HumanEvalFix in HumanEvalPack's six languages", "",
-            wrap(spec.get("text", "")), "",
-            *table(["language", *(f"{x}: pass@1 (95% CI), passed" for x in labels),
-                    f"{labels[-1]} vs {labels[0]}, points (95% CI)" if len(labels) > 1 else "paired",
-                    f"{labels[0]}: completion tokens, job time", "machine", "results files"], body), ""]
-
-
-def section_checks(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
-    """The verdict's own check per language and backend: how many tasks the test doubles' answers pass (report.yaml
-    `checks`: columns by label, each a sweep per language). Every canonical solution must pass, every buggy one fail."""
-    spec = cur.get("checks")
-    if not spec:
-        return []
-    names = list(spec["columns"])
-    langs = [lang for lang in LANGUAGE_ORDER if any(lang in spec["columns"][n] for n in names)]
-    body = []
-    for lang in langs:
-        keys = [spec["columns"][n].get(lang) for n in names]
-        cells = ["-" if k is None else f"{sweeps[k].last.passed} / {sweeps[k].last.total}" for k in keys]
-        files = " / ".join(link(sweeps[k].file) for k in keys if k)
-        body.append([lang, *cells, next(sweeps[k].machine for k in keys if k), files])
-    return ["## Languages: the verdict checked by the test doubles", "", wrap(spec.get("text", "")), "",
-            *table(["language", *(f"{n}: passed / tasks" for n in names), "machine", "results files"], body), ""]
-
-
-LANGUAGE_ORDER = ("python", "js", "java", "go", "cpp", "rust")
-
-
 # --- the documents --------------------------------------------------------------------------------------------
 def frontier_of(results: Path, protocol: str = FRONTIER_PROTOCOL):
     from .analysis.frontier import frontier
@@ -469,7 +392,7 @@ def results_document(results: Path) -> str:
              "first 8 characters. Machines of the full-size runs: " + "; ".join(machines_once(sweeps)) + ".", "",
              *at_a_glance(results), "", "## Headline", "",
              *(x for p in headline(sweeps, cur, verdict_words(frontier_of(results))) for x in (p, "")),
-             *section_languages(sweeps, cur), *section_checks(sweeps, cur),
+             *section_languages(sweeps, cur), *section_checks(sweeps, cur), *section_leaderboard(results, cur),
              *section_frontier(results, "tests"), "", *section_frontier(results, "hidden"), "",
              *section_sweeps(sweeps, cur), "", *section_runs_speed(sweeps, cur, files), "", *section_speed(files)]
     out = [x if not x or x.startswith(("|", "#", "  ")) else wrap(x, "  " if x.startswith("- ") else "") for x in lines]

@@ -5,6 +5,7 @@ Pure functions, no dependencies: the JSON line, MLflow metrics and `flows.compar
   normal approximation because it stays inside [0, 1] and behaves at 0/n and n/n.
 - `bootstrap_mean`: percentile bootstrap over tasks (for per-task scores that are not 0/1, e.g. pass@1
   averaged over several samples). Seeded, so a report is reproducible.
+- `pass_at_k_table`: the unbiased pass@k from n answers a task, each k with a bootstrap interval over tasks.
 - `paired`: two runs on the tasks they share: the difference with its interval, the discordant counts and an
   exact two-sided McNemar (sign) test on them; `verdict` says it in words.
 """
@@ -38,6 +39,34 @@ def bootstrap_mean(values: list[float], reps: int = 10_000, seed: int = 0, level
     lo = means[int((1 - level) / 2 * reps)]
     hi = means[min(reps - 1, int((1 + level) / 2 * reps))]
     return (lo, hi)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimator (Chen et al. 2021) for n samples of which c passed."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def pass_at_k_table(passes: list[int], n: int, ks=(1, 2, 5, 10, 100), reps: int = 10_000,
+                    seed: int = 0) -> dict[int, dict]:
+    """pass@k over tasks (each task's c of n answers passed) for every k <= n, each with a 95% percentile bootstrap
+    interval over tasks: the same resampled task lists for every k (seeded, so a report repeats), drawn by numpy
+    (10,000 resamples of 164 tasks: milliseconds, where a Python loop took seconds a k)."""
+    import numpy as np
+
+    ks = [k for k in ks if k <= n]
+    if not passes or not ks:
+        return {}
+    per_task = np.array([[pass_at_k(n, c, k) for k in ks] for c in passes])  # tasks x ks
+    draws = np.random.default_rng(seed).integers(0, len(passes), size=(reps, len(passes)))
+    means = np.sort(per_task[draws].mean(axis=1), axis=0)  # reps x ks
+    lo, hi = int(0.025 * reps), min(reps - 1, int(0.975 * reps))
+    return {k: {"value": round(float(per_task[:, j].mean()), 6),
+                "ci95": [round(float(means[lo, j]), 4), round(float(means[hi, j]), 4)]} for j, k in enumerate(ks)}
+
+
+PASS_AT_K_CI = "percentile bootstrap over tasks (10,000 resamples, seed 0)"
 
 
 def interval(per_task: list[float]) -> tuple[tuple[float, float], str]:

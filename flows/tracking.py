@@ -283,6 +283,9 @@ class RunTracker:
             metrics += [Metric("pass_at_1_by_iter_ci_low", lo, now, r), Metric("pass_at_1_by_iter_ci_high", hi, now, r)]
         for k, v in summary.get("pass@k", {}).items():
             metrics.append(Metric(f"pass_at_{k}", v, now, 0))
+            if k in summary.get("pass@k_ci95", {}):  # its bootstrap interval over tasks (flows/stats.py)
+                lo, hi = summary["pass@k_ci95"][k]
+                metrics += [Metric(f"pass_at_{k}_ci_low", lo, now, 0), Metric(f"pass_at_{k}_ci_high", hi, now, 0)]
         for bug_type, v in summary.get("pass@1_by_bug_type", {}).items():
             metrics.append(Metric("pass_at_1_" + re.sub(r"\W+", "_", bug_type), v, now, 0))
         self.client.log_batch(self.run_id, metrics=metrics)

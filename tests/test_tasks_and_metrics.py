@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from agents.tasks import DatasetConf, DatasetError, load_tasks
 from agents.types import Attempt, Trajectory
 from conftest import DATA, needs_data
-from flows.core import pass_at_k
+from flows.stats import pass_at_k, pass_at_k_table
 
 
 @needs_data
@@ -46,6 +47,22 @@ def test_unbiased_pass_at_k_matches_closed_forms():
     assert pass_at_k(10, 3, 1) == pytest.approx(0.3)
     # 1 - C(n-c, k) / C(n, k) with n=5, c=2, k=2: 1 - 3/10
     assert pass_at_k(5, 2, 2) == pytest.approx(0.7)
+
+
+def test_pass_at_k_is_the_share_of_k_answer_draws_with_a_pass_and_its_interval_repeats():
+    """Direct count: every k-subset of a task's n answers, the share holding a pass, averaged over tasks."""
+    from itertools import combinations
+
+    n = 5
+    answers = [[True, False, False, True, False], [False] * 5, [True] * 5, [False, False, False, False, True]]
+    table = pass_at_k_table([sum(a) for a in answers], n)
+    assert sorted(table) == [1, 2, 5]  # only k <= n
+    for k, row in table.items():
+        direct = sum(sum(any(d) for d in combinations(a, k)) / math.comb(n, k) for a in answers) / len(answers)
+        assert row["value"] == pytest.approx(direct)
+        lo, hi = row["ci95"]
+        assert lo <= row["value"] <= hi and (lo, hi) != (row["value"], row["value"])
+    assert pass_at_k_table([sum(a) for a in answers], n) == table  # seeded: the same figures every time
 
 
 def test_trajectory_round_trips_through_json():

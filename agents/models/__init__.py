@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..extras import require
 from .base import Generation, GenRequest, Model, ModelUnavailable
-from .config import (MODEL_CONFS, LlamaCppModelConf, ModelConf, OpenAIModelConf, OracleModelConf,
+from .config import (MODEL_CONFS, AnswersModelConf, LlamaCppModelConf, ModelConf, OpenAIModelConf, OracleModelConf,
                      TransformersModelConf)
 
 BACKENDS = tuple(MODEL_CONFS)
@@ -28,6 +28,10 @@ def build_model(conf: ModelConf, dataset=None) -> Model:
         from ..serving import build
 
         return build(conf)
+    if isinstance(conf, AnswersModelConf):
+        from .doubles import RecordedAnswers
+
+        return RecordedAnswers(conf)
     if isinstance(conf, OpenAIModelConf):
         from .openai_backend import OpenAIModel
 

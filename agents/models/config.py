@@ -14,7 +14,7 @@ SPEED = "speed and memory, not answers"
 @dataclass
 class ModelConf:
     name: str  # names the run (<model>-<strategy>-iters<k>) and its MLflow tag
-    backend: str  # transformers | llamacpp | openai | oracle: set by each record below
+    backend: str  # transformers | llamacpp | openai | oracle | answers: set by each record below
 
 
 @dataclass
@@ -126,5 +126,16 @@ class OracleModelConf(ModelConf):
     delay_s: float = field(default=0.0, metadata={"neutral": "when the answer comes, not what it is"})
 
 
+@dataclass
+class AnswersModelConf(ModelConf):
+    """Answers already made, judged again (`python -m flows.rescore`): no model is asked. `source` is a run id of the
+    store or an answers file; flows/rescore.py reads it (the formats: its docstring)."""
+
+    backend: str = "answers"
+    source: str = ""
+    format: str = "auto"  # auto (by the source) | run | bigcode | evalplus | fixlab
+
+
 MODEL_CONFS: dict[str, type[ModelConf]] = {"transformers": TransformersModelConf, "llamacpp": LlamaCppModelConf,
-                                           "openai": OpenAIModelConf, "oracle": OracleModelConf}
+                                           "openai": OpenAIModelConf, "oracle": OracleModelConf,
+                                           "answers": AnswersModelConf}

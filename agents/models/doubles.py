@@ -5,6 +5,8 @@ OracleModel answers each task with its reference fix (solution="canonical") or t
 dataset itself (the job's dataset config) and knows the task by the buggy code the prompt shows, as a model
 would; `delay_s` makes each answer take that long (tests stop a job mid-way with it).
 ScriptedModel replays chosen outputs in order, to drive each branch of an agent in tests.
+RecordedAnswers stands where a model would in a rescore (flows/rescore.py), whose runner judges answers already made:
+asking it is an error, so no answer can come from it by mistake.
 """
 from __future__ import annotations
 
@@ -73,6 +75,21 @@ class ScriptedModel:
         text = self.outputs[i]
         return Generation(text=text, prompt_tokens=sum(len(m["content"].split()) for m in request.messages),
                           completion_tokens=len(text.split()), seconds=time.perf_counter() - t0)
+
+    def close(self) -> None:
+        pass
+
+
+class RecordedAnswers:
+    """model=answers: flows/rescore.py judges `conf.source`'s answers itself; an agent that asks this model errs."""
+
+    def __init__(self, conf):
+        self.name = conf.name
+        self.source = conf.source
+
+    def generate(self, request: GenRequest) -> Generation:
+        raise ModelUnavailable(f"model=answers holds recorded answers ({self.source}): score them with "
+                               f"`python -m flows.rescore`, not flows.evaluate")
 
     def close(self) -> None:
         pass

@@ -67,6 +67,10 @@ def run_record(run_id: str, status: str, params: dict, rows: list[dict], cost: d
         # each budget 0..iters
         "first_pass_round": {f"{r['task_id']}#{r.get('sample', 0)}": row_verdicts(r) for r in rows},
     }
+    if cost.get("pass@k"):  # n answers a task: pass@k for each k <= n, with its bootstrap interval over tasks
+        out["pass_at_k"] = {str(k): {"value": v, "ci95": cost.get("pass@k_ci95", {}).get(k)}
+                            for k, v in cost["pass@k"].items()}
+        out["pass_at_k_ci_method"] = cost.get("pass@k_ci_method")
     if usage:  # where the job's time went (flows/usage.py): the machine's CPU, the engine busy and idle
         out["usage"] = usage
     if trajectories is not None:

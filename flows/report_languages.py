@@ -1,0 +1,77 @@
+"""docs/RESULTS.md's sections across languages and models (flows/report.py puts them in the document): the language
+table (make eval's config, and another, in each language with the paired verdict between them), the verdict's check
+by the test doubles per language and backend, and the leaderboard (flows/leaderboard.py's rows)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandboxes.languages import NAMES
+
+from .markdown import ALPHA, ci, link, pts, pval, rate, table, wrap
+from .results import Sweep, pair_runs
+
+
+def section_languages(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
+    """One row per language: each configuration's pass@1 with its interval, and the second configuration against the
+    first on the same tasks (report.yaml `languages`: the configurations' names, each a sweep per language)."""
+    spec = cur.get("languages")
+    if not spec:
+        return []
+    names = list(spec["configs"])
+    langs = [lang for lang in NAMES if all(lang in spec["configs"][n] for n in names)]
+    body = []
+    for lang in langs:
+        runs = [sweeps[spec["configs"][n][lang]].last for n in names]
+        cells = [f"{rate(r.passed, r.total)} ({ci(r.passed, r.total)}), {r.passed} / {r.total}" for r in runs]
+        verdict = "-"
+        if len(runs) > 1:
+            pr = pair_runs(runs[1], runs[0])
+            if pr is not None:
+                p = pr.result
+                verdict = (f"{pts(p.diff)} ({pts(p.low)} to {pts(p.high)}), {p.only_a} / {p.only_b} fixed by one only, "
+                           f"p {pval(p.p_value)}: "
+                           f"{'no verdict' if p.p_value >= ALPHA else 'better' if p.diff > 0 else 'worse'}")
+        files = " / ".join(link(sweeps[spec["configs"][n][lang]].file) for n in names)
+        first = spec["configs"][names[0]][lang]
+        wall = runs[0].cost.get("wall_s")  # a resumed job's covers only its last part
+        cost = (f"{runs[0].cost.get('completion_tokens', '-')}, "
+                f"{'resumed' if first in spec.get('resumed', ()) or wall is None else f'{wall:.0f} s'}")
+        body.append([lang, *cells, verdict, cost, sweeps[first].machine, files])
+    labels = [spec.get("labels", {}).get(n, n) for n in names]
+    return ["## Languages: HumanEvalFix in HumanEvalPack's six languages", "",
+            wrap(spec.get("text", "")), "",
+            *table(["language", *(f"{x}: pass@1 (95% CI), passed" for x in labels),
+                    f"{labels[-1]} vs {labels[0]}, points (95% CI)" if len(labels) > 1 else "paired",
+                    f"{labels[0]}: completion tokens, job time", "machine", "results files"], body), ""]
+
+
+def section_checks(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
+    """The verdict's own check per language and backend: how many tasks the test doubles' answers pass (report.yaml
+    `checks`: columns by label, each a sweep per language). Every canonical solution must pass, every buggy one fail."""
+    spec = cur.get("checks")
+    if not spec:
+        return []
+    names = list(spec["columns"])
+    langs = [lang for lang in NAMES if any(lang in spec["columns"][n] for n in names)]
+    body = []
+    for lang in langs:
+        keys = [spec["columns"][n].get(lang) for n in names]
+        cells = ["-" if k is None else f"{sweeps[k].last.passed} / {sweeps[k].last.total}" for k in keys]
+        files = " / ".join(link(sweeps[k].file) for k in keys if k)
+        body.append([lang, *cells, next(sweeps[k].machine for k in keys if k), files])
+    return ["## Languages: the verdict checked by the test doubles", "", wrap(spec.get("text", "")), "",
+            *table(["language", *(f"{n}: passed / tasks" for n in names), "machine", "results files"], body), ""]
+
+
+def section_leaderboard(results: Path, cur: dict) -> list[str]:
+    """The models side by side on one configuration, from every results file (report.yaml `leaderboard`: its text,
+    and the configuration's label where it is not make eval's)."""
+    from .analysis.records import records_from_files
+    from .leaderboard import leaderboard, markdown
+
+    spec = cur.get("leaderboard")
+    if not spec:
+        return []
+    rows, _ = leaderboard(records_from_files(sorted(results.glob("fullsize-*.json"))), spec.get("config"))
+    return ["## Leaderboard: the models side by side (`python -m flows.leaderboard`)", "", wrap(spec.get("text", "")),
+            "", *markdown(rows, link=link).rstrip("\n").split("\n"), ""]
