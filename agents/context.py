@@ -15,7 +15,7 @@ from sandboxes.audit import audit_program, suspicion
 from sandboxes.base import Sandbox
 from sandboxes.languages import of_task
 
-from . import feedback, multilang, selfcheck
+from . import feedback, multilang, reasoning, selfcheck
 from .config import CANDIDATE_TEMPERATURE, PROTOCOLS, AgentConfig, round_seed, round_temperature
 from .extract import code_blocks, extract_candidate, normalise
 from .feedback import raw_feedback, shape_feedback
@@ -133,15 +133,23 @@ class Context:
         except Exception as e:  # one failed request fails this round, not the run
             return ModelCall(messages=req.messages, output="", seconds=round(time.perf_counter() - t0, 3),
                              temperature=temperature, seed=seed, error=f"{type(e).__name__}: {e}")
-        text = gen.text
+        thought, text, still_open = reasoning.split(gen.text)
+        if gen.reasoning:  # the server parsed it out itself
+            thought = gen.reasoning + ("\n" + thought if thought else "")
         if CODE_STOP[0] in stop and gen.finish_reason == "stop" and text.count("```") % 2 == 1:
             text += "\n```"  # put back the closing fence the stop string cut, so the answer reads whole
+        spent = gen.reasoning_tokens
+        if spent is None and thought and hasattr(self.model, "count_tokens"):  # counted by the model's tokenizer
+            spent = min(self.model.count_tokens(thought), gen.completion_tokens)
         return ModelCall(messages=req.messages, output=text, prompt_tokens=gen.prompt_tokens,
                          completion_tokens=gen.completion_tokens,
                          seconds=round(gen.seconds or time.perf_counter() - t0, 3), temperature=temperature,
                          seed=seed, tool_calls=list(getattr(gen, "tool_calls", None) or []),
-                         prefill_tokens=gen.prefill_tokens, finish_reason=gen.finish_reason,
-                         draft_tokens=gen.draft_tokens, draft_accepted=gen.draft_accepted)
+                         prefill_tokens=gen.prefill_tokens,
+                         # the budget ran out while it was still thinking: no answer came, whatever stopped it
+                         finish_reason="length" if still_open else gen.finish_reason,
+                         draft_tokens=gen.draft_tokens, draft_accepted=gen.draft_accepted,
+                         reasoning=thought or None, reasoning_tokens=spent if thought else None)
 
     def calls(self, messages: list[dict], rnd: int, k: int, stop: tuple = (),
               temperature: float | None = None) -> list[ModelCall]:

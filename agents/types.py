@@ -78,6 +78,10 @@ class ModelCall:
     finish_reason: str = "stop"  # "length": the answer hit max_new_tokens
     draft_tokens: int = 0
     draft_accepted: int = 0
+    # a reasoning model's thinking (agents/reasoning.py), never read as the answer, and its tokens (part of
+    # completion_tokens; None: the backend could not count them)
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None
 
 
 # What became of a round's answer (see Attempt) and why an episode ended (see Trajectory).
@@ -273,6 +277,11 @@ class Trajectory:
     @property
     def model_calls(self) -> int:
         return sum(len(a.calls) for a in self.attempts)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Tokens spent thinking (a reasoning model's think blocks), counted apart; part of completion_tokens."""
+        return sum(c.reasoning_tokens or 0 for a in self.attempts for c in a.calls)
 
     @property
     def length_stops(self) -> int:

@@ -134,6 +134,7 @@ def summarize(trajs: list[Trajectory], tasks: list[Task], samples: int, iters: i
         "prompt_tokens": sum(t.prompt_tokens for t in trajs),
         "prefill_tokens": sum(t.prefill_tokens for t in trajs),
         "completion_tokens": sum(t.completion_tokens for t in trajs),
+        "reasoning_tokens": sum(t.reasoning_tokens for t in trajs),  # part of completion_tokens: think blocks
         "model_calls": sum(t.model_calls for t in trajs),
         "sandbox_runs": sum(a.sandbox_runs for t in trajs for a in t.attempts),
         "length_stops": sum(t.length_stops for t in trajs),

@@ -256,6 +256,7 @@ def _result_rows(trajs: list[Trajectory]):
                           "feedback": a.feedback, "seconds": a.seconds,
                           "prompt_tokens": sum(c.prompt_tokens for c in a.calls),
                           "completion_tokens": sum(c.completion_tokens for c in a.calls),
+                          "reasoning_tokens": sum(c.reasoning_tokens or 0 for c in a.calls),
                           "model_calls": len(a.calls), "sandbox_runs": a.sandbox_runs} for a in t.attempts],
         }
 

@@ -148,8 +148,12 @@ def _log_round(client, tid: str, parent_id: str, a: dict, start_ns: int, end_ns:
                                            "seed": c.get("seed"), "seconds": c.get("seconds")},
                                start_time_ns=t)
         client.end_span(tid, cs.span_id, end_time_ns=c_end, status="ERROR" if c.get("error") else "OK",
-                        outputs={"choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": c.get("output", "")}}],
+                        outputs={"choices": [{"index": 0, "finish_reason": c.get("finish_reason", "stop"),
+                                              "message": {"role": "assistant", "content": c.get("output", ""),
+                                                          **({"reasoning_content": c["reasoning"]}
+                                                             if c.get("reasoning") else {})}}],
+                                 **({"reasoning_tokens": c["reasoning_tokens"]}
+                                    if c.get("reasoning_tokens") is not None else {}),
                                  **({"tool_calls": c["tool_calls"]} if c.get("tool_calls") else {}),
                                  **({"error": c["error"]} if c.get("error") else {})})
         t = c_end

@@ -272,7 +272,7 @@ class RunTracker:
         metrics = [Metric("pass_at_1", summary["pass@1"], now, 0)]
         for r, v in enumerate(summary["pass@1_by_iter"]):
             metrics.append(Metric("pass_at_1_by_iter", v, now, r))
-        for key in ("passed", "total", "errors", "prompt_tokens", "prefill_tokens", "completion_tokens", "model_calls",
+        for key in ("passed", "total", "errors", "prompt_tokens", "prefill_tokens", "completion_tokens", "reasoning_tokens", "model_calls",
                     "sandbox_runs", "length_stops", "draft_tokens", "draft_accepted", "suspicious", "wall_s"):
             if key in summary:
                 metrics.append(Metric(key, float(summary[key]), now, 0))

@@ -180,6 +180,18 @@ def test_timeout_is_retried(scripted):
     assert g.completion_tokens == 7 and len(sc.seen) == 2 and m.stats["retries"] == 1
 
 
+def test_a_servers_reasoning_content_and_its_token_count_come_apart_from_the_answer(scripted):
+    """vLLM's and SGLang's reasoning parsers put the thinking in `reasoning_content` and count its tokens in
+    usage.completion_tokens_details: both are kept, and the answer is the content alone."""
+    reply = {"choices": [{"finish_reason": "stop", "message": {"role": "assistant", "content": "```python\nx\n```",
+                                                               "reasoning_content": "first, the loop"}}],
+             "usage": {"prompt_tokens": 9, "completion_tokens": 20, "completion_tokens_details": {"reasoning_tokens": 12}}}
+    url, _ = scripted([(200, {}, reply, 0)])
+    g = OpenAIModel(OpenAIModelConf(name="x", base_url=url, model="m")).generate(GenRequest(messages=bug()))
+    assert (g.text, g.reasoning, g.reasoning_tokens, g.completion_tokens) == ("```python\nx\n```", "first, the loop",
+                                                                              12, 20)
+
+
 def test_config_needs_model_name():
     with pytest.raises(ModelUnavailable, match="has no `model`"):
         OpenAIModel(OpenAIModelConf(name="x", base_url="http://127.0.0.1:9/v1"))

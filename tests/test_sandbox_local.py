@@ -250,3 +250,15 @@ def test_the_jail_preloads_every_module_of_the_import_helper():
 
     jail = modules(ast.parse((Path(local_mod.__file__).parent / "_jail.py").read_text()))
     assert modules(ast.parse(IMPORT_HELPER)) <= jail
+
+
+def test_a_run_step_still_going_after_ten_seconds_yields_the_cpu_but_keeps_its_time_limit(sbx):
+    """A compiled language's limits are the reference's (rust 300 s): a loop past them held a core the model needed.
+    After 10 s a run step's processes and threads get niceness 19 (sandboxes/_jail.py), and it still runs to its end."""
+    from sandboxes.languages.base import Program, Step
+
+    step = Step("run", ("/bin/sh", "-c", "nice; sleep 11; nice"), 20.0, processes=4)  # nice prints its niceness
+    res = sbx.run(Program("cpp", (("x", ""),), (step,), "x"), 20)
+    nice = [int(x) for x in res.stdout.split()]
+    assert len(nice) == 2 and nice[1] == 19 and nice[0] < 19, res.stdout + res.stderr
+    assert res.status != "timeout" and res.duration_s > 11

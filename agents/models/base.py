@@ -34,6 +34,8 @@ class Generation:
     prefill_tokens: int | None = None  # prompt tokens actually computed (the rest came from a prefix cache)
     draft_tokens: int = 0  # speculative decoding: tokens drafted ...
     draft_accepted: int = 0  # ... and how many of them the model accepted
+    reasoning: str | None = None  # a server's reasoning field (reasoning_content), apart from the text
+    reasoning_tokens: int | None = None  # the server's count of them (usage.completion_tokens_details), if it gives one
 
 
 class Model(Protocol):

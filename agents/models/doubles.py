@@ -57,9 +57,10 @@ class OracleModel:
 
 
 class ScriptedModel:
-    """Replays `outputs` one per call (shared across threads; use one task per scripted run)."""
+    """Replays `outputs` one per call (shared across threads; use one task per scripted run); its tokens are words.
+    An output given as (text, "length") comes back as an answer cut at the token budget."""
 
-    def __init__(self, outputs: list[str], name: str = "scripted"):
+    def __init__(self, outputs: list, name: str = "scripted"):
         self.name = name
         self.outputs = list(outputs)
         self.requests: list[GenRequest] = []
@@ -72,9 +73,12 @@ class ScriptedModel:
         if i >= len(self.outputs):
             raise ModelUnavailable(f"scripted model ran out of outputs after {len(self.outputs)} calls")
         t0 = time.perf_counter()
-        text = self.outputs[i]
+        text, finish = self.outputs[i] if isinstance(self.outputs[i], tuple) else (self.outputs[i], "stop")
         return Generation(text=text, prompt_tokens=sum(len(m["content"].split()) for m in request.messages),
-                          completion_tokens=len(text.split()), seconds=time.perf_counter() - t0)
+                          completion_tokens=len(text.split()), seconds=time.perf_counter() - t0, finish_reason=finish)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
 
     def close(self) -> None:
         pass

@@ -141,7 +141,11 @@ class OpenAIModel:
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         prefill = (int(timings["prompt_n"]) if "prompt_n" in timings
                    else prompt_tokens - int(cached) if cached is not None else None)
-        return Generation(text=text, prompt_tokens=prompt_tokens,
+        # a reasoning parser's output (vLLM, SGLang: reasoning_content; some servers: reasoning) and its count
+        thought = msg.get("reasoning_content") or msg.get("reasoning") or None
+        spent = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+        return Generation(text=text, prompt_tokens=prompt_tokens, reasoning=thought if isinstance(thought, str) else None,
+                          reasoning_tokens=int(spent) if spent is not None else None,
                           completion_tokens=int(usage.get("completion_tokens") or 0), seconds=seconds,
                           finish_reason="length" if finish == "length" else "stop", tool_calls=calls,
                           prefill_tokens=prefill, draft_tokens=int(timings.get("draft_n") or 0),

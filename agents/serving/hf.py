@@ -230,6 +230,10 @@ class TransformersModel:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     # ---- generation ------------------------------------------------------------------------------------------
+    def count_tokens(self, text: str) -> int:
+        """Tokens `text` encodes to (a think block's, counted apart from the answer: agents/reasoning.py)."""
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def generate(self, request: GenRequest) -> Generation:
         ids = self.prompt_ids(request)
         if self.engine is not None:
