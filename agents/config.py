@@ -157,11 +157,17 @@ class AgentConfig:
     audit_passes: bool = SandboxConf.audit  # re-run a pass with its return values checked (sandboxes/audit.py)
     strict: bool = SandboxConf.strict  # a pass the audit flags counts as a failure
     sample: int = 0  # index of an independent trajectory for the same task (pass@k)
+    # budget.usd_per_task and the model's list prices (US dollars per million tokens): the loop stops a task whose
+    # calls have cost that much (stop reason cost_limit); None: no limit
+    usd_per_task: float | None = None
+    prices: tuple[float, float] | None = None  # (prompt, completion) per million tokens
 
 
 def agent_key(cfg: AgentConfig) -> str:
     """Digest of everything that shapes a trajectory except the budget."""
-    d = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "iters"}
+    # the spend limit's fields count only where set: trajectories made before them keep their key
+    d = {k: v for k, v in dataclasses.asdict(cfg).items()
+         if k != "iters" and not (k in ("usd_per_task", "prices") and v is None)}
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

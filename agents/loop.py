@@ -53,9 +53,13 @@ def run_agent(task: Task, model: Model, sandbox: Sandbox, cfg: AgentConfig,
                       sample=cfg.sample, agent_key=key, held_at_end=getattr(cfg.strategy, "held_at_end", "hold"))
     state = strategy.initial_state()
     start = time.perf_counter()
+    over_budget = False
     try:
         for rnd in range(cfg.iters + 1):
             if state.done:
+                break
+            if cfg.usd_per_task is not None and spent_usd(traj.attempts, cfg.prices) >= cfg.usd_per_task:
+                over_budget = True  # checked before a round, never inside one: a round's answer is whole
                 break
             if rnd < len(replay):
                 attempt = replay[rnd]
@@ -69,7 +73,7 @@ def run_agent(task: Task, model: Model, sandbox: Sandbox, cfg: AgentConfig,
             if attempt.passed and traj.first_pass_round is None:
                 traj.first_pass_round = rnd
             strategy.absorb(state, attempt)
-        traj.stop_reason = stop_reason(traj.attempts, cfg.iters, state.done)
+        traj.stop_reason = "cost_limit" if over_budget else stop_reason(traj.attempts, cfg.iters, state.done)
         hand_in_held(traj)
     except Exception as e:  # a crash in the harness ends this task, never the run
         traj.error = f"{type(e).__name__}: {e}"
@@ -103,6 +107,13 @@ def hand_in_held(traj: Trajectory) -> None:
     if held is not None:
         traj.handed_in, traj.stop_reason = [held[0], held[1]], "unsure"
         traj.first_pass_round = held[0] if held[2] else None
+
+
+def spent_usd(attempts: list[Attempt], prices: tuple[float, float] | None) -> float:
+    """What the calls so far cost at (prompt, completion) US dollars per million tokens (budget.usd_per_task)."""
+    if prices is None:
+        return 0.0
+    return sum(c.prompt_tokens * prices[0] + c.completion_tokens * prices[1] for a in attempts for c in a.calls) / 1e6
 
 
 def stop_reason(attempts: list[Attempt], iters: int, fallback: str | None) -> str:

@@ -86,7 +86,7 @@ class ModelCall:
 
 # What became of a round's answer (see Attempt) and why an episode ended (see Trajectory).
 Decision = Literal["tested", "syntax_error", "no_code", "repeat", "model_error", "submitted", "out_of_turns"]
-StopReason = Literal["solved", "unsure", "submitted", "out_of_turns", "budget"]
+StopReason = Literal["solved", "unsure", "submitted", "out_of_turns", "budget", "cost_limit"]
 DECISIONS: tuple[str, ...] = get_args(Decision)
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 

@@ -83,6 +83,13 @@ def _in_range(label: str, v, lo: float, hi: float | None = None) -> None:
         raise ConfigError(f"{label} must be {'an integer' if isinstance(v, int) else 'a number'} {rng}, got {v!r}")
 
 
+def model_prices(model) -> tuple[float, float] | None:
+    """(prompt, completion) US dollars per million tokens where the model's record carries both, else None (a local
+    model has no price: it is shown as such, never as zero)."""
+    p, c = getattr(model, "price_prompt_per_mtok", None), getattr(model, "price_completion_per_mtok", None)
+    return (float(p), float(c)) if p is not None and c is not None else None
+
+
 def settings_from(cfg: dict) -> JobSettings:
     """`cfg` is the resolved Hydra config as a plain dict (or a dict built the same way)."""
     job = job_conf(cfg)
@@ -105,9 +112,19 @@ def settings_from(cfg: dict) -> JobSettings:
                              ("samples", job.samples, 1, None), ("runner.workers", job.runner.workers, 1, None),
                              ("sandbox.timeout_s", job.sandbox.timeout_s, 0.001, None)):
         _in_range(label, v, lo, hi)
+    prices = model_prices(job.model)
+    limit = job.budget.usd_per_task
+    if limit is not None:
+        _in_range("budget.usd_per_task", limit, 0.0)
+        if prices is None:
+            fix = ("set model.price_prompt_per_mtok and model.price_completion_per_mtok"
+                   if hasattr(job.model, "price_prompt_per_mtok") else f"a {job.model.backend} model has no price")
+            raise ConfigError(f"budget.usd_per_task={limit} needs the model's prices, and model={job.model.name} has "
+                              f"none ({fix}); or drop the limit")
     agent = AgentConfig(strategy=job.strategy, iters=iters, protocol=job.protocol, temperature=job.temperature,
                         max_new_tokens=job.max_new_tokens, seed=job.seed, timeout_s=job.sandbox.timeout_s,
-                        audit_passes=job.sandbox.audit, strict=job.sandbox.strict)
+                        audit_passes=job.sandbox.audit, strict=job.sandbox.strict, usd_per_task=limit,
+                        prices=prices if limit is not None else None)
     try:
         check_config(agent)  # schedules, feedback styles, tool formats: one line here, not one error per task
     except ValueError as e:

@@ -23,7 +23,7 @@ from agents.tasks import load_tasks
 from agents.types import Trajectory
 
 from . import core
-from .config import ConfigError, JobSettings
+from .config import ConfigError, JobSettings, model_prices
 from .core import Job
 from .mark_killed import OpenRun
 from .tracking import RunTracker
@@ -90,6 +90,9 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
         trajs = store.load_all()  # read once: the summary, the rows, the MLflow files and the results file share them
         rows, dicts = list(_result_rows(trajs)), [t.to_dict() for t in trajs]
         summary = _summary(tracker, trajs, rows, dicts, tasks, settings, run_id, t0)
+        prices = model_prices(settings.model)  # a local model has none: its runs say so, never $0
+        summary["cost_usd"] = None if prices is None else round(
+            (summary["prompt_tokens"] * prices[0] + summary["completion_tokens"] * prices[1]) / 1e6, 6)
         if settings.stream_applies:  # cut from single_shot's answer stream (flows/stream.py)
             summary["stream"] = {"candidates": settings.stream[0], "answers": settings.stream[1]}
         if resume:

@@ -149,6 +149,15 @@ class TrackingConf:
 
 
 @dataclass
+class BudgetConf:
+    """What one task may spend before its loop stops (recorded as the task's stop reason)."""
+
+    # US dollars a task at the model's list prices (model.price_*_per_mtok); null: no limit. A model without prices
+    # cannot be held to one: one line says so.
+    usd_per_task: float | None = None
+
+
+@dataclass
 class JobConf:
     """One evaluation job (conf/config.yaml). The agent's run-level defaults are AgentConfig's (agents/config.py)."""
 
@@ -167,6 +176,7 @@ class JobConf:
     max_new_tokens: int = AgentConfig.max_new_tokens
     protocol: str = AgentConfig.protocol  # tests | docs | hidden: what the agent sees (agents/README.md)
     samples: int = 1  # independent trajectories per task (pass@k for k <= samples); n > 1 needs temperature > 0
+    budget: BudgetConf = field(default_factory=BudgetConf)  # budget.usd_per_task: a spend limit per task
     # auto: go offline at once when the Hugging Face hub cannot be resolved; true | false
     offline: Any = field(default="auto", metadata={"neutral": "where files come from, not which"})
     # reuse trajectories across budgets (flows/cache.py): iters=0,1,2,3 -m costs about iters=3
@@ -207,7 +217,7 @@ GROUPS: dict[str, tuple[str, dict[str, type]]] = {
 }
 RECORDS: dict[str, type] = {c.__name__: c for c in (
     *MODEL_CONFS.values(), *STRATEGY_CONFS.values(), *SANDBOX_CONFS.values(), *RUNNER_CONFS.values(), DatasetConf,
-    TrackingConf, JobConf, NightlyConf, NightlyJobConf)}
+    TrackingConf, BudgetConf, JobConf, NightlyConf, NightlyJobConf)}
 
 
 def register() -> None:
@@ -311,9 +321,12 @@ def knob_default(key: str, params: dict[str, str]) -> str | None:
     write it; None when it has none. A run made before a knob existed lacks its param: resuming it with the knob at
     its default is the same config (new knobs default to the behaviour before them)."""
     group, _, name = key.partition(".")
+    nested = {f.name: f.default_factory for f in dataclasses.fields(JobConf) if f.default_factory is not dataclasses.MISSING}
     if group in GROUPS:
         sel, records = GROUPS[group]
         record = records.get(params.get(f"{group}.{sel}"))
+    elif group in nested and name:  # a record inside the job's (budget.usd_per_task)
+        record = type(nested[group]())
     else:
         record, name = JobConf, key
     for f in dataclasses.fields(record) if record else ():

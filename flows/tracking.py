@@ -273,8 +273,8 @@ class RunTracker:
         for r, v in enumerate(summary["pass@1_by_iter"]):
             metrics.append(Metric("pass_at_1_by_iter", v, now, r))
         for key in ("passed", "total", "errors", "prompt_tokens", "prefill_tokens", "completion_tokens", "reasoning_tokens", "model_calls",
-                    "sandbox_runs", "length_stops", "draft_tokens", "draft_accepted", "suspicious", "wall_s"):
-            if key in summary:
+                    "sandbox_runs", "length_stops", "draft_tokens", "draft_accepted", "suspicious", "wall_s", "cost_usd"):
+            if summary.get(key) is not None:  # cost_usd is None for a model without prices: no metric, not $0
                 metrics.append(Metric(key, float(summary[key]), now, 0))
         if "pass@1_ci95" in summary:
             metrics += [Metric("pass_at_1_ci_low", summary["pass@1_ci95"][0], now, 0),

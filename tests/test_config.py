@@ -48,7 +48,7 @@ def test_every_option_composes_and_its_yaml_holds_only_what_differs_from_its_rec
     (["strategy=reflection", "strategy.temperature_step=0.3"], "strategy.temperature_step is not a knob any more"),
     (["model.max_prefill_tokens=2048"], "model.max_prefill_tokens is not a knob any more: the local engine decides it"),
     (["strategy.redraws=1,true", "-m"], "strategy.redraws must be an integer, got True"),  # a later value of a sweep
-    (["model=nope"], "model=nope is unknown: use one of buggy, canonical"),
+    (["model=nope"], "model=nope is unknown: use one of answers, buggy, canonical"),
     (["iters=-1"], "iters must be an integer >= 0, got -1"),
 ])
 def test_a_wrong_key_or_value_on_the_command_line_is_one_line(args, line):

@@ -113,6 +113,11 @@ class OpenAIModelConf(ModelConf):
     backoff_s: float = field(default=1.0, metadata={"neutral": "how a failed request is retried"})
     backoff_max_s: float = field(default=60.0, metadata={"neutral": "how a failed request is retried"})
     max_tokens_param: str = "max_tokens"  # some APIs want max_completion_tokens
+    # list prices in US dollars per million tokens (null: no price known), and when and where they were read: what a
+    # task costs (results files, MLflow, flows.leaderboard) and what budget.usd_per_task counts against
+    price_prompt_per_mtok: float | None = field(default=None, metadata={"neutral": "what a call costs, not its answer"})
+    price_completion_per_mtok: float | None = field(default=None, metadata={"neutral": "what a call costs, not its answer"})
+    prices_read: str | None = field(default=None, metadata={"neutral": "where the prices come from"})
     extra_body: dict[str, Any] = field(default_factory=dict)  # added to every request's JSON body
 
 

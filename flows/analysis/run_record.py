@@ -21,8 +21,8 @@ from .records import cost_by_round, task_seconds
 
 # the tuning sample: tasks 0-23 of each language (Python/0-23, CPP/0-23, ...); never report a claim from it alone
 TUNING = {f"{prefix}/{i}" for prefix in ("Python", "JavaScript", "Java", "Go", "CPP", "Rust") for i in range(24)}
-COST = ("prompt_tokens", "prefill_tokens", "completion_tokens", "model_calls", "sandbox_runs", "length_stops",
-        "suspicious", "errors", "wall_s")
+COST = ("prompt_tokens", "prefill_tokens", "completion_tokens", "reasoning_tokens", "model_calls", "sandbox_runs",
+        "length_stops", "suspicious", "errors", "wall_s", "cost_usd")
 TITLE = "A run of `python -m flows.evaluate`, as the job recorded it when it ended"
 TEXT = ("Written by the job itself (flows/job.py) from its own trajectories: pass@1 after each round with 95% Wilson "
         "intervals, the tuning sample (Python/0-23) and the other tasks apart, cost, each task's verdict at each budget "
@@ -53,9 +53,9 @@ def run_record(run_id: str, status: str, params: dict, rows: list[dict], cost: d
         "other_tasks": rate([r for r in rows if r["task_id"] not in TUNING]),
         "by_bug_type": {b: rate(rs) for b, rs in sorted(by_bug.items())},
         "cost": {k: cost[k] for k in COST if k in cost},
-        "per_task_mean": {k: round(cost[k] / len(rows), 1) for k in ("prompt_tokens", "completion_tokens",
-                                                                     "model_calls", "sandbox_runs", "wall_s")
-                          if k in cost and rows},
+        "per_task_mean": {k: round(cost[k] / len(rows), 1 if k != "cost_usd" else 6)
+                          for k in ("prompt_tokens", "completion_tokens", "model_calls", "sandbox_runs", "wall_s",
+                                    "cost_usd") if cost.get(k) is not None and rows},
         # the time a run's tasks took, cut to its budget (a budget sweep's later jobs only cut the first job's
         # trajectories, so their wall_s is not their cost): comparable between runs on one kind of machine
         "task_seconds": task_seconds(rows), "machine": machine, "machine_source": machine_source,
