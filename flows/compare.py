@@ -26,7 +26,7 @@ from agents.types import first_pass, passed_at, row_verdicts, verdicts
 from .analysis.records import load_runs  # noqa: F401 - the MLflow reader, re-exported for its callers
 from .core import task_order
 from .markdown import table as md_table
-from .stats import paired, wilson
+from .stats import pass_at_k_paired, pass_at_k_table, paired, wilson
 from .sweep import job_labels
 from .schema import TrackingConf
 from .tracking import tracking_uri
@@ -59,7 +59,15 @@ def compare(runs: list[dict]) -> dict:
             "completion_tokens": sum(row.get("completion_tokens", 0) for row in rows),
             "wall_s": r["metrics"].get("wall_s") if r["finished"] else None,
             "first_pass_round": {f"{tid(row)}#{row['sample']}": f for row, f in zip(rows, firsts)},
+            # n answers a task (samples=n): each task's passes of them, for pass@k (paired where both have n >= k)
+            "samples": len({row["sample"] for row in rows}) or 1,
+            "passes_by_task": dict(Counter(tid(row) for row, f in zip(rows, firsts) if passed_at(f))),
         })
+        n = out["runs"][-1]["samples"]
+        if n > 1:
+            tasks = sorted({tid(row) for row in rows}, key=task_order)
+            table = pass_at_k_table([out["runs"][-1]["passes_by_task"].get(t, 0) for t in tasks], n)
+            out["runs"][-1]["pass@k"] = {k: row for k, row in table.items()}
     out["paired"] = paired_verdicts(out["runs"])
     return out
 
@@ -87,8 +95,19 @@ def paired_verdicts(runs: list[dict]) -> list[dict]:
                     "verdict": final.verdict(other["label"], base["label"]),
                     "by_round": [{"round": k, "diff": round(p.diff, 4), "ci95": [round(p.low, 4), round(p.high, 4)],
                                   "only_a": p.only_a, "only_b": p.only_b, "p_value": round(p.p_value, 6)}
-                                 for k, p in enumerate(per_round)]})
+                                 for k, p in enumerate(per_round)],
+                    "pass@k": _pass_at_k_pairs(other, base)})
     return out
+
+
+def _pass_at_k_pairs(a: dict, b: dict) -> list[dict]:
+    """pass@k of A minus B for each k > 1 both runs have n >= k answers for (their shared tasks), paired over tasks."""
+    na, nb = a.get("samples", 1), b.get("samples", 1)
+    tasks = sorted({key.split("#")[0] for key in b["first_pass_round"]}, key=task_order)
+    if not tasks or "passes_by_task" not in a or "passes_by_task" not in b:
+        return []
+    pa, pb = ([r["passes_by_task"].get(t, 0) for t in tasks] for r in (a, b))
+    return [pass_at_k_paired(pa, na, pb, nb, k) for k in (2, 5, 10, 100) if k <= min(na, nb)]
 
 
 def table(result: dict) -> str:
@@ -108,6 +127,9 @@ def table(result: dict) -> str:
         for p in result["paired"]:
             rounds_txt = ", ".join(f"r{x['round']} {x['diff'] * 100:+.1f} (p={x['p_value']:.3g})" for x in p["by_round"])
             lines += [f"- {p['verdict']}", f"  per round: {rounds_txt}"]
+            for x in p.get("pass@k", []):
+                lines.append(f"  pass@{x['k']}: {x['diff'] * 100:+.1f} points (95% paired bootstrap over tasks "
+                             f"{x['ci95'][0] * 100:+.1f} to {x['ci95'][1] * 100:+.1f})")
     keys = sorted(runs[0]["first_pass_round"])
     fixed_by_some = [k for k in keys if any(passed_at(r["first_pass_round"][k]) for r in runs)]
     firsts = [[k.split("#")[0], *(first_cell(r["first_pass_round"][k]) for r in runs)]

@@ -75,3 +75,27 @@ def section_leaderboard(results: Path, cur: dict) -> list[str]:
     rows, _ = leaderboard(records_from_files(sorted(results.glob("fullsize-*.json"))), spec.get("config"))
     return ["## Leaderboard: the models side by side (`python -m flows.leaderboard`)", "", wrap(spec.get("text", "")),
             "", *markdown(rows, link=link).rstrip("\n").split("\n"), ""]
+
+
+def section_pass_at_k(files: dict) -> list[str]:
+    """Every recorded run of n answers a task: pass@k for each k <= n, each with its bootstrap interval over tasks."""
+    rows = []
+    for name, doc in sorted(files.items()):
+        for run in doc.get("runs", []) if doc.get("about", {}).get("kind") == "fullsize" else []:
+            table_k = run.get("pass_at_k")
+            if not table_k:
+                continue
+            p = run.get("params", {})
+            cells = [f"pass@{k} {v['value']:.3f} ({v['ci95'][0]:.3f}-{v['ci95'][1]:.3f})"
+                     for k, v in sorted(table_k.items(), key=lambda kv: int(kv[0]))]
+            rows.append([p.get("model.name", "?"), p.get("dataset.language", "python"),
+                         f"{p.get('strategy.name', '?')} iters={p.get('iters', '?')} temperature={p.get('temperature', '?')}",
+                         p.get("samples", "?"), "; ".join(cells), link(name)])
+    if not rows:
+        return []
+    return ["## pass@k from n answers a task", "",
+            wrap("The unbiased estimator (Chen et al. 2021) over every task, each k with a 95% percentile bootstrap "
+                 "interval over tasks (10,000 resamples, seed 0): `python -m flows.evaluate samples=N temperature=T`, "
+                 "or an answers file of N answers a task through `python -m flows.rescore`."), "",
+            *table(["model", "language", "configuration", "answers a task", "pass@k (95% bootstrap CI)",
+                    "results file"], rows), ""]

@@ -69,6 +69,20 @@ def pass_at_k_table(passes: list[int], n: int, ks=(1, 2, 5, 10, 100), reps: int 
 PASS_AT_K_CI = "percentile bootstrap over tasks (10,000 resamples, seed 0)"
 
 
+def pass_at_k_paired(a: list[int], na: int, b: list[int], nb: int, k: int, reps: int = 10_000,
+                     seed: int = 0) -> dict:
+    """pass@k of A minus B on the same tasks (each task's passes of its n answers, in the same task order), with a
+    paired percentile bootstrap interval over tasks: the tasks are resampled together, so what both find hard cancels."""
+    import numpy as np
+
+    diff = np.array([pass_at_k(na, x, k) - pass_at_k(nb, y, k) for x, y in zip(a, b)])
+    if not len(diff):
+        return {"k": k, "diff": 0.0, "ci95": [0.0, 0.0]}
+    means = np.sort(diff[np.random.default_rng(seed).integers(0, len(diff), size=(reps, len(diff)))].mean(axis=1))
+    return {"k": k, "diff": round(float(diff.mean()), 4),
+            "ci95": [round(float(means[int(0.025 * reps)]), 4), round(float(means[min(reps - 1, int(0.975 * reps))]), 4)]}
+
+
 def interval(per_task: list[float]) -> tuple[tuple[float, float], str]:
     """The interval fixlab reports for a pass@1 over tasks, and its method's name."""
     if all(v in (0, 1) for v in per_task):

@@ -88,3 +88,33 @@ def test_a_run_pairs_against_one_recorded_in_an_earlier_results_file(tmp_path):
     assert [r["only_a"] for r in verdict["by_round"]] == [1, 2]
     with pytest.raises(pairing.RecordError, match="no single run"):
         pairing.from_file(f"{old}:ffffffff")
+
+
+def test_runs_of_n_answers_a_task_pair_their_pass_at_k_over_the_shared_tasks(tmp_path):
+    """samples=n runs: each run's pass@k with its interval, and each k both runs reach paired task by task."""
+    from flows.stats import pass_at_k
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.create_experiment("k", artifact_location=(tmp_path / "artifacts").as_uri())
+    passes = {"A": [5, 2, 1, 0], "B": [3, 0, 0, 0]}  # of 5 answers, per task
+    ids = []
+    for name, counts in passes.items():
+        run = client.create_run(exp)
+        for k, v in {"strategy.name": "single_shot", "iters": "0", "samples": "5", "temperature": name}.items():
+            client.log_param(run.info.run_id, k, v)
+        rows = [dict(row(f"Python/{t}", 0 if s < c else None, ["tested"]), sample=s)
+                for t, c in enumerate(counts) for s in range(5)]
+        client.log_text(run.info.run_id, "\n".join(json.dumps(r) for r in rows) + "\n", "results.jsonl")
+        client.set_terminated(run.info.run_id, "FINISHED")
+        ids.append(run.info.run_id)
+    result = compare(load_runs(client, ids))
+    a, b = result["runs"]
+    assert a["samples"] == 5 and a["pass@k"][2]["value"] == pytest.approx(sum(pass_at_k(5, c, 2) for c in passes["A"]) / 4)
+    lo, hi = a["pass@k"][5]["ci95"]
+    assert lo <= a["pass@k"][5]["value"] <= hi
+    (pair,) = result["paired"]  # B against A, the first
+    by_k = {x["k"]: x for x in pair["pass@k"]}
+    assert sorted(by_k) == [2, 5]
+    direct = sum(pass_at_k(5, y, 5) - pass_at_k(5, x, 5) for x, y in zip(passes["A"], passes["B"])) / 4
+    assert by_k[5]["diff"] == pytest.approx(direct, abs=1e-4) and by_k[5]["ci95"][0] <= direct <= by_k[5]["ci95"][1]
+    assert "pass@5: -50.0 points" in table(result)
