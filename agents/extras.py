@@ -6,8 +6,8 @@ import importlib.util
 
 # extra -> the modules fixlab imports from it (the first one missing names the problem)
 EXTRAS = {
-    "local": ("torch", "transformers", "gguf"),  # fixlab's engine and the registry packs (agents/serving/)
-    "llamacpp": ("xllamacpp",),  # llama.cpp embedded in the job (agents/serving/llamacpp.py)
+    "local": ("torch", "transformers", "gguf"),  # fixlab's engine and the registry packs (serving/)
+    "llamacpp": ("xllamacpp",),  # llama.cpp embedded in the job (serving/llamacpp.py)
     "e2b": ("e2b_code_interpreter",),  # sandbox=e2b
     "dask": ("prefect_dask", "distributed"),  # runner=dask
     "postgres": ("psycopg2",),  # an MLflow store on PostgreSQL (flows/tracking.py)

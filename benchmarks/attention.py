@@ -1,9 +1,9 @@
-"""Decode attention alone, side by side: the compiled kernel (agents/serving/kernels.c) of this working tree against
+"""Decode attention alone, side by side: the compiled kernel (serving/kernels.c) of this working tree against
 the same file at other git revisions, on the default 1.5B pack's shapes (28 layers, 12 query heads over 2 K/V heads,
 head size 128) over a made-up float16 KV cache: B rows of about C columns, rows up to 199 columns apart (left
 padding, as in a job's batches), Q query tokens a row (1: decode; more: prompt-lookup drafts).
 
-Each revision's kernels.c is built with this tree's compiler flags (agents/serving/native.py) into a temporary
+Each revision's kernels.c is built with this tree's compiler flags (serving/native.py) into a temporary
 folder; the kernels then take turns, step after step, and each keeps its fastest of `--reps` steps, so that a
 passing load touches every row alike. Each row also gives its largest difference from exact attention (SDPA in
 float32 over the same widened values).
@@ -30,8 +30,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import kernels_at  # noqa: E402
-from agents.serving import native  # noqa: E402
-from agents.serving.machine import describe  # noqa: E402
+from serving import native  # noqa: E402
+from serving.machine import describe  # noqa: E402
 from flows.results import write  # noqa: E402
 
 LAYERS, HEADS, KV_HEADS, HEAD_SIZE = 28, 12, 2, 128  # Qwen2.5-Coder-1.5B
@@ -39,7 +39,7 @@ LAYERS, HEADS, KV_HEADS, HEAD_SIZE = 28, 12, 2, 128  # Qwen2.5-Coder-1.5B
 
 # What its results file says of itself (flows/results.py): the title, how to read it, the table the report draws.
 TITLE = "Decode attention alone, kernel against kernel (`benchmarks/attention.py`)"
-TEXT = ("The compiled decode attention (agents/serving/kernels.c) of the tree that ran the benchmark against the same "
+TEXT = ("The compiled decode attention (serving/kernels.c) of the tree that ran the benchmark against the same "
         "file at earlier commits, taking turns step after step over a made-up float16 KV cache of the 1.5B pack's "
         "shapes; the largest difference from exact float32 attention over the same values.")
 TABLE = {"rows": "rows", "columns": [["rows", "$.shape.rows"], ["context", "$.shape.context"],

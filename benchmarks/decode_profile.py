@@ -3,7 +3,7 @@ engine, B rows decoding at about C tokens of context, each step split into the d
 activation rounding; `of which torch._int_mm` is the integer products alone, the lm_head's included), the lm_head,
 decode attention, the rest of the forward (norms, rotary, residuals, MLP activation, KV cache writes, transformers'
 Python) and the engine outside the forward (sampling, stop checks, retiring rows). Where the decoder's layers run as
-one compiled call (agents/serving/decoder.py: the default 1.5B pack's decode steps, draft steps and prefix-hit
+one compiled call (serving/decoder.py: the default 1.5B pack's decode steps, draft steps and prefix-hit
 prefills), that call is its own part, "compiled decoder layers", with their matmuls and attention inside it.
 
 Each part is timed by wrapping its Python entry point (CPU ops are synchronous, so wall time is the cost), over the
@@ -16,7 +16,7 @@ max_prefill_tokens) is split the same way, per prompt token.
         prompts, the pack's drafts, every other row sampled at temperature 0.8, rows ending at their EOS
 
 --set KEY=VALUE sets a model knob (TransformersModelConf) or one of the engine's own settings (EngineTuning,
-agents/serving/tuning.py: cpu_attention, kv_dtype, int8_kernel...).
+serving/tuning.py: cpu_attention, kv_dtype, int8_kernel...).
 
 Writes benchmarks/results/decode-profile-<UTC time>.json and prints the split.
 """
@@ -38,17 +38,17 @@ import torch  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
 try:  # a tree from before the compiled decoder layers has none (a benchmark run against an older revision)
-    from agents.serving import decoder  # noqa: E402
+    from serving import decoder  # noqa: E402
 except ImportError:
     decoder = None
-from agents.serving.hf import TransformersModel  # noqa: E402
-from agents.serving.int8 import Int8Linear  # noqa: E402
-from agents.serving.paths import calibrate_matmuls, model_shapes  # noqa: E402
-from agents.serving.machine import describe  # noqa: E402
+from serving.hf import TransformersModel  # noqa: E402
+from serving.int8 import Int8Linear  # noqa: E402
+from serving.paths import calibrate_matmuls, model_shapes  # noqa: E402
+from serving.machine import describe  # noqa: E402
 from flows.results import write  # noqa: E402
 from weights import decode_ids, prompts, split_settings  # noqa: E402
 
-# the compiled decoder layers (agents/serving/decoder.py): the layers' int8 matmuls, attention and float work in one
+# the compiled decoder layers (serving/decoder.py): the layers' int8 matmuls, attention and float work in one
 # call, where it applies; those parts then count only what runs outside it
 LAYERS = "compiled decoder layers"
 PARTS = ("int8 matmuls", "lm_head", "attention", LAYERS, "rest of the forward", "engine outside the forward",
@@ -117,7 +117,7 @@ class Clock:
 def instrument(m: TransformersModel, clock: Clock) -> None:
     from transformers import AttentionInterface
 
-    from agents.serving.int8 import Int8Linear
+    from serving.int8 import Int8Linear
 
     Int8Linear.forward = clock.wrap("int8 matmuls", Int8Linear.forward)
     Int8Linear.quantized = clock.wrap("int8 matmuls", Int8Linear.quantized)  # the fused MLP's down projection
@@ -211,7 +211,7 @@ def main() -> None:
     finally:
         m.close()
     # the issue's yardstick, in the same process: the step's int8 matmuls alone (input rounding included), at these
-    # rows, as the path calibration times them (agents/serving/paths.py), right after the steps above
+    # rows, as the path calibration times them (serving/paths.py), right after the steps above
     alone = None
     if kernel is not None:
         alone = calibrate_matmuls(model_shapes(m.model.config), paths=[f"int8:{kernel}"], rows=(args.rows,))

@@ -36,14 +36,14 @@ import torch  # noqa: E402
 from agents.context import CODE_STOP, Context  # noqa: E402
 from agents.config import AgentConfig, SingleShotConf  # noqa: E402
 from agents.models.base import GenRequest  # noqa: E402
-from agents.serving import cpu_attention  # noqa: E402
-from agents.serving import drafts as engine_mod  # noqa: E402 (HOLES_SHARE: the draft steps' setting)
-from agents.serving.engine import BatchEngine  # noqa: E402
-from agents.serving.hf import TransformersModel  # noqa: E402
+from serving import cpu_attention  # noqa: E402
+from serving import drafts as engine_mod  # noqa: E402 (HOLES_SHARE: the draft steps' setting)
+from serving.engine import BatchEngine  # noqa: E402
+from serving.hf import TransformersModel  # noqa: E402
 from agents.strategies import REGISTRY  # noqa: E402
 from agents.tasks import DatasetConf, load_tasks  # noqa: E402
 from decode_profile import default_model  # noqa: E402
-from agents.serving.machine import describe  # noqa: E402
+from serving.machine import describe  # noqa: E402
 from flows.results import write  # noqa: E402
 from weights import DATA  # noqa: E402
 

@@ -33,7 +33,7 @@ TASKS = [f"Python/{i}" for i in range(25, 164, 5)] + ["Python/162", "Python/163"
 # Rows that turned the stop at the closing fence off (engine-today, engine+reuse, engine+bf16, engine+int8,
 # llamacpp-stock) went with the knob (#51: the stop is always on); their results files still read.
 # Rows that set the engine's own settings through model knobs (engine-eager-kv32, engine-drafts-below-8-rows) went when
-# those became agents/serving/tuning.py EngineTuning (#51); their results files still read.
+# those became serving/tuning.py EngineTuning (#51); their results files still read.
 ROWS = {
     # fixlab's transformers engine without the later speed work: float32 weights, no prefix reuse
     "engine+stop": ["model=qwen1.5b-coder-q4", "model.dtype=float32", "model.weights=dtype", "model.prefix_cache_mib=0"],
@@ -119,8 +119,8 @@ def table(rows: list[dict]) -> str:
 
 def machine() -> dict:
     """What the rows ran on: bf16 instructions decide the engine's dtype (auto), so they belong with the figures."""
-    from agents.serving.hf import cpu_has_native_bf16
-    from agents.serving.machine import describe
+    from serving.hf import cpu_has_native_bf16
+    from serving.machine import describe
 
     return describe(native_bf16=cpu_has_native_bf16(), platform=platform.platform())
 

@@ -28,12 +28,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 from transformers import AttentionInterface, DynamicCache  # noqa: E402
 
-from agents.serving import cpu_attention  # noqa: E402
-from agents.serving.kvcache import _GrowingLayer  # noqa: E402
-from agents.serving.hf import TransformersModel  # noqa: E402
-from agents.serving.int8 import Int8Linear  # noqa: E402
+from serving import cpu_attention  # noqa: E402
+from serving.kvcache import _GrowingLayer  # noqa: E402
+from serving.hf import TransformersModel  # noqa: E402
+from serving.int8 import Int8Linear  # noqa: E402
 from decode_profile import default_model  # noqa: E402
-from agents.serving.machine import describe  # noqa: E402
+from serving.machine import describe  # noqa: E402
 from flows.results import write  # noqa: E402
 
 PARTS = {"int8": 0.0, "attention": 0.0}

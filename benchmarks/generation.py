@@ -44,11 +44,11 @@ import transformers  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
-from agents.serving.cores import usable_cores  # noqa: E402
-from agents.serving.engine import BatchEngine  # noqa: E402
-from agents.serving.hf import resolve_device, resolve_dtype  # noqa: E402
-from agents.serving.machine import describe  # noqa: E402
-from agents.serving.skinny import use_skinny_matmul  # noqa: E402
+from serving.cores import usable_cores  # noqa: E402
+from serving.engine import BatchEngine  # noqa: E402
+from serving.hf import resolve_device, resolve_dtype  # noqa: E402
+from serving.machine import describe  # noqa: E402
+from serving.skinny import use_skinny_matmul  # noqa: E402
 
 CONFIGS = ROOT / "benchmarks" / "configs"
 
@@ -158,12 +158,12 @@ def hf_continuous(model, prompts, new_tokens, device, one_at_a_time=False):
 
 
 def kept_run(kind, model, tok, prompts, new_tokens, batch, max_context, decode_ids=True):
-    """What fixlab serves through on a GPU (agents/serving/kept.py): transformers' continuous batching or its static
+    """What fixlab serves through on a GPU (serving/kept.py): transformers' continuous batching or its static
     cache (compiled on a GPU), fed from `batch` threads at once as a job's workers feed it. Every batch width is run
     once untimed first (a static cache compiles per width)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from agents.serving.kept import ContinuousServer, StaticServer
+    from serving.kept import ContinuousServer, StaticServer
 
     kw = dict(eos_ids=set(), pad_id=0, max_context=max_context, max_batch=batch)
     srv = ContinuousServer(model, tok, **kw) if kind == "continuous" else StaticServer(model, tok, gather_ms=200, **kw)
@@ -243,8 +243,8 @@ def run_pack(name: str, args, results, out: Path) -> None:
     """A real registry pack (real weights and tokenizer): same modes as above, EOS ignored so every request
     makes exactly --new-tokens tokens."""
     from agents.models.config import TransformersModelConf
-    from agents.serving import EngineTuning
-    from agents.serving.hf import TransformersModel
+    from serving import EngineTuning
+    from serving.hf import TransformersModel
 
     t0 = time.perf_counter()
     os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "0"  # TransformersModel would set it; the baseline runs stock
@@ -272,7 +272,7 @@ def run_pack(name: str, args, results, out: Path) -> None:
 
 
 def set_tuning(model, on: bool) -> None:
-    """On: the two CPU settings TransformersModel applies (skinny_matmul, sdpa_gqa: agents/serving/tuning.py).
+    """On: the two CPU settings TransformersModel applies (skinny_matmul, sdpa_gqa: serving/tuning.py).
     Off: stock transformers."""
     if on:
         use_skinny_matmul(model)
@@ -399,7 +399,7 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the cores we may use)")
     ap.add_argument("--hf-cb", action="store_true", help="also time transformers' generate_batch")
     ap.add_argument("--kept", action="store_true", help="also time fixlab's servers on transformers' static cache "
-                    "(+ compile on a GPU) and continuous batching (agents/serving/kept.py), at every --batches width")
+                    "(+ compile on a GPU) and continuous batching (serving/kept.py), at every --batches width")
     ap.add_argument("--vllm", action="store_true", help="also time vLLM's offline engine, where it is installed")
     ap.add_argument("--hf-batched", action="store_true", help="also time transformers generate on each batch as "
                     "one left-padded batch")

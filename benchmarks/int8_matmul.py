@@ -8,7 +8,7 @@ they reach the CPU's int8 peak; in between (decode's 16-64 rows) neither, which 
     .venv/bin/python benchmarks/int8_matmul.py                 # M = 1, 8, 16, 32, 64, 128, 256, 896
     .venv/bin/python benchmarks/int8_matmul.py --rows 32 --reps 5
 
-With --against REV...: fixlab's own int8 kernel (agents/serving/kernels.c section 3) of this tree against the same file
+With --against REV...: fixlab's own int8 kernel (serving/kernels.c section 3) of this tree against the same file
 at those git revisions, over the matrices the engine multiplies a layer (q, k and v stacked as one group, o, gate and up
 stacked, down), each build packing its own copy of the weights. The builds take turns step by step (A B, then B A), so
 the machine's drift falls on both alike; each M gives each build's fastest and median step, the median of the paired
@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 
 import kernels_at  # noqa: E402
-from agents.serving import native  # noqa: E402
-from agents.serving.machine import describe  # noqa: E402
+from serving import native  # noqa: E402
+from serving.machine import describe  # noqa: E402
 from flows.results import write  # noqa: E402
 
 LAYERS = 28

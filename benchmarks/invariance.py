@@ -111,8 +111,8 @@ def engine_runs(a, kw) -> list[dict]:
 
     from agents.models.base import GenRequest
     from agents.models.config import TransformersModelConf
-    from agents.serving import EngineTuning
-    from agents.serving.hf import TransformersModel
+    from serving import EngineTuning
+    from serving.hf import TransformersModel
 
     def reqs():
         out = []
@@ -212,7 +212,7 @@ def llamacpp_runs(a) -> list[dict]:
 
     from agents.models.base import GenRequest
     from agents.models.config import LlamaCppModelConf
-    from agents.serving.llamacpp import LlamaCppModel
+    from serving.llamacpp import LlamaCppModel
 
     rs = []
     for i, p in enumerate(PROMPTS * 2):
@@ -264,9 +264,9 @@ def main() -> None:
     a = ap.parse_args()
 
     from agents.models.config import TransformersModelConf
-    from agents.serving import EngineTuning
-    from agents.serving.engine import _Row
-    from agents.serving.hf import TransformersModel
+    from serving import EngineTuning
+    from serving.engine import _Row
+    from serving.hf import TransformersModel
     from agents.models.base import GenRequest
 
     only = {"builds": (builds, "builds", "The same answers on every x86 build?",

@@ -1,4 +1,4 @@
-"""kernels.c (agents/serving/kernels.c) at a git revision, built with this tree's compiler flags, for the benchmarks
+"""kernels.c (serving/kernels.c) at a git revision, built with this tree's compiler flags, for the benchmarks
 that time one tree's compiled kernels against another's in one process (attention.py, int8_matmul.py --against)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agents.serving import native
+from serving import native
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -18,10 +18,10 @@ def build(rev: str, into: Path, needs: str, since: str, functions: tuple[str, ..
     if rev == ".":
         source = native.SOURCE.read_text()
     else:
-        got = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:agents/serving/kernels.c"],
+        got = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:serving/kernels.c"],
                              capture_output=True, text=True)
         if got.returncode:
-            sys.exit(f"error: --against {rev}: no agents/serving/kernels.c at that revision (git log shows commits)")
+            sys.exit(f"error: --against {rev}: no serving/kernels.c at that revision (git log shows commits)")
         source = got.stdout
     if needs not in source:
         sys.exit(f"error: --against {rev}: its kernels.c has no {needs} (it came with {since})")

@@ -161,7 +161,7 @@ def model_cfg(name: str):
 
 def tensor_split(model) -> dict:
     """Bytes of the model's tensors by kind: int8 weights (+ their scales), fp32 embedding, lm_head, the rest."""
-    from agents.serving.int8 import Int8Linear
+    from serving.int8 import Int8Linear
 
     split = {"int8_linears": 0, "embedding": 0, "lm_head": 0, "other_tensors": 0}
     seen = set()
@@ -180,7 +180,7 @@ def tensor_split(model) -> dict:
 
 
 def child_convert(pack_name: str, out: str) -> dict:
-    from agents.serving import packs
+    from serving import packs
 
     pack = packs.get_pack(pack_name)
     gguf = packs.ensure_gguf(pack_name)  # joined and checked (cached): conversion is what is measured
@@ -198,8 +198,8 @@ def child_load(model_name: str) -> dict:
     import torch
 
     from agents.models.base import GenRequest
-    from agents.serving.hf import TransformersModel
-    from agents.serving.packs import cache_root
+    from serving.hf import TransformersModel
+    from serving.packs import cache_root
 
     cfg = model_cfg(model_name)
     folder = str(cache_root())
@@ -248,7 +248,7 @@ def engine_memory(engine) -> dict:
 def child_job(args: list[str]) -> dict:
     import runpy
 
-    from agents.serving.packs import cache_root
+    from serving.packs import cache_root
 
     folder = str(cache_root())
     import flows.workers as workers
@@ -289,7 +289,7 @@ def child_job(args: list[str]) -> dict:
 
 def model_ready(series: list[dict]) -> float | None:
     """Seconds until the job held its model (the first sample with an engine): the model's load and, on a machine's
-    first use, the path check (agents/serving/paths.py) with it."""
+    first use, the path check (serving/paths.py) with it."""
     return next((x["t"] for x in series if "rows" in x), None)
 
 
@@ -378,7 +378,7 @@ def job_model_config(outputs: Path) -> dict | None:
 
 
 def machine() -> dict:
-    from agents.serving.machine import describe
+    from serving.machine import describe
 
     with open("/proc/meminfo") as f:
         info = describe(mem_total_gib=round(int(f.readline().split()[1]) * 1024 / GiB, 1))

@@ -1,4 +1,4 @@
-"""The path chooser's calibration (agents/serving/paths.py) on this machine, and as CPUs this machine can stand in
+"""The path chooser's calibration (serving/paths.py) on this machine, and as CPUs this machine can stand in
 for would see it, side by side in one run: the matmuls of one decode step of the real 1.5B pack's shapes (synthetic
 weights) for every path (fixlab's int8 kernel, torch._int_mm, float32, bf16) at 1-512 rows, and what `auto` picks;
 with FBGEMM's dynamic int8 linear beside them for the record (never chosen: it rounds a whole batch with one scale,
@@ -57,9 +57,9 @@ def child(threads: int) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from agents.serving import paths
-    from agents.serving.machine import describe
-    from agents.serving.packs import ensure_pack
+    from serving import paths
+    from serving.machine import describe
+    from serving.packs import ensure_pack
 
     torch.set_num_threads(threads)
     shapes = paths.model_shapes(AutoConfig.from_pretrained(str(ensure_pack(PACK))))
@@ -85,7 +85,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.threads)))
         return
-    from agents.serving.machine import cpu
+    from serving.machine import cpu
 
     flags = set(cpu()["flags"])
     modes = args.modes or ["native"] + (["avx2"] if {"avx2", "fma"} <= flags and "avx512f" in flags else []) + \

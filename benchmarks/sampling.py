@@ -1,4 +1,4 @@
-"""One sampled token's draw, torch against fixlab's compiled loop (agents/serving/sampling.py, kernels.c section 7),
+"""One sampled token's draw, torch against fixlab's compiled loop (serving/sampling.py, kernels.c section 7),
 side by side in one run: torch.multinomial(probs, 1, generator) and Draws.multinomial on the same probabilities
 (a 151,936-token vocabulary, the 1.5B pack's), at a job's temperatures. The picks are compared too (they must be equal).
 
@@ -19,8 +19,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from agents.serving import sampling  # noqa: E402
-from agents.serving.machine import describe  # noqa: E402
+from serving import sampling  # noqa: E402
+from serving.machine import describe  # noqa: E402
 from flows.results import write  # noqa: E402
 
 TITLE = "One sampled token's draw: torch.multinomial against the compiled loop (`benchmarks/sampling.py`)"

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agents.serving.machine import describe  # noqa: E402
+from serving.machine import describe  # noqa: E402
 from flows import traces  # noqa: E402
 from flows.results import write  # noqa: E402
 from flows.tracking_store import open_client  # noqa: E402

@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
-# The environment as launched: importing agents.serving (below, through startup) sets THP_MEM_ALLOC_ENABLE in this
+# The environment as launched: importing serving (below, through startup) sets THP_MEM_ALLOC_ENABLE in this
 # process, and a worker of an older tree must not inherit it. Each worker's own imports set what its tree sets.
 LAUNCHED_ENV = dict(os.environ)
 
@@ -47,12 +47,12 @@ WORKER = r'''
 import json, os, sys, time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/benchmarks")
-import agents.serving  # noqa: F401  (its import-time settings, as in a job)
+import serving  # noqa: F401  (its import-time settings, as in a job)
 import torch
 from transformers import DynamicCache
-from agents.serving.heap import map_large_blocks, prefill_blocks
-from agents.serving.hf import TransformersModel
-from agents.serving.kvcache import _GrowingLayer
+from serving.heap import map_large_blocks, prefill_blocks
+from serving.hf import TransformersModel
+from serving.kvcache import _GrowingLayer
 from decode_profile import default_model
 from weights import split_settings
 
@@ -80,7 +80,7 @@ ids = torch.randint(0, 1000, (B, 1), generator=g)
 prompt = torch.randint(0, 1000, (R, P), generator=g)
 map_large_blocks()  # decode's heap setting, as the engine runs
 # a decode step's forward as the engine runs it: its own method where the tree has one (the compiled decoder layers,
-# agents/serving/decoder.py), else transformers' forward with the last position's logits (_forward)
+# serving/decoder.py), else transformers' forward with the last position's logits (_forward)
 step = getattr(m.engine, "_decode_forward", None) or m.engine._forward
 print("ready", torch.get_num_threads(), flush=True)
 turn = 0
@@ -105,7 +105,7 @@ def side(spec: str) -> tuple[dict, dict]:
     """(environment, settings) of one side's KEY=VALUE pairs."""
     import yaml
 
-    from agents.serving.cores import usable_cores
+    from serving.cores import usable_cores
 
     # Every core for each worker: both live at once, and a model's default threads are a fair share among the live
     # fixlab processes, so the second worker would take one core of two (every turns-* file before this line was
@@ -137,7 +137,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from agents.serving.machine import describe
+    from serving.machine import describe
     from flows.results import write
 
     workers, threads = [], []

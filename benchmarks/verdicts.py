@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from agents.serving.machine import describe  # noqa: E402
+from serving.machine import describe  # noqa: E402
 from sandboxes.languages import NAMES, language  # noqa: E402
 from sandboxes.local import LocalSandbox  # noqa: E402
 

@@ -46,7 +46,7 @@ def free_port() -> int:
 
 
 def venv_dir() -> Path:
-    from agents.serving.packs import cache_root
+    from serving.packs import cache_root
 
     return cache_root() / "vllm-venv"
 
@@ -149,7 +149,7 @@ def main() -> int:
     from agents.models.base import GenRequest
     from agents.models.config import OpenAIModelConf, TransformersModelConf
     from agents.models.openai_backend import OpenAIModel
-    from agents.serving.packs import ensure_pack
+    from serving.packs import ensure_pack
 
     folder = ensure_pack(a.pack)
     py = ensure_venv(say)
@@ -224,7 +224,7 @@ def main() -> int:
     finally:
         server.stop()
     # fixlab's engine on the same pack and requests, alone on the machine now
-    from agents.serving.hf import TransformersModel
+    from serving.hf import TransformersModel
 
     engine = TransformersModel(TransformersModelConf(name="engine", pack=a.pack, weights="auto", int8_skip=[],
                                                      max_batch=8))

@@ -46,9 +46,9 @@ from agents.context import Context  # noqa: E402
 from agents.config import AgentConfig, ReflectionConf  # noqa: E402
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import LlamaCppModelConf, TransformersModelConf  # noqa: E402
-from agents.serving import EngineTuning  # noqa: E402
-from agents.serving.hf import TransformersModel  # noqa: E402
-from agents.serving.machine import describe  # noqa: E402
+from serving import EngineTuning  # noqa: E402
+from serving.hf import TransformersModel  # noqa: E402
+from serving.machine import describe  # noqa: E402
 from agents.strategies import REGISTRY  # noqa: E402
 from agents.tasks import DatasetConf, load_tasks  # noqa: E402
 
@@ -84,21 +84,21 @@ def weight_bytes(model) -> int:
 # cpu_attention, int8_kernel), told apart by split_settings
 ROWS = {"dtype": {"weights": "dtype"}, "int8": {"weights": "int8"},
         "int8+head": {"weights": "int8", "int8_skip": []},  # int8+head: lm_head in int8 too
-        # int8's input rounding and output scaling: compiled loops (agents/serving/native.py, the default) or eager
+        # int8's input rounding and output scaling: compiled loops (serving/native.py, the default) or eager
         "int8+head-eager": {"weights": "int8", "int8_skip": [], "int8_native": False},
         # the KV cache: float16 read by the compiled decode attention (the default where it builds) or float32
         "int8+head-kv32": {"weights": "int8", "int8_skip": [], "kv_dtype": "float32"},
         "int8+head-eager-kv32": {"weights": "int8", "int8_skip": [], "int8_native": False, "kv_dtype": "float32"},
         # int8 with the rest (activations, norms, attention, lm_head) in fp32 or bf16, whatever `dtype: auto` picks here
         "int8-fp32": {"weights": "int8", "dtype": "float32"}, "int8-bf16": {"weights": "int8", "dtype": "bfloat16"},
-        # decode attention: fixlab's grouped fp32 path (agents/serving/cpu_attention.py, the default) against SDPA
+        # decode attention: fixlab's grouped fp32 path (serving/cpu_attention.py, the default) against SDPA
         "int8-fp32-sdpa": {"weights": "int8", "dtype": "float32", "cpu_attention": False},
         "int8-bf16-sdpa": {"weights": "int8", "dtype": "bfloat16", "cpu_attention": False},
         # the int8 matmuls by one kernel at every width (the default, int8_kernel auto, is measured per width here)
         "int8+head-torch": {"weights": "int8", "int8_skip": [], "int8_kernel": "torch"},
         "int8+head-fixlab": {"weights": "int8", "int8_skip": [], "int8_kernel": "fixlab"},
         # make eval's model exactly as it resolves on this machine (conf/model/qwen1.5b-coder-q4.yaml: runtime,
-        # weights and int8 kernels measured here, agents/serving/paths.py), under this script's batch and no drafts
+        # weights and int8 kernels measured here, serving/paths.py), under this script's batch and no drafts
         "default": "default",
         "llamacpp": None}  # the same GGUF served by llama.cpp (xllamacpp, Q4_K_M as is), slots = largest batch
 
@@ -120,7 +120,7 @@ TUNING = {f.name for f in dataclasses.fields(EngineTuning)}
 
 def split_settings(settings: dict) -> tuple[dict, EngineTuning]:
     """KEY=VALUE settings as (model config overrides, the engine's tuning): EngineTuning's fields go to the tuning
-    (agents/serving/tuning.py), the rest to the model's record."""
+    (serving/tuning.py), the rest to the model's record."""
     return ({k: v for k, v in settings.items() if k not in TUNING},
             EngineTuning(**{k: v for k, v in settings.items() if k in TUNING}))
 
@@ -129,7 +129,7 @@ def llamacpp_row(batches: list[int], msgs: list[list[dict]], context: int = 200,
     """The peer: fixlab's llamacpp backend (embedded server, OpenAI API), same chat prompts (the GGUF carries the
     same tokenizer and template) and the same measurements; with `context` other than 200, each row's prompt is
     the engine rows' token prompt of about that length, as text."""
-    from agents.serving.llamacpp import LlamaCppModel
+    from serving.llamacpp import LlamaCppModel
 
     per_slot = max(1024, context + 256)
     m = m or LlamaCppModel(LlamaCppModelConf(name="qwen1.5b-llamacpp", pack="qwen1.5b-coder-q4", slots=max(batches),
@@ -138,7 +138,7 @@ def llamacpp_row(batches: list[int], msgs: list[list[dict]], context: int = 200,
     if context != 200:
         from transformers import AutoTokenizer
 
-        from agents.serving.packs import ensure_pack
+        from serving.packs import ensure_pack
 
         tok = AutoTokenizer.from_pretrained(str(ensure_pack("qwen1.5b-coder-q4")))
         ids = [tok(tok.apply_chat_template(mm, add_generation_prompt=True, tokenize=False),
@@ -185,7 +185,7 @@ def decode_ids(ids: list[int], i: int, context: int) -> list[int]:
 def row(name: str, batches: list[int], msgs: list[list[dict]], ref: list[list[int]] | None,
         context: int = 200) -> tuple[dict, list]:
     if name == "default":
-        from agents.serving.runtime import build_local
+        from serving.runtime import build_local
 
         m = build_local(default_conf(batches), EngineTuning(**HARNESS_TUNING))
         if m.choice.runtime == "llamacpp":

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 
 from agents.models.config import ModelConf, TransformersModelConf
-from agents.serving import cache_root
+from serving import cache_root
 from agents.types import Task, Trajectory
 from sandboxes.config import SandboxConf
 
@@ -53,7 +53,7 @@ def model_identity(model: ModelConf) -> dict:
     or fp32 on a CPU depends on its instructions, so one config can mean two numerics on two machines)."""
     ident = without_neutral("model", dataclasses.asdict(model))
     if isinstance(model, TransformersModelConf):
-        from agents.serving import NUMERICS, auto_dtype, recorded_path
+        from serving import NUMERICS, auto_dtype, recorded_path
 
         ident["numerics"] = NUMERICS  # trajectories from an older engine arithmetic are not this one's
         chosen = recorded_path(model)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from agents.serving import measures_on_build
+from serving import measures_on_build
 from agents.tasks import load_tasks
 from agents.types import Trajectory
 
@@ -149,7 +149,7 @@ def _model_up_front(settings: JobSettings):
     if settings.runner.name == "dask":
         return None
     model, _ = model_and_sandbox(settings)
-    choice = getattr(model, "choice", None)  # a local model's measured path (agents/serving/paths.py)
+    choice = getattr(model, "choice", None)  # a local model's measured path (serving/paths.py)
     if choice is not None:
         # a recorded parameter: runs that took different paths (different answers) are not one configuration
         settings.raw["serving"] = choice.record()
@@ -267,7 +267,7 @@ def _result_rows(trajs: list[Trajectory]):
 class Progress:
     """One stderr line per finished task: tasks done / total, passes so far, the rate. A job is never silent: while no
     task has ended for `every` seconds, one heartbeat line every `every` seconds (rows in flight, tokens/s over the
-    interval, tasks done), from the model's activity() where it has one (agents/serving/engine.py)."""
+    interval, tasks done), from the model's activity() where it has one (serving/engine.py)."""
 
     def __init__(self, total: int, already: int = 0, passed: int = 0, activity: Callable[[], dict | None] | None = None,
                  every: float = 30.0):

@@ -2,7 +2,7 @@
 in the config records (`metadata={"neutral": why}`: agents/models/config.py, sandboxes/config.py, flows/schema.py
 JobConf, whose runner, tracking and nightly fields cover their whole group, and ServingParams for the recorded
 `serving.*` params); this module only derives the flattened keys ("model.threads", "runner.") from them. The local
-engine's internal settings (agents.serving EngineTuning) were `model.*` knobs until #51: their marks still apply to
+engine's internal settings (serving EngineTuning) were `model.*` knobs until #51: their marks still apply to
 the params of runs logged then (a run at max_prefill_tokens 8192 is the same configuration as one at 896).
 
 Shared by the trajectory cache key (flows/cache.py), resume's config check (flows/tracking.py), sweep labels
@@ -22,7 +22,7 @@ import typing
 @functools.cache
 def neutral_keys() -> dict[str, str]:
     """Every result-neutral flattened key, or group prefix ending in ".", with the reason its field gives."""
-    from agents.serving import EngineTuning
+    from serving import EngineTuning
 
     from .schema import GROUPS, NightlyJobConf, ServingParams
 

@@ -6,7 +6,7 @@ A results file is `benchmarks/results/<kind>-<UTC stamp>[-<note>].json`: the scr
     kind      what made it (weights, memory, fullsize, ...; the file name's prefix)
     utc       when, as 20261128T050431Z
     commit    the git commit of the tree that measured (`dirty`: it had uncommitted changes)
-    machine   agents.serving.describe_machine(): CPU model and flags, cores, torch, forced instruction sets, GPU
+    machine   serving.describe_machine(): CPU model and flags, cores, torch, forced instruction sets, GPU
     config    the resolved settings the figures depend on (a job's config, a script's arguments)
     command   the command line that made it
     title     one line: what was measured, in words (a table's heading)
@@ -63,7 +63,7 @@ def stamp(t: float | None = None) -> str:
 def about(kind: str, *, title: str, text: str = "", config: dict | None = None, command: str | None = None,
           machine: dict | None = None, table: dict | None = None, **extra) -> dict:
     """The `about` block of a results file being written now (machine: this one unless given)."""
-    from agents.serving import describe_machine as describe
+    from serving import describe_machine as describe
 
     commit, dirty = git_commit()
     out = {"kind": kind, "utc": stamp(), "commit": commit, "dirty": dirty, "machine": machine or describe(),

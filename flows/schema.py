@@ -68,7 +68,7 @@ RUNNER_CONFS: dict[str, type[RunnerConf]] = {"threads": ThreadsRunnerConf, "dask
 
 
 # A run's `serving.*` params: not set by anyone, recorded by flows/job.py from the path the local model took
-# (agents/serving/paths.py Choice.record()). Runs on different paths are different configurations, except for the
+# (serving/paths.py Choice.record()). Runs on different paths are different configurations, except for the
 # int8 kernel, which computes the same integer products either way.
 @dataclass
 class ServingParams:
@@ -94,7 +94,7 @@ RETIRED = {"model.int8_fuse": "False", "strategy.diagnose": "False", "strategy.e
            "strategy.compute_actual": "True", "strategy.trace_chars": "0", "strategy.stop_after_code": "True",
            "strategy.candidate_temperature": "0.8", "strategy.function_every": "4", "strategy.self_tests_pass": "0.0",
            "strategy.repeat_redraw": "True", "strategy.revise_temperature": "0.2",
-           # the local engine's own settings since #51 (agents/serving/tuning.py EngineTuning: the product runs its
+           # the local engine's own settings since #51 (serving/tuning.py EngineTuning: the product runs its
            # defaults). max_prefill_tokens: old runs carry 896 (the 1.5B pack's yaml, make eval's) or 8192 (the record's
            # default then); one value per key, so a run at 8192 keeps its param and reads as differing here, and then as
            # the same configuration only because EngineTuning marks the field neutral (flows/neutral.py)
@@ -402,10 +402,10 @@ def describe(e: BaseException, prefix: str = "", source: str | None = None) -> s
     key = full.rsplit(".", 1)[-1]
     if re.search(r"Key '[^']+' (?:not in|is not in struct)", str(cause) + text):
         if full in RETIRED:
-            from agents.serving import EngineTuning
+            from serving import EngineTuning
 
             if full.startswith("model.") and key in {f.name for f in dataclasses.fields(EngineTuning)}:
-                return (f"{full} is not a knob any more: the local engine decides it (agents/serving/tuning.py "
+                return (f"{full} is not a knob any more: the local engine decides it (serving/tuning.py "
                         f"EngineTuning, which tests and benchmarks may set; a run logged with it at {RETIRED[full]} "
                         f"reads as the same configuration){where}")
             return (f"{full} is not a knob any more: it is fixed at {RETIRED[full]} (never varied in a full-size run; "

@@ -62,7 +62,7 @@ def machine_name() -> str:
     compare only between runs on the same kind (flows/frontier.py)."""
     import shutil
 
-    from agents.serving import cpu_info, isa_family
+    from serving import cpu_info, isa_family
 
     c = cpu_info()
     name = f"{c['model']}, {c['cores']} cores, {isa_family(c)}"

@@ -46,8 +46,8 @@ class Usage:
             out["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
         except (ImportError, OSError):
             pass
-        if model is not None:  # what the weights and KV cache streamed through (agents/serving/heap.py)
-            from agents.serving import huge_pages
+        if model is not None:  # what the weights and KV cache streamed through (serving/heap.py)
+            from serving import huge_pages
 
             out["huge_pages"] = huge_pages()
         out["children_cpu_s"] = round(t.children_user + t.children_system - self.times.children_user

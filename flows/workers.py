@@ -14,6 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
+import serving
 from agents.models import build_model
 from agents.types import Task, Trajectory
 from sandboxes import make_sandbox
@@ -37,7 +38,9 @@ def _once(key: list, make):
 def model_and_sandbox(settings: JobSettings) -> tuple:
     def make():
         sandbox = make_sandbox(settings.sandbox)
-        model = build_model(settings.model, dataset=settings.dataset)
+        # a model that runs here is the serving stack's to build; the others (an API, a test double) agents.models'
+        model = serving.build(settings.model) if serving.serves(settings.model) else \
+            build_model(settings.model, dataset=settings.dataset)
         print(f"fixlab: process {os.getpid()} loaded model {settings.model.name}", file=sys.stderr, flush=True)
         return model, sandbox
     return _once(["context", _record(settings.model), _record(settings.sandbox), _record(settings.dataset)], make)

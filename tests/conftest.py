@@ -18,7 +18,7 @@ needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"HumanEvalFix data no
 
 def pytest_configure(config):
     """Under pytest-xdist (`make test`: 3 workers, whole files each), every model a worker or its evaluate subprocesses
-    load takes 1 thread: workers whose torch takes every core starve each other (agents/serving/cores.py)."""
+    load takes 1 thread: workers whose torch takes every core starve each other (serving/cores.py)."""
     if os.environ.get("PYTEST_XDIST_WORKER") and "FIXLAB_THREADS" not in os.environ:
         os.environ["FIXLAB_THREADS"] = "1"
 

@@ -153,7 +153,7 @@ class ToolParsingModel(ScriptedModel):
     """Like the transformers backend: tool calls come back parsed in Generation.tool_calls."""
 
     def generate(self, request):
-        from agents.serving.hf import parse_tool_calls
+        from serving.hf import parse_tool_calls
 
         gen = super().generate(request)
         calls = parse_tool_calls(gen.text) if request.tools else []

@@ -18,7 +18,8 @@ DECISIONS = {"tested", "syntax_error", "no_code", "repeat", "submitted", "out_of
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from agents.models import ModelUnavailable, build_model
+    from agents.models import ModelUnavailable
+    from serving import build as build_model
 
     try:
         model = build_model(job_settings("model=smollm2-135m").model)

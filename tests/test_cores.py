@@ -10,12 +10,12 @@ import textwrap
 
 import pytest
 
-from agents.serving import cores
+from serving import cores
 from conftest import REPO
 
 HOLDER = textwrap.dedent("""
     import sys
-    from agents.serving.cores import claim_threads
+    from serving.cores import claim_threads
     claim = claim_threads(None)
     print(claim.threads, flush=True)
     sys.stdin.readline()          # hold the claim until told

@@ -1,4 +1,4 @@
-"""A step's decoder layers as one compiled call (agents/serving/decoder.py) give what packed.py's Python loop gives:
+"""A step's decoder layers as one compiled call (serving/decoder.py) give what packed.py's Python loop gives:
 the hidden states and the cache's new keys and values, bit for bit, for a decode step and a draft step, Qwen2 and
 Llama, so the engine's answers do not move (issue #52). And torch's own variance and SiLU, which the C loop does
 itself, are matched at these widths on this CPU."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.serving import native
+from serving import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="needs gcc for fixlab's compiled kernels")
 
@@ -15,9 +15,9 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="needs gcc for fi
 def _model(arch: str, hidden: int, inter: int):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from agents.serving.cpu_attention import use_grouped_attention
-    from agents.serving.fused import use_fused_ops
-    from agents.serving.int8 import Int8Plan, quantize_int8
+    from serving.cpu_attention import use_grouped_attention
+    from serving.fused import use_fused_ops
+    from serving.int8 import Int8Plan, quantize_int8
     from tests.tiny_models import tiny_qwen2
 
     config = tiny_qwen2(hidden_size=hidden, intermediate_size=inter) if arch == "qwen2" else LlamaConfig(
@@ -35,8 +35,8 @@ def _prefilled(model, lengths: list[int]):
     """A cache holding rows of these lengths, left-padded as the engine holds them, and its mask."""
     from transformers import DynamicCache
 
-    from agents.serving.kvcache import _GrowingLayer
-    from agents.serving.packed import loop
+    from serving.kvcache import _GrowingLayer
+    from serving.packed import loop
 
     T = max(lengths)
     ids = torch.randint(0, 512, (len(lengths), T))
@@ -66,8 +66,8 @@ def _clone(cache):
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("feed", [1, 3])
 def test_compiled_layers_give_the_loops_hidden_states_and_cache_bit_for_bit(arch, feed):
-    from agents.serving import decoder
-    from agents.serving.packed import loop
+    from serving import decoder
+    from serving.packed import loop
 
     model = _model(arch, 128, 256)
     cache, mask = _prefilled(model, [9, 4, 13, 1, 7])
@@ -93,7 +93,7 @@ def test_compiled_layers_give_the_loops_hidden_states_and_cache_bit_for_bit(arch
 
 
 def test_torch_variance_and_silu_are_matched_at_a_real_models_widths():
-    from agents.serving import decoder
+    from serving import decoder
 
     lib = native.library()
     decoder._declare(lib)
@@ -104,7 +104,7 @@ def test_torch_variance_and_silu_are_matched_at_a_real_models_widths():
 
 def test_a_variance_in_another_order_is_caught():
     """The first-use check can fail: sums in 4-lane vectors (no torch kernel's width) differ from torch's."""
-    from agents.serving import decoder
+    from serving import decoder
 
     lib = native.library()
     decoder._declare(lib)
@@ -117,7 +117,7 @@ def test_a_variance_in_another_order_is_caught():
 def test_the_engine_answers_the_same_with_the_compiled_layers_as_with_the_loop(tmp_path, monkeypatch):
     """Decode steps, draft steps and prefix-hit prefills through the compiled layers, and through packed.py's loop:
     every answer the same, the first turn and the follow-ups that hit the prefix store."""
-    from agents.serving import decoder
+    from serving import decoder
     from tests.test_determinism import follow_ups, load, requests, together
     from tests.tiny_models import make_random_model, tiny_qwen2
 

@@ -19,8 +19,8 @@ import torch  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
-from agents.serving import EngineTuning, native  # noqa: E402
-from agents.serving.hf import TransformersModel  # noqa: E402
+from serving import EngineTuning, native  # noqa: E402
+from serving.hf import TransformersModel  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="fixlab's compiled kernels need gcc")
@@ -170,7 +170,7 @@ def test_a_rows_logits_are_bit_identical_alone_and_in_padded_batches(folder):
     """The engine's own prefill and decode steps: the first row's logits alone, then beside longer and shorter rows
     (left padding), at other positions, in batches of 2 to 8. Tokens of tiny models rarely flip on a last-bit
     difference; the logits show every one (before: 2e-7 from attention over padding, 3e-5 from BLAS's lm_head)."""
-    from agents.serving.engine import _Row
+    from serving.engine import _Row
 
     m = load(folder, max_batch=8)
     try:
@@ -207,7 +207,7 @@ def test_a_rows_logits_are_bit_identical_alone_and_in_padded_batches(folder):
 def test_runtime_auto_neither_races_nor_picks_llamacpp_when_the_engine_repeats(folder, monkeypatch):
     """llama.cpp's answers depend on which slots share a batch: auto serves the engine that repeats, and spends no
     first-use minute racing a runtime it would not pick."""
-    from agents.serving import llamacpp, runtime
+    from serving import llamacpp, runtime
 
     if folder[1] != "float32":
         pytest.skip("one weights kind is enough")

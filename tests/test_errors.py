@@ -41,8 +41,8 @@ def test_a_zero_batch_is_one_line(tmp_path):
     import pytest
 
     from agents.models.config import TransformersModelConf
-    from agents.serving import EngineTuning
-    from agents.serving.hf import BadModelConfig, TransformersModel
+    from serving import EngineTuning
+    from serving.hf import BadModelConfig, TransformersModel
 
     with pytest.raises(BadModelConfig) as e:
         TransformersModel(TransformersModelConf(name="x", path=str(tmp_path), max_batch=0))

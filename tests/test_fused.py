@@ -1,4 +1,4 @@
-"""The compiled decode ops (agents/serving/fused.py; kernels.c sections 5 and 6) give the bits of the torch and
+"""The compiled decode ops (serving/fused.py; kernels.c sections 5 and 6) give the bits of the torch and
 transformers ops they replace, on every build this CPU runs, and a model's logits do not move when they are on: so
 turning them on changed no answer (issue #52)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.serving import native
+from serving import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="needs gcc for fixlab's compiled kernels")
 
@@ -66,8 +66,8 @@ def test_a_models_logits_do_not_move_with_the_fused_ops(arch):
     use_fused_ops, bit for bit."""
     from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
-    from agents.serving.fused import use_fused_ops
-    from agents.serving.int8 import only_rows, quantize_int8
+    from serving.fused import use_fused_ops
+    from serving.int8 import only_rows, quantize_int8
     from tests.tiny_models import tiny_qwen2
 
     config = tiny_qwen2() if arch == "qwen2" else LlamaConfig(

@@ -1,4 +1,4 @@
-"""The engine's heap setting (agents/serving/heap.py): with map_large_blocks, tensors of a few MiB freed between
+"""The engine's heap setting (serving/heap.py): with map_large_blocks, tensors of a few MiB freed between
 long-lived small ones go back to the OS at once; without it glibc keeps them as free heap (the 2.2 GiB of free heap
 seen at the default job's peak). Each case in a fresh interpreter: the setting is process-wide."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from conftest import REPO
 
 SCRIPT = """
 import json, sys, torch
-from agents.serving.heap import free_heap_bytes, map_large_blocks
+from serving.heap import free_heap_bytes, map_large_blocks
 if sys.argv[1] == "on":
     map_large_blocks()
 first = torch.empty(2 << 20)       # 8 MiB, mapped; once freed glibc raises its mmap threshold past it
@@ -29,7 +29,7 @@ print(json.dumps({"free_heap_mib": free_heap_bytes() / 2**20}))
 
 
 def _free_heap_mib(mode: str) -> float:
-    # torch's huge-page allocations (THP_MEM_ALLOC_ENABLE, which agents.serving sets) are page-aligned, so glibc maps
+    # torch's huge-page allocations (THP_MEM_ALLOC_ENABLE, which serving sets) are page-aligned, so glibc maps
     # every one of 2 MiB and up by itself whatever its threshold: the heap's own behaviour is seen with them off
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "0"}
     p = subprocess.run([sys.executable, "-c", SCRIPT, mode], cwd=REPO, capture_output=True, text=True, timeout=120,
@@ -49,9 +49,9 @@ HUGE = """
 import json, os, sys
 if sys.argv[1] == "off":
     os.environ["THP_MEM_ALLOC_ENABLE"] = "0"  # the user's own setting
-import agents.serving  # asks torch for huge pages before torch allocates anything
+import serving  # asks torch for huge pages before torch allocates anything
 import torch
-from agents.serving import huge_pages
+from serving import huge_pages
 before = huge_pages()["gib"] or 0.0
 kv = torch.ones(64 << 20, dtype=torch.uint8)  # a KV-cache-sized buffer, touched
 print(json.dumps({"env": os.environ.get("THP_MEM_ALLOC_ENABLE"), "gib": huge_pages()["gib"] - before,

@@ -1,4 +1,4 @@
-"""transformers' own batched serving (agents/serving/kept.py), what a GPU serves through, run here on the CPU with a
+"""transformers' own batched serving (serving/kept.py), what a GPU serves through, run here on the CPU with a
 tiny real Qwen2: what users rely on is that concurrent requests through continuous batching or the static cache get
 what transformers' one-at-a-time `generate` gives them (greedy tokens, stop strings, finish reasons, token counts),
 that `runtime: auto` on a GPU times both on the loaded model, keeps the faster and caches the decision, and that the
@@ -14,8 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
-from agents.serving import EngineTuning, runtime  # noqa: E402
-from agents.serving.devices import BadModelConfig  # noqa: E402
+from serving import EngineTuning, runtime  # noqa: E402
+from serving.devices import BadModelConfig  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """The engine's float16 KV cache on CPU (EngineTuning.kv_dtype, auto = float16 where fixlab's compiled kernels build) and
-the compiled decode attention that reads it (agents/serving/kernels.c). What users rely on: attention over the
+the compiled decode attention that reads it (serving/kernels.c). What users rely on: attention over the
 float16 cache equals exact attention over the same (widened) values, every row sees only its own columns, a row's
 answer does not depend on its batch, and a wrong setting is one line."""
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
-from agents.serving import EngineTuning  # noqa: E402
-from agents.serving.hf import BadModelConfig, TransformersModel  # noqa: E402
+from serving import EngineTuning  # noqa: E402
+from serving.hf import BadModelConfig, TransformersModel  # noqa: E402
 from test_models_engine import assert_batched_answers_equal_alone, msgs, run_concurrently  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
@@ -40,7 +40,7 @@ def _reference(query, key, value, mask):
 
 
 def _runnable_isas() -> list[str]:
-    from agents.serving.native import runnable_isas
+    from serving.native import runnable_isas
 
     return runnable_isas()
 
@@ -52,8 +52,8 @@ def _runnable_isas() -> list[str]:
 @pytest.mark.parametrize("isa", _runnable_isas())
 @pytest.mark.parametrize("D,G", [(16, 3), (48, 7), (96, 2), (128, 6), (64, 5), (40, 3), (20, 2)])
 def test_float16_cache_attention_equals_exact_attention_over_its_values(D, G, isa, monkeypatch):
-    from agents.serving import native
-    from agents.serving.cpu_attention import grouped_attention
+    from serving import native
+    from serving.cpu_attention import grouped_attention
 
     monkeypatch.setattr(native, "FORCED_ISA", isa)  # native.decode_attention runs that build
     assert native.available(), isa
@@ -120,7 +120,7 @@ def test_the_cache_is_float16_by_default_on_cpu_and_answers_do_not_depend_on_the
 def test_float16_and_float32_caches_give_the_same_greedy_answer_where_the_winner_is_clear(tiny_path):
     # the only thing float16 changes: K and V rounded to 11 significant bits (the 1.5B pack: paired on every task,
     # docs/RESULTS.md)
-    from agents.serving.hf import resolve_kv_dtype
+    from serving.hf import resolve_kv_dtype
 
     assert resolve_kv_dtype("auto", torch.device("cpu"), torch.float32) == torch.float16
     reqs = [GenRequest(messages=msgs(3), max_new_tokens=12)]
@@ -136,7 +136,7 @@ def test_float16_and_float32_caches_give_the_same_greedy_answer_where_the_winner
 
 
 def test_a_wrong_kv_dtype_is_one_line():
-    from agents.serving.hf import resolve_kv_dtype
+    from serving.hf import resolve_kv_dtype
 
     for bad, device, dtype, attn in (("int4", "cpu", torch.float32, True), ("float16", "cpu", torch.bfloat16, True),
                                      ("float16", "cpu", torch.float32, False), ("float16", "cuda", torch.bfloat16,

@@ -1,7 +1,7 @@
 """The layout a newcomer relies on: no import cycle between fixlab's modules (top-level or inside functions),
 an evaluation core that imports no orchestration (Prefect, Hydra, MLflow), and the serving stack behind one boundary:
-flows/ imports `agents.serving` (its __init__: the public surface) and never a module inside it, agents/serving
-imports no agents module but agents.models', and importing agents.serving loads no torch."""
+flows/ imports `serving` (its __init__: the public surface) and never a module inside it, serving/
+imports no agents module but agents.models', and importing serving loads no torch."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +11,7 @@ import sys
 
 from conftest import REPO
 
-PACKAGES = ("agents", "flows", "sandboxes")
+PACKAGES = ("agents", "serving", "flows", "sandboxes")
 
 
 def _module(path) -> str:
@@ -72,7 +72,7 @@ def test_the_core_imports_no_orchestration():
     assert out.stdout.strip() == "[]"
 
 
-FOLDER_READMES = ("agents", "agents/models", "agents/serving", "benchmarks", "conf", "flows", "sandboxes", "tests")
+FOLDER_READMES = ("agents", "agents/models", "serving", "benchmarks", "conf", "flows", "sandboxes", "tests")
 
 
 def _named_files(text: str) -> set[str]:
@@ -102,7 +102,7 @@ def test_the_folder_readmes_name_only_files_that_exist():
 
 
 # ---- the serving boundary --------------------------------------------------------------------------------------------
-SERVING = REPO / "agents" / "serving"
+SERVING = REPO / "serving"
 
 
 def _import_targets(path):
@@ -134,26 +134,35 @@ def _where(path, line: int) -> str:
 
 
 def test_flows_import_the_serving_package_only():
-    """flows/ reaches the serving stack through agents/serving/__init__.py (the Model protocol, build, the facts
+    """flows/ reaches the serving stack through serving/__init__.py (the Model protocol, build, the facts
     the cache and the run records need), never a module inside it, so that the stack's files can change freely."""
-    bad = [f"{_where(p, line)} imports {m}: import it from agents.serving (add it to agents/serving/__init__.py)"
+    bad = [f"{_where(p, line)} imports {m}: import it from serving (add it to serving/__init__.py)"
            for p in sorted((REPO / "flows").rglob("*.py")) for line, m in _import_targets(p)
-           if m.startswith("agents.serving.")]
+           if m.startswith("serving.")]
     assert not bad, "\n".join(bad)
 
 
 def test_serving_imports_no_agents_module_but_the_models_layer():
-    """agents/serving sits under agents.models (the protocol, the configs, the shared helpers) and above nothing
+    """serving/ sits under agents.models (the protocol, the configs, the shared helpers) and above nothing
     else of fixlab's: no agent strategy, context or parser, so the stack could be a package of its own."""
-    allowed = ("agents.models", "agents.serving")
-    bad = [f"{_where(p, line)} imports {m}: agents/serving may import agents.models and agents.serving only"
+    allowed = ("agents.models", "serving")
+    bad = [f"{_where(p, line)} imports {m}: serving/ may import agents.models and serving only"
            for p in sorted(SERVING.rglob("*.py")) for line, m in _import_targets(p)
            if m.split(".")[0] == "agents" and not any(m == a or m.startswith(a + ".") for a in allowed)]
     assert not bad, "\n".join(bad)
 
 
-def test_importing_agents_serving_loads_no_torch():
-    """`import agents.serving` is cheap (flows/cache.py imports it at the top, hosted-model jobs too): torch and
+def test_agents_imports_no_serving_module():
+    """The agent (loop, strategies, prompts, the Model protocol, the API clients, the doubles) stands without the
+    engine: a model that runs here is built by the job through serving.build, never by agents/."""
+    bad = [f"{_where(p, line)} imports {m}: agents/ may not reach the serving stack (the job builds local models)"
+           for p in sorted((REPO / "agents").rglob("*.py")) for line, m in _import_targets(p)
+           if m.split(".")[0] == "serving"]
+    assert not bad, "\n".join(bad)
+
+
+def test_importing_serving_loads_no_torch():
+    """`import serving` is cheap (flows/cache.py imports it at the top, hosted-model jobs too): torch and
     transformers load inside its functions only. On failure, the fixlab frames that imported them."""
     code = """if True:
         import json, sys, traceback
@@ -165,16 +174,16 @@ def test_importing_agents_serving_loads_no_torch():
                 top = name.split(".")[0]
                 if top in ("torch", "transformers") and top not in Spy.where:
                     Spy.where[top] = [f"{f.filename}:{f.lineno}" for f in traceback.extract_stack()
-                                      if "/agents/" in f.filename or "/flows/" in f.filename]
+                                      if "/serving/" in f.filename or "/agents/" in f.filename]
                 return None
 
         sys.meta_path.insert(0, Spy())
-        import agents.serving  # noqa: F401
+        import serving  # noqa: F401
         print(json.dumps(Spy.where))
     """
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
-    assert loaded == {}, "import agents.serving imported " + "; ".join(
+    assert loaded == {}, "import serving imported " + "; ".join(
         f"{m} from {' <- '.join(reversed(w)).replace(f'{REPO}/', '') or 'outside fixlab'}" for m, w in loaded.items())
 
 

@@ -17,9 +17,9 @@ from transformers import LlamaConfig  # noqa: E402
 
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
-from agents.serving import EngineTuning  # noqa: E402
-from agents.serving.engine import BatchEngine, RequestError  # noqa: E402
-from agents.serving.hf import BadModelConfig, TransformersModel, parse_tool_calls  # noqa: E402
+from serving import EngineTuning  # noqa: E402
+from serving.engine import BatchEngine, RequestError  # noqa: E402
+from serving.hf import BadModelConfig, TransformersModel, parse_tool_calls  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
 # initializer_range well above the default: random logits then have clear winners, so a greedy comparison
@@ -252,7 +252,7 @@ def test_the_prefill_width_is_derived_from_the_mlp_width(tiny):
     import json
     from types import SimpleNamespace
 
-    from agents.serving.tuning import prefill_tokens
+    from serving.tuning import prefill_tokens
     from conftest import REPO
 
     width = {f.stem: json.loads(f.read_text())["intermediate_size"] for f in (REPO / "benchmarks" / "configs").glob(
@@ -271,7 +271,7 @@ def test_the_prefill_width_is_derived_from_the_mlp_width(tiny):
 
 
 def test_skinny_matmul_matches_linear():
-    from agents.serving.skinny import _SKINNY_MAX_ROWS, use_skinny_matmul
+    from serving.skinny import _SKINNY_MAX_ROWS, use_skinny_matmul
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(48, 96), torch.nn.Linear(96, 40, bias=False))
@@ -289,7 +289,7 @@ def test_skinny_matmul_matches_linear():
 def test_long_generation_grows_cache_in_place(tiny):
     """150 new tokens: the in-place KV buffer regrows several times; rows of different lengths, one leaving
     early, still match transformers' own greedy ids."""
-    from agents.serving.kvcache import _GrowingLayer
+    from serving.kvcache import _GrowingLayer
 
     batched, _ = tiny
     prompts = [batched.prompt_ids(GenRequest(messages=msgs(k))) for k in (1, 3)]
@@ -312,7 +312,7 @@ def test_long_generation_grows_cache_in_place(tiny):
 def _row(ids):
     from concurrent.futures import Future
 
-    from agents.serving.engine import _Row
+    from serving.engine import _Row
 
     return _Row(GenRequest(messages=()), ids, 4, Future(), 0.0)
 
@@ -400,7 +400,7 @@ def test_a_prompt_sent_again_joins_the_batch_without_a_prefill_and_gets_the_same
 
 
 def test_prefix_store_keeps_the_longest_match_within_its_budget():
-    from agents.serving.prefix import PrefixStore
+    from serving.prefix import PrefixStore
 
     kv = lambda n: [(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4))]  # noqa: E731  32 bytes a token
     store = PrefixStore(max_bytes=32 * 100, min_tokens=4)
@@ -437,7 +437,7 @@ def test_prompt_lookup_drafts_keep_the_answers(tiny, monkeypatch):
 
     (plain, _), (drafted, stats) = answers(0), answers(6)
     assert [g.text for g in drafted] == [g.text for g in plain]
-    from agents.serving import drafts as engine_mod  # a model whose logits need the whole forward: the same
+    from serving import drafts as engine_mod  # a model whose logits need the whole forward: the same
 
     monkeypatch.setattr(engine_mod, "PLAIN_HEAD", set())
     assert [g.text for g in answers(6)[0]] == [g.text for g in plain]
@@ -471,7 +471,7 @@ def test_a_draft_is_as_long_as_the_match_it_follows(tiny, monkeypatch):
     match drafts as many as asked."""
     from types import SimpleNamespace
 
-    from agents.serving import drafts as drafts_mod
+    from serving import drafts as drafts_mod
 
     batched, _ = tiny
     eng = BatchEngine(batched.model, batched.tokenizer, eos_ids=set(), max_context=256, draft_tokens=4)
@@ -551,10 +551,10 @@ def test_same_prompt_sent_together_is_prefilled_once_with_the_same_answers(tiny)
 
 
 def test_grouped_decode_attention_matches_sdpa(monkeypatch):
-    """agents/serving/cpu_attention.py against torch's SDPA: 1 and 3 query tokens, left padding, no mask."""
+    """serving/cpu_attention.py against torch's SDPA: 1 and 3 query tokens, left padding, no mask."""
     import torch.nn.functional as F
 
-    from agents.serving.cpu_attention import grouped_attention
+    from serving.cpu_attention import grouped_attention
 
     class Layer:
         num_key_value_groups, is_causal = 3, True
@@ -576,7 +576,7 @@ def test_grouped_decode_attention_matches_sdpa(monkeypatch):
             assert torch.allclose(ours, ref.transpose(1, 2), atol=1e-5), (Q, mask is None)
     # heavy left padding (rows attend from their own first column on, one pair of matmuls each), with and without
     # masked-out columns inside a row (rejected drafts); real batches need thousands of padded slots for this path
-    from agents.serving import cpu_attention
+    from serving import cpu_attention
 
     monkeypatch.setattr(cpu_attention, "PADDING_SLOTS", 0)
     for Q in (1, 3):
@@ -617,7 +617,7 @@ def test_grouped_attention_is_on_by_default_and_keeps_greedy_answers(tiny, tmp_p
 def test_growing_cache_layer_moves_rows_and_columns_like_plain_tensors():
     """The engine's KV layer (in-place appends, row compaction, left drops, joins into spare rows) holds exactly
     what torch.cat / index_select / left padding would."""
-    from agents.serving.kvcache import _GrowingLayer, _left_pad
+    from serving.kvcache import _GrowingLayer, _left_pad
 
     g = torch.Generator().manual_seed(0)
 
@@ -698,7 +698,7 @@ def test_kv_budget_holds_rows_back_without_changing_answers(tiny):
 
 def test_free_heap_goes_back_to_the_os():
     """What the engine calls after a prefill: tensors freed into glibc's heap stop counting as resident."""
-    from agents.serving.heap import free_heap_bytes, release_free_heap
+    from serving.heap import free_heap_bytes, release_free_heap
 
     def anon() -> int:
         with open("/proc/self/status") as f:

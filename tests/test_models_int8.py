@@ -14,10 +14,10 @@ import torch
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
-from agents.serving import EngineTuning  # noqa: E402
-from agents.serving.f32 import PackedLinear  # noqa: E402
-from agents.serving.hf import BadModelConfig, TransformersModel  # noqa: E402
-from agents.serving.int8 import Int8Group, Int8Linear, Int8Member, quantize_int8, quantize_rows  # noqa: E402
+from serving import EngineTuning  # noqa: E402
+from serving.f32 import PackedLinear  # noqa: E402
+from serving.hf import BadModelConfig, TransformersModel  # noqa: E402
+from serving.int8 import Int8Group, Int8Linear, Int8Member, quantize_int8, quantize_rows  # noqa: E402
 from test_models_engine import assert_batched_answers_equal_alone, msgs  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
@@ -78,7 +78,7 @@ def test_int8_model_answers_the_same_batched_and_alone(tiny_int8):
 
 
 def test_weights_auto_is_int8_on_cpu_only():
-    from agents.serving.hf import resolve_weights
+    from serving.hf import resolve_weights
 
     assert resolve_weights("auto", torch.device("cpu")) == "int8"
     assert resolve_weights("auto", torch.device("cuda")) == "dtype"
@@ -218,8 +218,8 @@ def test_siblings_as_one_int8_group_give_the_same_logits_as_one_linear_each(mapp
     without."""
     from transformers import AutoModelForCausalLM
 
-    from agents.serving import heap
-    from agents.serving.fused import _block_rows, use_fused_ops
+    from serving import heap
+    from serving.fused import _block_rows, use_fused_ops
 
     models = {}
     for group in (True, False):
@@ -272,7 +272,7 @@ def mapped_reference_weight(folder, name: str) -> torch.Tensor:
 
 
 def test_only_rows_computes_the_chosen_rows_bit_equal_and_zeros_the_rest():
-    from agents.serving.int8 import only_rows
+    from serving.int8 import only_rows
 
     torch.manual_seed(0)
     q = Int8Linear(torch.nn.Linear(64, 48))
@@ -292,8 +292,8 @@ def test_only_rows_computes_the_chosen_rows_bit_equal_and_zeros_the_rest():
 def test_int8_draft_steps_of_uneven_lengths_keep_greedy_answers(tiny_int8, monkeypatch):
     """Drafts of different lengths per row in one step (padding positions the int8 matmuls skip), rejected drafts
     compacted out of the cache after every step: the tokens equal plain greedy decoding of the same engine."""
-    from agents.serving import drafts as engine_mod  # HOLES_SHARE: the draft steps' setting
-    from agents.serving.engine import BatchEngine
+    from serving import drafts as engine_mod  # HOLES_SHARE: the draft steps' setting
+    from serving.engine import BatchEngine
 
     m = tiny_int8
     prompts = [m.prompt_ids(GenRequest(messages=msgs(k))) for k in (1, 2, 3)]
@@ -342,7 +342,7 @@ def test_compiled_int8_loops_are_bit_equal_to_the_eager_ops(bias):
     # EngineTuning.int8_native (on by default) must change no answer: every value equal to the eager rounding and
     # scaling, on rows that make rounding hard, at sizes the threads split (prefill) and do not (decode), odd widths
     # included.
-    from agents.serving import native
+    from serving import native
 
     assert native.available()
     torch.manual_seed(3)
@@ -382,7 +382,7 @@ def test_a_model_gives_the_same_logits_with_and_without_the_compiled_loops(tmp_p
 
 
 def test_without_a_compiler_int8_keeps_the_eager_ops_and_says_so(monkeypatch, capsys, tmp_path):
-    from agents.serving import native
+    from serving import native
 
     monkeypatch.setattr(native, "_libs", {})
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
@@ -398,8 +398,8 @@ def test_without_a_compiler_int8_keeps_the_eager_ops_and_says_so(monkeypatch, ca
 def test_the_output_layer_writes_into_one_reused_buffer_with_the_same_values_on_every_kernel():
     """int8.reuse_output (the engine's logits): inside it the lent module's large output goes to the pool's buffer,
     call after call, with the values a fresh tensor gets; another module and a small output are left alone."""
-    from agents.serving import native
-    from agents.serving.int8 import Int8Plan, OutputPool, onednn_available, reuse_output
+    from serving import native
+    from serving.int8 import Int8Plan, OutputPool, onednn_available, reuse_output
 
     torch.manual_seed(5)
     lin = torch.nn.Linear(16, 131072, bias=True)  # 8 rows x 131072 float32s: 4 MiB, the pool's threshold
@@ -427,7 +427,7 @@ def test_the_embedding_read_from_its_file_gives_the_same_rows_and_pages_none_in(
     mapping's pages stay unread however many tokens are embedded (read through the mapping they all became resident)."""
     from transformers import AutoModelForCausalLM
 
-    from agents.serving.embedding import FileRowsEmbedding, read_embedding_rows
+    from serving.embedding import FileRowsEmbedding, read_embedding_rows
 
     model = AutoModelForCausalLM.from_pretrained(mapped_model_dir, dtype=torch.float32).eval()
     table = model.get_input_embeddings().weight

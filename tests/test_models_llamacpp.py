@@ -12,7 +12,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agents.models import build_model  # noqa: E402
+from serving import build as build_model  # noqa: E402
 from agents.models.config import LlamaCppModelConf  # noqa: E402
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
 from conftest import needs_data  # noqa: E402

@@ -64,7 +64,7 @@ def bug(k: int = 1) -> list[dict]:
 
 
 def test_real_server_matches_local_greedy(server, tiny_dir):
-    from agents.serving.hf import TransformersModel
+    from serving.hf import TransformersModel
 
     local = TransformersModel(TransformersModelConf(name="tiny", path=str(tiny_dir), batching=False, dtype="float32"))
     remote = OpenAIModel(OpenAIModelConf(name="tiny-remote", base_url=server + "/v1", model=str(tiny_dir),

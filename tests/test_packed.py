@@ -1,4 +1,4 @@
-"""A step's decoder layers over its real positions only (agents/serving/packed.py) give each real position the numbers
+"""A step's decoder layers over its real positions only (serving/packed.py) give each real position the numbers
 the padded layers give it, and those a row fed alone gets: hidden states and the
 keys and values written to the cache, bit for bit, so the engine's answers do not move (issue #52)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.serving import native
+from serving import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="needs gcc for fixlab's compiled kernels")
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="needs gcc for fi
 def _cache(config):
     from transformers import DynamicCache
 
-    from agents.serving.kvcache import _GrowingLayer
+    from serving.kvcache import _GrowingLayer
 
     cache = DynamicCache(config=config)
     cache.layers = [_GrowingLayer(torch.float16) for _ in cache.layers]  # the engine's float16 KV cache
@@ -23,7 +23,7 @@ def _cache(config):
 
 def _padded_forward(model, ids, mask, only):
     """transformers' own forward over the padded block (the matmuls skip the padding: int8.only_rows)."""
-    from agents.serving.int8 import only_rows
+    from serving.int8 import only_rows
 
     cache = _cache(model.config)
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
@@ -34,7 +34,7 @@ def _padded_forward(model, ids, mask, only):
 
 
 def _packed(model, ids, mask, only):
-    from agents.serving.packed import forward
+    from serving.packed import forward
 
     cache = _cache(model.config)
     with torch.inference_mode():
@@ -45,10 +45,10 @@ def _packed(model, ids, mask, only):
 def test_packed_layers_give_each_real_position_its_padded_and_alone_numbers(arch):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from agents.serving.cpu_attention import use_grouped_attention
-    from agents.serving.fused import use_fused_ops
-    from agents.serving.int8 import quantize_int8
-    from agents.serving.packed import can_pack
+    from serving.cpu_attention import use_grouped_attention
+    from serving.fused import use_fused_ops
+    from serving.int8 import quantize_int8
+    from serving.packed import can_pack
     from tests.tiny_models import tiny_qwen2
 
     config = tiny_qwen2(hidden_size=128, intermediate_size=256) if arch == "qwen2" else LlamaConfig(

@@ -1,5 +1,5 @@
-"""The path a local model takes, chosen by measuring the machine (agents/serving/paths.py), and fixlab's int8 matmul
-(agents/serving/kernels.c section 3). What users rely on: the fastest measured path is taken, torch's int8 is never
+"""The path a local model takes, chosen by measuring the machine (serving/paths.py), and fixlab's int8 matmul
+(serving/kernels.c section 3). What users rely on: the fastest measured path is taken, torch's int8 is never
 taken where it is a reference loop, an explicit setting is obeyed (with one warning line where it was measured much
 slower), every int8 kernel gives exactly torch._int_mm's values on every build this CPU runs, the path is a recorded
 parameter of the run, and a job that works for minutes without finishing a task still says so."""
@@ -17,8 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from agents.models.config import TransformersModelConf  # noqa: E402
-from agents.serving import EngineTuning, native, paths, runtime  # noqa: E402
-from agents.serving.int8 import Int8Linear, Int8Plan  # noqa: E402
+from serving import EngineTuning, native, paths, runtime  # noqa: E402
+from serving.int8 import Int8Linear, Int8Plan  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="the compiled kernels need gcc")
@@ -62,7 +62,7 @@ def tiny(tmp_path_factory):
 
 
 def test_the_paths_timed_follow_the_cpus_capabilities(monkeypatch):
-    from agents.serving import int8
+    from serving import int8
 
     real_onednn = int8.onednn_available
     monkeypatch.setattr(native, "available", lambda: True)
@@ -118,8 +118,8 @@ def test_auto_measures_once_then_reads_the_cache_and_an_explicit_setting_is_obey
 
 
 def test_a_wrong_int8_kernel_or_runtime_is_one_line(tiny):
-    from agents.models import build_model
-    from agents.serving.hf import BadModelConfig
+    from serving import build as build_model
+    from serving.hf import BadModelConfig
 
     with pytest.raises(BadModelConfig, match="unknown int8_kernel 'fast'"):
         paths.resolve(_conf(tiny, weights="int8"), torch.device("cpu"), 1, EngineTuning(int8_kernel="fast"))
@@ -197,7 +197,7 @@ def test_a_job_that_finishes_no_task_for_a_while_prints_a_heartbeat(capsys):
 
 
 def test_the_path_is_a_recorded_parameter_and_part_of_the_cache_identity(tiny):
-    from agents.models import build_model
+    from serving import build as build_model
     from flows.cache import model_identity
 
     cfg = _conf(tiny, weights="dtype")
@@ -227,7 +227,7 @@ def test_onednn_packed_int8_matmul_gives_exactly_the_int_mm_values():
     """oneDNN's int8 matmul over its own packing of the weights (Int8Plan kernel "onednn"): the same values as the
     other kernels at every width the engine feeds it (1 row, decode, draft steps, prefill groups), with and without
     bias, so a plan that takes it changes no answer."""
-    from agents.serving.int8 import Int8Linear, Int8Plan, onednn_available
+    from serving.int8 import Int8Linear, Int8Plan, onednn_available
 
     if not onednn_available():
         pytest.skip("this torch has no oneDNN int8 ops")
@@ -258,7 +258,7 @@ def test_the_int8_paths_are_timed_over_the_matrices_the_engine_multiplies():
     stacked) and the rest one each, the same multiply-adds as the seven linears the float32 path times."""
     from transformers import AutoModelForCausalLM
 
-    from agents.serving.int8 import Int8Group, quantize_int8
+    from serving.int8 import Int8Group, quantize_int8
 
     config = tiny_qwen2()
     shapes = paths.model_shapes(config)
@@ -282,7 +282,7 @@ def test_a_job_is_told_it_measures_first_exactly_when_resolving_times_the_paths(
     """flows/job.py starts Prefect's server after the build when will_measure says the build times this machine's
     paths (so the server's start-up does not fall on the timings), beside it otherwise: the two must agree for every
     setting of the weights, the int8 kernel and the compiled loops."""
-    from agents.serving.tuning import EngineTuning
+    from serving.tuning import EngineTuning
 
     monkeypatch.setenv("FIXLAB_CACHE", str(tmp_path / "cache"))  # nothing cached
 

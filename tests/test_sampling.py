@@ -1,4 +1,4 @@
-"""A sampled row's draws (agents/serving/sampling.py): the compiled loop gives torch.multinomial's picks with a
+"""A sampled row's draws (serving/sampling.py): the compiled loop gives torch.multinomial's picks with a
 torch.Generator seeded alike, draw after draw, its errors included; so a sampled request's answer is the one torch's
 generator gives (issue #52: make eval's answers bit-identical)."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch  # noqa: E402
 
 from agents.models.base import GenRequest  # noqa: E402
 from agents.models.config import TransformersModelConf  # noqa: E402
-from agents.serving import EngineTuning, native, sampling  # noqa: E402
-from agents.serving.hf import TransformersModel  # noqa: E402
+from serving import EngineTuning, native, sampling  # noqa: E402
+from serving.hf import TransformersModel  # noqa: E402
 from tiny_models import make_random_model, tiny_qwen2  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="needs gcc for fixlab's compiled kernels")
@@ -67,7 +67,7 @@ def test_a_steps_probabilities_in_one_softmax_are_each_rows_own():
     temperature, its neighbours or a NaN beside it."""
     from types import SimpleNamespace
 
-    from agents.serving.engine import SAMPLED_ROWS, BatchEngine
+    from serving.engine import SAMPLED_ROWS, BatchEngine
 
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(11, 151936, generator=g) * 8

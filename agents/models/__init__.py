@@ -2,7 +2,6 @@
 (agents/models/config.py; conf/model/*.yaml)."""
 from __future__ import annotations
 
-from ..extras import require
 from .base import Generation, GenRequest, Model, ModelUnavailable
 from .config import (MODEL_CONFS, AnswersModelConf, LlamaCppModelConf, ModelConf, OpenAIModelConf, OracleModelConf,
                      TransformersModelConf)
@@ -17,17 +16,8 @@ def build_model(conf: ModelConf, dataset=None) -> Model:
         from .doubles import OracleModel
 
         return OracleModel(load_tasks(dataset or DatasetConf()), conf)
-    if isinstance(conf, TransformersModelConf):
-        runtime = str(conf.runtime or "auto").strip().lower()
-        require("llamacpp" if runtime == "llamacpp" else "local", f"model={conf.name}", ModelUnavailable)
-        from ..serving import build
-
-        return build(conf)  # fixlab's engine, or llama.cpp where `runtime: auto` measured it faster
-    if isinstance(conf, LlamaCppModelConf):
-        require("llamacpp", f"model={conf.name}", ModelUnavailable)
-        from ..serving import build
-
-        return build(conf)
+    if isinstance(conf, (TransformersModelConf, LlamaCppModelConf)):  # the local engine lives in serving/, above us
+        raise ModelUnavailable(f"model={conf.name} ({conf.backend}) runs on this machine: build it with serving.build")
     if isinstance(conf, AnswersModelConf):
         from .doubles import RecordedAnswers
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# The one line for a backend whose pip extra is not installed (agents/extras.py), for the backends in agents/serving,
+# The one line for a backend whose pip extra is not installed (agents/extras.py), for the backends in serving/,
 # which import the model layer (agents.models) only.
 from ..extras import message as extra_message, require as require_extra  # noqa: F401 (re-exported)
 

@@ -1,7 +1,7 @@
 """The model's typed settings, one record per backend: the only place their defaults are defined.
 conf/model/<name>.yaml picks a record as its schema (flows/schema.py) and holds only what differs from it:
 which weights, and the runtime knobs a model was measured faster with. The local engine's internal settings are not
-here: agents/serving/tuning.py EngineTuning. A knob that changes no answer (where a job
+here: serving/tuning.py EngineTuning. A knob that changes no answer (where a job
 runs and how fast) says so on its field: `metadata={"neutral": why}` (flows/neutral.py derives the list from it)."""
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ class ModelConf:
 
 @dataclass
 class TransformersModelConf(ModelConf):
-    """A local causal LM through transformers and fixlab's batching engine (agents/serving/hf.py, engine.py).
+    """A local causal LM through transformers and fixlab's batching engine (serving/hf.py, engine.py).
 
     Twelve serving knobs a user sets (issue #51: every knob earns its place), besides the weights' identity; how the
     engine runs beyond them (KV cache dtype, attention and matmul kernels, prefill chunk, gather wait, heap trims,
-    draft lookup) is decided by the engine and measured paths, not by a user: agents/serving/tuning.py EngineTuning,
-    which tests and benchmarks set through agents.serving.build(conf, tuning)."""
+    draft lookup) is decided by the engine and measured paths, not by a user: serving/tuning.py EngineTuning,
+    which tests and benchmarks set through serving.build(conf, tuning)."""
 
     backend: str = "transformers"
-    # --- the weights: exactly one of model (hub id), pack (agents/serving/packs.py PACKS) or path (a folder)
+    # --- the weights: exactly one of model (hub id), pack (serving/packs.py PACKS) or path (a folder)
     model: str | None = None
     revision: str | None = None  # hub revision; pin a commit sha for reproducible runs
     pack: str | None = None
@@ -38,18 +38,18 @@ class TransformersModelConf(ModelConf):
     # auto = bfloat16 on cuda; on cpu float32 beside int8 weights (bf16 decode attention is slower there), else
     # bfloat16 where the cpu has bf16 instructions (avx512_bf16, amx), else float32
     dtype: str = "auto"
-    # dtype = weights in that dtype; int8 = cpu matmuls in int8, per-row scales (agents/serving/int8.py); auto = on
-    # cpu the faster of int8, float32 and bf16 as measured here (agents/serving/paths.py), dtype elsewhere
+    # dtype = weights in that dtype; int8 = cpu matmuls in int8, per-row scales (serving/int8.py); auto = on
+    # cpu the faster of int8, float32 and bf16 as measured here (serving/paths.py), dtype elsewhere
     weights: str = "dtype"
     # modules left in the dtype under int8: lm_head by default, as its argmax over the vocabulary is where rounding
     # would flip tokens first; [] quantizes it too (faster decode, other numerics)
     int8_skip: list[str] = field(default_factory=lambda: ["lm_head"])
     # engine = fixlab's engine; llamacpp = llama.cpp on a pack's GGUF; continuous / static = transformers' continuous
-    # batching / static cache (+ torch.compile on a GPU; agents/serving/kept.py); auto = measured here: on a GPU the
+    # batching / static cache (+ torch.compile on a GPU; serving/kept.py); auto = measured here: on a GPU the
     # faster of continuous and static, on a CPU the engine (or, for a pack, llama.cpp where it is faster and the
     # engine's answers would not repeat)
     runtime: str = "engine"
-    # torch CPU threads; null = the cores this process may use (agents/serving/cores.py)
+    # torch CPU threads; null = the cores this process may use (serving/cores.py)
     threads: int | None = field(default=None, metadata={"neutral": SPEED})
     # --- batching engine (agents call generate() from many threads; the engine batches them)
     # false = one request at a time through transformers generate (the reference path)
@@ -68,11 +68,11 @@ class TransformersModelConf(ModelConf):
 
 @dataclass
 class LlamaCppModelConf(ModelConf):
-    """A GGUF served by llama.cpp (xllamacpp) embedded in the job (agents/serving/llamacpp.py). None of the runtime
+    """A GGUF served by llama.cpp (xllamacpp) embedded in the job (serving/llamacpp.py). None of the runtime
     knobs changes an answer."""
 
     backend: str = "llamacpp"
-    pack: str | None = None  # a registry pack (agents/serving/packs.py PACKS) ...
+    pack: str | None = None  # a registry pack (serving/packs.py PACKS) ...
     gguf: str | None = None  # ... or the path of a .gguf file
     # sequences decoded together (llama.cpp parallel slots); runner.workers should match
     slots: int = field(default=8, metadata={"neutral": SPEED})

@@ -1,5 +1,5 @@
 """The strict reader of Hermes/Qwen-style <tool_call>{"name": ..., "arguments": ...}</tool_call> blocks: what a local
-backend (agents/serving/hf.py) returns as Generation.tool_calls, in OpenAI's shape. ReAct's tolerant reader of the
+backend (serving/hf.py) returns as Generation.tool_calls, in OpenAI's shape. ReAct's tolerant reader of the
 same blocks is agents/toolcalls.py.
 """
 from __future__ import annotations

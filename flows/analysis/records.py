@@ -60,7 +60,7 @@ def param_values(params: dict) -> dict[str, str]:
     """Params as strings, a whole number written one way: the typed config logs `10.0` where older runs logged `10`,
     and the same setting must not read as a knob that differs. A knob retired since the run, at the default it had,
     is dropped (flows/schema.py RETIRED): the same configuration as a newer run without it. A local model's run from
-    before the path was recorded (agents/serving/paths.py) took fixlab's engine, with int8 weights where `weights`
+    before the path was recorded (serving/paths.py) took fixlab's engine, with int8 weights where `weights`
     was auto or int8 (all of them ran on CPUs): filled in, so that such a run is never pooled with a run that took
     another path."""
     out = without_retired({k: re.sub(r"^(-?\d+)\.0+$", r"\1", str(v)) for k, v in params.items()})

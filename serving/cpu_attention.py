@@ -13,7 +13,7 @@ tokens); when it is large enough to pay for a few small ops a row (PADDING_SHARE
 attends to its own columns only.
 
 With the float16 KV cache (EngineTuning.kv_dtype, the default on CPU where fixlab's compiled kernels build) the same
-steps go to native.decode_attention instead (agents/serving/kernels.c): it reads half the bytes, widened to float32, and
+steps go to native.decode_attention instead (serving/kernels.c): it reads half the bytes, widened to float32, and
 each row only over the columns its mask lets it see, with no per-row Python calls; on AVX-512 CPUs with fused
 multiply-adds and each block of query rows' sums held in registers. On the 2-core EPYC at 32 rows x 700 tokens:
 attention 63 ms a step against 97 here (decode-profile-20261127T190040Z / 190227Z), then 34 against 55 for the

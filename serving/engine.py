@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
+from agents.models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
 from . import decoder, packed
 from .batching import gather
 from .drafts import Drafts
@@ -113,7 +113,7 @@ class BatchEngine(Drafts, Reuse):
         self.kv_dtype = kv_dtype
         # KV budget of the running batch (rows x padded length x kv_token_bytes); 0 = none. See _take_new.
         self.kv_budget, self.kv_token_bytes = int(kv_cache_mib * 2**20), kv_token_bytes(model, kv_dtype)
-        self.heap_trim = bool(heap_trim)  # hand free heap memory back to the OS (agents/serving/heap.py)
+        self.heap_trim = bool(heap_trim)  # hand free heap memory back to the OS (serving/heap.py)
         if self.heap_trim:
             map_large_blocks()  # process-wide: freed KV buffers and activations leave at once, not at the next trim
         self.stats = {"steps": 0, "prefills": 0, "row_steps": 0, "max_rows": 0, "recoveries": 0,

@@ -1,6 +1,6 @@
 """The local serving stack (transformers with fixlab's batching engine, llama.cpp) behind agents.models' Model protocol.
 
-Its public surface, all that code outside agents/serving needs (flows/ imports this package only, never a module
+Its public surface, all that code outside serving/ needs (flows/ imports this package only, never a module
 inside it: tests/test_layout.py):
 - the Model protocol and its request and answer (agents/models/base.py): Model, GenRequest, Generation,
   ModelUnavailable;
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..models.base import Generation, GenRequest, Model, ModelUnavailable
-from ..models.config import LlamaCppModelConf, TransformersModelConf
+from agents.models.base import Generation, GenRequest, Model, ModelUnavailable
+from agents.models.config import LlamaCppModelConf, TransformersModelConf
 from .heap import use_huge_pages
 from .tuning import EngineTuning
 
@@ -31,21 +31,31 @@ use_huge_pages()  # before torch's first CPU allocation, which reads it (heap.py
 NUMERICS = 2
 
 
+def serves(conf) -> bool:
+    """Whether a model config runs here, on this machine's engine (transformers, llamacpp), not behind an API."""
+    return isinstance(conf, (TransformersModelConf, LlamaCppModelConf))
+
+
 def build(conf: TransformersModelConf | LlamaCppModelConf, tuning: EngineTuning | None = None) -> Model:
-    """The model a config serves through. transformers: fixlab's engine, transformers' own batching (kept.py) or, for
-    a registry pack, llama.cpp, as configured or measured here (runtime.py; prints the path line and remembers the
-    path for `recorded_path`); llamacpp: llama.cpp embedded in the job. Checks no extra: agents.models.build_model
-    says which pip extra is missing first. `tuning`: the engine's internal settings for a transformers config (None:
-    the defaults, what every job runs; tests and benchmarks set others)."""
+    """The model a config serves through: the one entry the job calls for a model that runs here. transformers:
+    fixlab's engine, transformers' own batching (kept.py) or, for a registry pack, llama.cpp, as configured or
+    measured here (runtime.py; prints the path line and remembers the path for `recorded_path`); llamacpp: llama.cpp
+    embedded in the job. A missing pip extra is one line naming it. `tuning`: the engine's internal settings for a
+    transformers config (None: the defaults, what every job runs; tests and benchmarks set others)."""
+    from agents.models.base import require_extra
+
     if isinstance(conf, TransformersModelConf):
+        runtime = str(conf.runtime or "auto").strip().lower()
+        require_extra("llamacpp" if runtime == "llamacpp" else "local", f"model={conf.name}", ModelUnavailable)
         from .runtime import build_local
 
         return build_local(conf, tuning)
     if isinstance(conf, LlamaCppModelConf):
+        require_extra("llamacpp", f"model={conf.name}", ModelUnavailable)
         from .llamacpp import LlamaCppModel
 
         return LlamaCppModel(conf)
-    raise ModelUnavailable(f"agents.serving serves transformers and llamacpp configs, not {conf.backend!r}")
+    raise ModelUnavailable(f"serving serves transformers and llamacpp configs, not {conf.backend!r}")
 
 
 def cache_root() -> Path:

@@ -9,7 +9,7 @@ import json
 import time
 from dataclasses import asdict, replace
 
-from ..models.config import LlamaCppModelConf, TransformersModelConf
+from agents.models.config import LlamaCppModelConf, TransformersModelConf
 from .paths import DECODE_ROWS, Choice, cache_key, read_cached, say, shapes_for, write_cached
 from .tuning import EngineTuning
 
@@ -20,7 +20,7 @@ def _rates(model, rows: int, new_tokens: int) -> dict:
     tokens/s of one long prompt that shares no prefix with anything before it}."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..models.base import GenRequest
+    from agents.models.base import GenRequest
 
     def req(i, n):
         return GenRequest(messages=[{"role": "user", "content": f"List the integers from {i} to {i + 500}, one "
@@ -232,7 +232,7 @@ def _llamacpp(cfg: TransformersModelConf, cached: dict | None, reason: str):
     model = LlamaCppModel(llamacpp_conf(cfg))
     model.choice = Choice(weights="gguf", dtype="gguf", int8=None, runtime="llamacpp", reason=reason,
                           why_not="llama.cpp's sums depend on which slots share a batch (measured: "
-                                  "agents/serving/README.md)",
+                                  "serving/README.md)",
                           decode_tok_s={k: r["decode"] for k, r in (cached or {}).get("rates", {}).items()})
     say(f"path: {model.choice.label()}: {reason}; {model.choice.repeat_words()}")
     return model

@@ -33,7 +33,7 @@ from typing import Callable
 
 from filelock import FileLock, Timeout
 
-from ..models.base import ModelUnavailable
+from agents.models.base import ModelUnavailable
 
 _CHUNK = 8 << 20
 DONE_MARKER = "fixlab_pack.json"  # written last inside the converted folder; its presence means "complete"
@@ -513,7 +513,7 @@ def ensure_gguf(name: str, install: bool | None = None) -> Path:
 
 
 # The child that converts: the pack as JSON, then the GGUF's folder and the output folder.
-_CONVERT = ("import json, sys; from pathlib import Path; from agents.serving.packs import Pack, Part, convert; "
+_CONVERT = ("import json, sys; from pathlib import Path; from serving.packs import Pack, Part, convert; "
             "d = json.loads(sys.argv[1]); d['parts'] = tuple(Part(**p) for p in d['parts']); "
             "print(convert(Pack(**d), Path(sys.argv[2]), Path(sys.argv[3])))")
 
@@ -522,14 +522,14 @@ def _convert_apart(pack: Pack, gguf_dir: Path, out: Path) -> str:
     """convert() in a child process, so that its heap (GGUF metadata, tensors on their way to float32, the tokenizer's
     parse) leaves with it instead of staying in the job that converts its pack at first use. Its warnings and errors
     reach the same stderr."""
-    root = str(Path(__file__).resolve().parents[2])  # the folder holding `agents`, for a child started from anywhere
+    root = str(Path(__file__).resolve().parents[1])  # the folder holding `serving`, for a child started from anywhere
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     r = subprocess.run([sys.executable, "-c", _CONVERT, json.dumps(asdict(pack)), str(gguf_dir), str(out)],
                        env=env, stdout=subprocess.PIPE, text=True)
     lines = r.stdout.strip().splitlines()
     if r.returncode or not lines:
         raise ModelUnavailable(f"converting pack {pack.name} failed (the converter exited {r.returncode}; its error is "
-                               f"above): run `python -m agents.serving.packs {pack.name}` to see it alone")
+                               f"above): run `python -m serving.packs {pack.name}` to see it alone")
     return lines[-1]
 
 
@@ -556,12 +556,12 @@ def ensure_pack(name: str, install: bool | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """python -m agents.serving.packs [PACK ...]: prepare packs ahead of a run and print their folders."""
+    """python -m serving.packs [PACK ...]: prepare packs ahead of a run and print their folders."""
     import argparse
 
-    from ..models.base import require_extra as require
+    from agents.models.base import require_extra as require
 
-    require("local", "python -m agents.serving.packs", SystemExit)  # converting a pack needs torch and transformers
+    require("local", "python -m serving.packs", SystemExit)  # converting a pack needs torch and transformers
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("packs", nargs="*", default=list(PACKS), help=f"default: all ({', '.join(PACKS)})")
     args = ap.parse_args(argv)

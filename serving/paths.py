@@ -36,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..models.config import TransformersModelConf
+from agents.models.config import TransformersModelConf
 from . import machine
 
 CACHE_VERSION = 5  # 2: weights streamed from memory, as a whole model's; 3: the cut's probe is warm; 4: runtime by job time;
@@ -61,7 +61,7 @@ class Choice:
     matmul_ms: dict = field(default_factory=dict)  # path -> {rows: ms of a decode step's matmuls}
     decode_tok_s: dict = field(default_factory=dict)  # runtime -> decode tokens/s of 32 real requests (step 2)
     # whether a row's answer depends only on its own prompt, seed and temperature (set by the model once loaded:
-    # TransformersModel._why_not_repeatable; llama.cpp's does not, measured: agents/serving/README.md)
+    # TransformersModel._why_not_repeatable; llama.cpp's does not, measured: serving/README.md)
     deterministic: bool = False
     why_not: str = ""  # what keeps it from repeating, when it does not
 

@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..models.base import Generation, GenRequest, RequestError, answer_budget, cut_at_stop
+from agents.models.base import Generation, GenRequest, RequestError, answer_budget, cut_at_stop
 from .batching import gather
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ import logging
 import socket
 import threading
 
-from ..models.base import Generation, GenRequest, ModelUnavailable, extra_message
+from agents.models.base import Generation, GenRequest, ModelUnavailable, extra_message
 from .cores import claim_threads
-from ..models.config import LlamaCppModelConf, OpenAIModelConf
-from ..models.openai_backend import OpenAIModel
+from agents.models.config import LlamaCppModelConf, OpenAIModelConf
+from agents.models.openai_backend import OpenAIModel
 
 log = logging.getLogger(__name__)
 SPECULATIVE = ("none", "ngram")

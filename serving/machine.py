@@ -1,6 +1,6 @@
 """What machine a measurement ran on: the CPU's model name and the instruction-set flags that decide which kernels it
 can run, or the GPU. One helper for every results file (benchmarks/, the full-size recorder, MLflow params) and for
-the path chooser's cache key (agents/serving/paths.py). Imports no torch: a hosted-model job describes its machine too.
+the path chooser's cache key (serving/paths.py). Imports no torch: a hosted-model job describes its machine too.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """fixlab's compiled CPU loops (kernels.c): int8's input rounding and output scaling (EngineTuning.int8_native), and
-decode attention over a float16 KV cache (EngineTuning.kv_dtype, agents/serving/cpu_attention.py).
+decode attention over a float16 KV cache (EngineTuning.kv_dtype, serving/cpu_attention.py).
 
 Int8 loops. Why: around each torch._int_mm the eager path makes five passes over memory (abs, amax, divide, round,
 cast in; int32 to float, two multiplies, add out), each a new tensor or a full read and write. On a 2-core EPYC they took
@@ -11,7 +11,7 @@ turning this on or off changes no answer.
 
 3. int8 matmul over packed weights (`PackedInt8`): exact integer sums as torch._int_mm, for CPUs where that is slow
 (AVX2-only: a reference loop) or slower than this kernel (few rows); which one a job uses is measured
-(agents/serving/paths.py).
+(serving/paths.py).
 
 Built once per machine and instruction set at first use: gcc -O3 -march=native -fopenmp (ISAS: or AVX2 only) into
 FIXLAB_CACHE/kernels (~0.3 s), named by a hash of the source, the compiler, the flags and the CPU's flags. Loaded after torch, so its OpenMP calls run on the runtime

@@ -6,7 +6,7 @@ The product is exact in int32, then scaled back. Three kernels compute it, with 
 torch._int_mm (oneDNN: AMX or VNNI where the CPU has them; on AVX2-only CPUs a reference loop, 11-31x slower than
 float32), oneDNN's int8 matmul over weights it packed once (`onednn`: _int_mm reorders them on every call) and
 fixlab's own over packed weights (native.PackedInt8: AVX-512 VNNI, AVX2 or portable loops). Which one
-runs at which number of rows is measured on each machine (agents/serving/paths.py; EngineTuning.int8_kernel forces
+runs at which number of rows is measured on each machine (serving/paths.py; EngineTuning.int8_kernel forces
 one). The rounding and the scaling run as two compiled loops where gcc builds them (native.py, EngineTuning.int8_native;
 bit-equal to the eager ops kept below): on the 2-core EPYC they cut the work around the products from about 97 to 23
 ms a decode step.

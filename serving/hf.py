@@ -10,9 +10,9 @@ import os
 import threading
 import time
 
-from ..models.base import Generation, GenRequest, ModelUnavailable
-from ..models.config import TransformersModelConf
-from ..models.toolcalls import parse_tool_calls
+from agents.models.base import Generation, GenRequest, ModelUnavailable
+from agents.models.config import TransformersModelConf
+from agents.models.toolcalls import parse_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class TransformersModel:
         self._cores = None
         if self.device.type == "cpu":
             # torch defaults to the physical cores of the machine, which can exceed what this process may use,
-            # and two processes that take every core starve each other: a fair share (agents/serving/cores.py).
+            # and two processes that take every core starve each other: a fair share (serving/cores.py).
             from .cores import claim_threads
 
             self._cores = claim_threads(cfg.threads)
@@ -249,7 +249,7 @@ class TransformersModel:
         import torch
         from transformers import GenerationConfig
 
-        from ..models.base import answer_budget
+        from agents.models.base import answer_budget
         from .kept import finish
 
         n = len(ids)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..models.base import ModelUnavailable
-from ..models.config import TransformersModelConf
+from agents.models.base import ModelUnavailable
+from agents.models.config import TransformersModelConf
 
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16", "half": "float16"}
@@ -51,7 +51,7 @@ def cpu_has_native_bf16() -> bool:
 def resolve_dtype(name: str | None, device, weights: str = "dtype"):
     """auto: bf16 on CUDA (fp16 where bf16 is unsupported). On CPU with int8 weights fp32: the int8 matmuls do the
     heavy work, and the rest (attention, norms, lm_head) ran slower in bf16 (decode attention over a padded batch:
-    SDPA 906 ms a step in bf16 against 146 in fp32 and 100 on fixlab's fp32 path, agents/serving/cpu_attention.py).
+    SDPA 906 ms a step in bf16 against 146 in fp32 and 100 on fixlab's fp32 path, serving/cpu_attention.py).
     Otherwise on CPU fp32 where fixlab's compiled kernels build: its answers repeat whatever shares the batch, and a
     bf16 row's last bits depend on its batch (batch-invariant serving: bf16 only when asked for). Without the kernels,
     bf16 where the CPU has bf16 instructions, else fp32 (emulated bf16 is several times slower)."""
@@ -77,7 +77,7 @@ WEIGHTS = ("auto", "dtype", "int8")
 
 
 def resolve_weights(name: str | None, device) -> str:
-    """dtype: weights kept in the model's dtype; int8: decoder matmuls in int8 on CPU (agents/serving/int8.py);
+    """dtype: weights kept in the model's dtype; int8: decoder matmuls in int8 on CPU (serving/int8.py);
     auto: int8 on CPU, dtype elsewhere."""
     name = str(name or "dtype").strip().lower()
     if name not in WEIGHTS:
@@ -94,8 +94,8 @@ KV_DTYPES = ("auto", "float16", "float32")
 
 def resolve_kv_dtype(name: str | None, device, dtype, cpu_attention: bool = True):
     """The batching engine's KV cache dtype (EngineTuning.kv_dtype, tuning.py), None = the model's. float16: decode
-    attention reads half the bytes, widened to float32 as it reads (agents/serving/kernels.c); CPU with float32 compute
-    only. auto: float16 there when fixlab's compiled kernels build (agents/serving/native.py), else the model's
+    attention reads half the bytes, widened to float32 as it reads (serving/kernels.c); CPU with float32 compute
+    only. auto: float16 there when fixlab's compiled kernels build (serving/native.py), else the model's
     dtype."""
     import torch
 

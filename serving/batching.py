@@ -1,4 +1,4 @@
-"""What every batcher in agents/serving does before a step: wait for a first request, then a little for company."""
+"""What every batcher in serving/ does before a step: wait for a first request, then a little for company."""
 from __future__ import annotations
 
 import time

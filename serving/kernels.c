@@ -1,6 +1,6 @@
-/* fixlab's compiled CPU loops, built at first use by agents/serving/native.py with gcc -O3 -march=native -fopenmp
+/* fixlab's compiled CPU loops, built at first use by serving/native.py with gcc -O3 -march=native -fopenmp
    -ffp-contract=off and run on the OpenMP runtime torch has already loaded (one thread pool for both), with as many
-   threads as torch uses (`threads`: the process's fair share of the cores, agents/serving/cores.py).
+   threads as torch uses (`threads`: the process's fair share of the cores, serving/cores.py).
 
    1. Int8Linear's rounding of its input rows and scaling of its int32 products, one pass each (int8.py).
    2. Attention over a KV cache kept in float16, prefill, decode and draft checks alike, each query's sums in an order

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 # rows x 700 tokens in four processes one after another: 399 and 531 ms against 505 and 689 without; with the stacked
 # int8 groups, against the commit before both: benchmarks/turns.py (results/turns-*.json). Such tensors are
 # page-aligned, so glibc gives each of at least its mmap threshold a mapping of its own (fused.py keeps a prefill's
-# MLP output under PREFILL_BLOCKS). Read once, at torch's first CPU allocation: set when agents.serving is imported.
+# MLP output under PREFILL_BLOCKS). Read once, at torch's first CPU allocation: set when serving is imported.
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 
 
