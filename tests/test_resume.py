@@ -181,7 +181,7 @@ def test_a_stopped_job_leaves_nothing_behind_and_resumes(tmp_path, sig, prefect_
     assert [c for c in children if _alive(c)] == []  # the temporary server and the sandbox jails are gone
     run_id = next(state.iterdir()).name
     if sig == signal.SIGTERM:
-        from flows.evaluate import _Stop  # the grace for tasks in flight, then at most MARK_WAIT_S for the mark
+        from flows.stop import Stop as _Stop  # the grace for tasks in flight, then at most MARK_WAIT_S for the mark
 
         said = proc.stderr.read()[-2000:]
         assert rc == 130 and took < _Stop.GRACE_S + _Stop.MARK_WAIT_S + 1.0, (rc, took, said)
@@ -223,7 +223,7 @@ def test_a_job_whose_parent_died_still_stops_within_seconds(tmp_path, prefect_ap
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(60)
     took = time.monotonic() - t0
-    from flows.evaluate import _Stop
+    from flows.stop import Stop as _Stop
 
     assert rc == 130 and took < _Stop.GRACE_S + _Stop.MARK_WAIT_S + 1.0, (rc, took)
     assert _statuses_once_marked(uri) == {"job": "KILLED"}
