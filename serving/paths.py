@@ -20,11 +20,9 @@ shapes under FIXLAB_CACHE/paths/):
 The decision is a recorded parameter of the run (`serving`: runtime, weights, dtype, and the int8 kernels, which do
 not change answers): runs that took different paths are different configurations (flows/cache.py, flows/frontier.py).
 
-On ARM (Graviton, Apple Silicon; not tested here, no such machine): torch._int_mm has no int8 dot-product kernel there
-and fixlab's int8 matmul is its portable loops, so int8 is timed like everything else and would lose to float32 or
-bf16 (NEON/SVE bf16 through oneDNN where the CPU has it); llama.cpp's NEON dot-product kernels are its strongest
-path there, and the runtime step picks it when it decodes faster. Nothing assumes x86: a path that cannot run is
-not timed, and no path is chosen without a figure.
+On ARM (not tested here: no such machine) int8 runs fixlab's portable loops and is timed like every path, beside
+float32, bf16 and llama.cpp's NEON kernels. Nothing assumes x86: a path that cannot run is not timed, and no path is
+chosen without a figure.
 """
 from __future__ import annotations
 
