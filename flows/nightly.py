@@ -28,8 +28,7 @@ from prefect import flow
 from .config import ConfigError, settings_from
 from .core import task_order
 from .markdown import table
-from .neutral import result_neutral
-from .schema import CONF_DIR, NightlyConf, describe, typed, without_retired
+from .schema import CONF_DIR, NightlyConf, config_diff, describe, typed
 from .tracking import RunTracker
 FLOW_NAME = "fixlab-nightly"
 DEPLOYMENT = "nightly"
@@ -109,7 +108,7 @@ def compare(client, current, baseline, tolerance: float, must_pass: list[str]) -
         cur_tokens = m.get("prompt_tokens", 0) + m.get("completion_tokens", 0)
         base_tokens = b.get("prompt_tokens", 0) + b.get("completion_tokens", 0)
         # a knob retired since the baseline, at the default it had, is no change (flows/schema.py RETIRED)
-        was, now = without_retired(baseline.data.params), without_retired(current.data.params)
+        was, now = baseline.data.params, current.data.params
         report.update({
             "baseline": {"run_id": baseline.info.run_id, "run_name": baseline.info.run_name,
                          "pass@1": b.get("pass_at_1"), "started": _iso(baseline.info.start_time)},
@@ -121,8 +120,7 @@ def compare(client, current, baseline, tolerance: float, must_pass: list[str]) -
             "tokens": {"current": cur_tokens, "baseline": base_tokens, "delta": cur_tokens - base_tokens},
             "wall_s": {"current": m.get("wall_s"), "baseline": b.get("wall_s"),
                        "delta": round((m.get("wall_s") or 0) - (b.get("wall_s") or 0), 2)},
-            "config_changes": {k: [was.get(k), now.get(k)] for k in sorted(set(was) | set(now))
-                               if not result_neutral(k) and was.get(k) != now.get(k)},
+            "config_changes": {k: [was.get(k), now.get(k)] for k in config_diff(was, now)},
         })
         if delta < -tolerance - 1e-9:
             reasons.append(f"pass@1 dropped by {-delta:.4f} (tolerance {tolerance})")

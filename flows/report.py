@@ -19,7 +19,6 @@ from pathlib import Path
 from .analysis.figures import png_bytes
 from .analysis.records import FrontierError
 from .markdown import ALPHA, ci, link, minutes, pts, pval, rate, rounds, table, tok, wrap
-from .neutral import result_neutral
 from .report_languages import section_checks, section_languages, section_leaderboard, section_pass_at_k
 from .results import RESULTS_DIR, ReportError, Run, Sweep, budget_pair, cell, field, load_all, machine_words, pair_runs, records
 from .stats import sign_test_p
@@ -44,16 +43,11 @@ def differs(a: Run, b: Run) -> str:
     """What changes answers between two runs' resolved configs: result-neutral settings left out, and a knob one run
     lacks counted equal to the other's default (a run from before the knob did what its default does)."""
     from .analysis.records import param_values
-    from .schema import knob_default
+    from .schema import config_diff
 
     pa, pb = param_values(a.params or {}), param_values(b.params or {})
-
-    def same(k: str) -> bool:
-        va, vb = pa.get(k), pb.get(k)
-        return va == vb or (va is None and vb == knob_default(k, pb)) or (vb is None and va == knob_default(k, pa))
-
-    keys = sorted(k for k in set(pa) | set(pb) if not same(k) and not result_neutral(k)
-                  and not k.startswith(("dataset.", "fixlab.", "sweep_")) and k not in ("iters", "answers"))
+    keys = [k for k in config_diff(pa, pb)
+            if not k.startswith(("dataset.", "fixlab.", "sweep_")) and k not in ("iters", "answers")]
     words = [f"{k}: {pa.get(k, '-')} vs {pb.get(k, '-')}" for k in keys[:4]]
     return "; ".join(words) + (f" (+{len(keys) - 4} more)" if len(keys) > 4 else "") or "the same config"
 

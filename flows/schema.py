@@ -335,6 +335,25 @@ def knob_default(key: str, params: dict[str, str]) -> str | None:
     return None
 
 
+def config_diff(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """The params (flattened, as runs log them) in which two runs differ in what changes answers: the one question
+    resume, the nightly, a sweep's labels, the report's pairs and the run records ask. No difference: a result-neutral
+    setting; a knob retired since a run, at the default it had; a knob one run predates where the other has it at its
+    default; a local model's path (`serving.*`), which runs from before paths were recorded lack."""
+    from .neutral import result_neutral
+
+    a, b = without_retired(a), without_retired(b)
+
+    def same(k: str) -> bool:
+        va, vb = a.get(k), b.get(k)
+        if va == vb:
+            return True
+        absent, there, params = (va, vb, b) if va is None else (vb, va, a) if vb is None else (1, None, None)
+        return absent is None and (there == knob_default(k, params) or k.startswith("serving."))
+
+    return sorted(k for k in set(a) | set(b) if not result_neutral(k) and not same(k))
+
+
 def job_conf(cfg: dict) -> JobConf:
     """The whole job config as records (a NightlyJobConf when it has a `nightly` block)."""
     data = dict(cfg)

@@ -23,8 +23,7 @@ from typing import Iterable
 
 from .config import ConfigError
 from .core import safe_name, task_order
-from .neutral import result_neutral
-from .schema import TrackingConf, knob_default, without_retired
+from .schema import TrackingConf, config_diff
 from .traces import flush_traces, log_trace, logged_trace_keys, verdict
 from .tracking_store import (DRIVERS, MLRUNS, STORE_LOCK_POLL_S, STORE_LOCK_WAIT_S, artifact_root, brief_store_waits,
                              get_or_create_experiment, open_client, probe, sqlite_path, store_lock, tracking_uri)
@@ -120,12 +119,8 @@ class RunTracker:
             raise ConfigError(f"resume={run_id}: that run belongs to another experiment")
         if run.data.tags.get("fixlab.kind", "job") != "job":
             raise ConfigError(f"resume={run_id}: that is a {run.data.tags['fixlab.kind']} run, not an evaluation job")
-        # a knob retired since that run, at the default it had, is no difference (flows/schema.py RETIRED)
-        old, new = without_retired(run.data.params), {k[:250]: v[:6000] for k, v in flatten(params).items()}
-        diff = sorted(k for k in set(old) | set(new)
-                      if old.get(k) != new.get(k) and not result_neutral(k)
-                      and not (k not in old and new[k] == knob_default(k, new))
-                      and not (k not in old and k.startswith("serving.")))  # runs from before the path was recorded
+        old, new = dict(run.data.params), {k[:250]: v[:6000] for k, v in flatten(params).items()}
+        diff = config_diff(old, new)
         if diff:
             k = diff[0]
             raise ConfigError(f"resume={run_id}: config differs from that run's at {k} "
