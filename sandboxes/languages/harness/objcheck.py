@@ -51,6 +51,18 @@ def demangle(name):
 
 
 def main(cand, exports_file, *others):
+    # the disassembly runs beside the symbol checks (a second core), and is read only if they pass
+    dis_proc = subprocess.Popen(["/usr/bin/objdump", "-d", "--no-show-raw-insn", cand], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+    try:
+        return _check(cand, exports_file, others, dis_proc)
+    finally:
+        if dis_proc.poll() is None:
+            dis_proc.kill()
+        dis_proc.wait()
+
+
+def _check(cand, exports_file, others, dis_proc):
     exports = set(open(exports_file).read().split())
     listed = symbols(cand, "-g")  # one nm: its global definitions and what it leaves undefined
     defined = [(n, t) for n, t in listed if t not in "Uvw"]
@@ -75,8 +87,9 @@ def main(cand, exports_file, *others):
         if base(n) in DENIED or any(p in n for p in DENIED_PARTS):
             return (f"the candidate calls {demangle(n)}, which programs here may not use (file descriptors, "
                     "processes, signals or memory maps)")
-    dis = subprocess.run(["/usr/bin/objdump", "-d", "--no-show-raw-insn", cand], capture_output=True, text=True,
-                         check=True).stdout
+    dis = dis_proc.communicate()[0]
+    if dis_proc.returncode:
+        raise subprocess.CalledProcessError(dis_proc.returncode, "objdump")
     if re.search(r"\s(syscall|sysenter|int\s+\$0x80)\b", dis):
         return "the candidate holds a system-call instruction"
     if local:
