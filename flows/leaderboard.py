@@ -76,7 +76,8 @@ def leaderboard(records: list[Record], label: str | None = None, every: bool = F
     want = label or default_label()
     groups: dict[tuple[str, str, str], list[Record]] = {}
     for r in records:
-        if r.params.get("protocol", "tests") == protocol:
+        # a run of ours judged again (flows.rescore RUN) is that run's model twice: its check, not a row of its own
+        if r.params.get("protocol", "tests") == protocol and r.params.get("model.format") != "run":
             key = (r.params.get("model.name", "?"), r.params.get("dataset.language", "python"), protocol)
             groups.setdefault(key, []).append(r)
     rows, notes = [], []

@@ -45,6 +45,12 @@ def test_a_priced_model_shows_its_cost_per_task_and_another_configuration_can_be
         next(r for r in rows if r.model != "hosted-model").vs_first  # the same answers: nothing between them
     picked, _ = leaderboard(records_from_files([src]), label="single_shot iters=1")
     assert [r.label for r in picked] == ["single_shot iters=1"]
+    # a run of ours judged again (flows.rescore RUN_ID) is its model's check, not a row of its own
+    run["params"].update({"model.name": "rescored-x", "model.format": "run"})
+    run["run_id"] = "e" * 32
+    rescored = tmp_path / "fullsize-rescored.json"
+    rescored.write_text(json.dumps(doc))
+    assert "rescored-x" not in {r.model for r in leaderboard(records_from_files([src, rescored]))[0]}
 
 
 def test_the_command_prints_the_table_and_a_bad_input_is_one_line(tmp_path):
