@@ -254,11 +254,24 @@ def test_the_jail_preloads_every_module_of_the_import_helper():
 
 def test_a_run_step_still_going_after_ten_seconds_yields_the_cpu_but_keeps_its_time_limit(sbx):
     """A compiled language's limits are the reference's (rust 300 s): a loop past them held a core the model needed.
-    After 10 s a run step's processes and threads get niceness 19 (sandboxes/_jail.py), and it still runs to its end."""
+    After 10 s a run step's processes get niceness 19 (sandboxes/_jail.py) and its session's autogroup nice 19
+    (sandboxes/procs.py: each session gets an equal CPU share whatever its processes' nice), and it runs to its end."""
     from sandboxes.languages.base import Program, Step
 
-    step = Step("run", ("/bin/sh", "-c", "nice; sleep 11; nice"), 20.0, processes=4)  # nice prints its niceness
-    res = sbx.run(Program("cpp", (("x", ""),), (step,), "x"), 20)
+    step = Step("run", ("/bin/sh", "-c", "nice; sleep 13; nice"), 20.0, processes=4)  # nice prints its niceness
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(sbx.run, Program("cpp", (("x", ""),), (step,), "x"), 20)
+        import time
+
+        time.sleep(12)
+        groups = []
+        for pid, _, cmd in processes_of_uids(sandbox_uids(sbx)):
+            if cmd.startswith("sleep"):
+                with open(f"/proc/{pid}/autogroup") as f:
+                    groups.append(f.read().split()[-1])
+        res = running.result()
     nice = [int(x) for x in res.stdout.split()]
     assert len(nice) == 2 and nice[1] == 19 and nice[0] < 19, res.stdout + res.stderr
-    assert res.status != "timeout" and res.duration_s > 11
+    if os.path.exists("/proc/sys/kernel/sched_autogroup_enabled"):
+        assert groups == ["19"], groups
+    assert res.status != "timeout" and res.duration_s > 13
