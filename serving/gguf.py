@@ -173,7 +173,11 @@ def _tensor_table(gguf: Path) -> tuple[str, list]:
 
     try:
         from transformers.integrations.gguf.reader import GgufHeader
-    except ImportError:  # older transformers: gguf's own reader (its parsed metadata: 140 MB for 49k tokens)
+
+        header = GgufHeader.from_file(str(gguf))
+    except (ImportError, ValueError):
+        # older transformers, or a quantization its header reader does not size (the 0.5B pack's Q5_0 tensors):
+        # gguf's own reader (its parsed metadata is larger: 140 MB for 49k tokens)
         from transformers.modeling_gguf_pytorch_utils import read_field
 
         reader = GGUFReader(str(gguf))
@@ -183,7 +187,6 @@ def _tensor_table(gguf: Path) -> tuple[str, list]:
     # the types GGUFReader views as values (gguf_reader.py, _build_tensors); every other one as bytes
     values = {T.F16: np.float16, T.F32: np.float32, T.F64: np.float64, T.I8: np.int8, T.I16: np.int16,
               T.I32: np.int32, T.I64: np.int64}
-    header = GgufHeader.from_file(str(gguf))
     table = []
     for t in header.tensors:
         qtype = T(t.ggml_type)

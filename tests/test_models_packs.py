@@ -264,3 +264,24 @@ def test_streamed_conversion_writes_the_same_folder_holding_one_tensor_at_a_time
     # streamed: one tensor at a time plus what both pay (tokenizer, GGUF metadata: ~300 MB here); whole: every tensor
     assert grew["streamed"] < weights < grew["whole"], (grew, weights, peaks)
     assert grew["whole"] - grew["streamed"] > weights / 2, (grew, weights)
+
+
+@pytest.mark.slow
+def test_a_quantization_the_header_reader_cannot_size_falls_back_to_ggufs_own_table(monkeypatch):
+    """transformers' header reader refuses some quantizations (the 0.5B pack's Q5_0 tensors: "ggml type 6 is not
+    supported yet"), and a fresh machine's first 0.5B job then failed to convert its pack. The table comes from
+    gguf's own reader instead, the same rows the header reader gives where it can."""
+    from transformers.integrations.gguf import reader
+
+    from serving import gguf as conversion
+
+    path = packs.ensure_gguf("smollm2-135m")
+    arch, table = conversion._tensor_table(path)
+
+    def refuse(*a, **k):
+        raise ValueError("holds tensors of ggml type 6, which is not supported yet")
+
+    monkeypatch.setattr(reader.GgufHeader, "from_file", classmethod(refuse))
+    fallback_arch, fallback = conversion._tensor_table(path)
+    assert (fallback_arch, [(n, int(q), s, str(d), o) for n, q, s, d, o in fallback]) == \
+        (arch, [(n, int(q), s, str(d), o) for n, q, s, d, o in table])
