@@ -19,7 +19,8 @@ from pathlib import Path
 from .analysis.figures import png_bytes
 from .analysis.records import FrontierError
 from .markdown import ALPHA, ci, link, minutes, pts, pval, rate, rounds, table, tok, wrap
-from .report_languages import section_checks, section_languages, section_leaderboard, section_pass_at_k
+from .report_languages import (section_checks, section_languages, section_leaderboard, section_pass_at_k,
+                               section_rescores)
 from .results import RESULTS_DIR, ReportError, Run, Sweep, budget_pair, cell, field, load_all, machine_words, pair_runs, records
 from .stats import sign_test_p
 
@@ -387,7 +388,7 @@ def results_document(results: Path) -> str:
              *at_a_glance(results), "", "## Headline", "",
              *(x for p in headline(sweeps, cur, verdict_words(frontier_of(results))) for x in (p, "")),
              *section_languages(sweeps, cur), *section_checks(sweeps, cur), *section_leaderboard(results, cur),
-             *section_pass_at_k(files),
+             *section_pass_at_k(files), *section_rescores(files),
              *section_frontier(results, "tests"), "", *section_frontier(results, "hidden"), "",
              *section_sweeps(sweeps, cur), "", *section_runs_speed(sweeps, cur, files), "", *section_speed(files)]
     out = [x if not x or x.startswith(("|", "#", "  ")) else wrap(x, "  " if x.startswith("- ") else "") for x in lines]

@@ -99,3 +99,30 @@ def section_pass_at_k(files: dict) -> list[str]:
                  "or an answers file of N answers a task through `python -m flows.rescore`."), "",
             *table(["model", "language", "configuration", "answers a task", "pass@k (95% bootstrap CI)",
                     "results file"], rows), ""]
+
+
+def section_rescores(files: dict) -> list[str]:
+    """Every recorded rescore (flows.rescore): what it judged again, and how today's verdicts agreed with the old."""
+    rows = []
+    for name, doc in sorted(files.items()):
+        for run in doc.get("runs", []) if doc.get("about", {}).get("kind") == "fullsize" else []:
+            r = run.get("rescore")
+            if not r:
+                continue
+            a = r.get("agreement") or {}
+            p = run.get("params", {})
+            differ = a.get("attempts_differ") or []
+            rows.append([p.get("dataset.language", "python"), f"`{r['source'][:8]}`" if r["format"] == "run" else
+                         r["source"].rsplit("/", 1)[-1], r["format"],
+                         f"{a['attempts_same']} / {a['attempts']}" if a else "-",
+                         "; ".join(differ[:3]) + (f" (+{len(differ) - 3} more)" if len(differ) > 3 else "") or "-",
+                         f"{a['tasks_same']} / {a['tasks']}" if a else "-",
+                         f"{a['old_passed']} -> {a['new_passed']}" if a else f"{run['overall']['passed']}",
+                         link(name)])
+    if not rows:
+        return []
+    return ["## Verdicts judged again (`python -m flows.rescore`)", "",
+            wrap("A recorded run's every attempt run again by today's sandbox, with no model call: the attempts whose "
+                 "status is the same, those that differ, and the tasks whose verdict is the same."), "",
+            *table(["language", "judged again", "format", "attempts, the same status", "attempts that differ",
+                    "tasks, the same verdict", "tasks passed then -> now", "results file"], rows), ""]
