@@ -26,8 +26,8 @@ def pytest_configure(config):
 # The longest files first (make test --durations=0, summed a file; Xeon, 2026-11-29), so that the workers given
 # whole files end together; the rest keep their order. Only a scheduling hint: a stale list costs minutes, never a
 # result.
-LONGEST_FIRST = ("test_repeat_real.py", "test_repeat_nightly.py", "test_resume.py", "test_stream.py",
-                 "test_models_packs.py", "test_concurrency.py", "test_harness_e2e.py", "test_languages_agents.py",
+LONGEST_FIRST = ("test_repeat_real.py", "test_repeat_nightly.py", "test_resume.py", "test_rescore.py",
+                 "test_stream.py", "test_models_packs.py", "test_concurrency.py", "test_harness_e2e.py", "test_languages_agents.py",
                  "test_dask.py", "test_lang_java.py", "test_lang_rust.py", "test_lang_go.py",
                  "test_sweep_cache.py", "test_models_llamacpp.py", "test_nightly.py", "test_mlflow_sweep.py",
                  "test_sandbox_attacks.py", "test_mlflow_postgres.py", "test_kept_runtimes.py", "test_trace.py",
