@@ -176,8 +176,8 @@ def round_seed(cfg: AgentConfig, task_id: str, rnd: int, turn: int = 0) -> int:
     return zlib.crc32(f"{cfg.seed}|{task_id}|{cfg.sample}|{rnd}|{turn}".encode()) % (2**31)
 
 
-# Settings no full-size run ever varied: constants beside the code that reads them, each with its reason (#51; runs
-# logged while they were knobs read as before: flows/schema.py RETIRED).
+# Settings no full-size run ever varied: constants beside the code that reads them, each with its reason (runs logged
+# while they were knobs read as before: flows/schema.py RETIRED).
 RESAMPLE_TEMPERATURE = 0.8  # a resampled round's temperature: greedy would only repeat round 0
 TEMPERATURE_STEP = 0.2  # rising: each round this much hotter, so a stuck revision is drawn differently ...
 TEMPERATURE_MAX = 1.0  # ... up to this (hotter answers of a small model stop being code)

@@ -19,7 +19,7 @@ from .trace import before_assertion, format_trace, trace_call
 
 _ACTUAL_TAG = "__FIXLAB_VALUE__"
 STYLES = ("shaped", "raw", "verdict")
-# The feedback an agent gets, fixed since no full-size run varied them (#51): shaped (raw, the traceback tail, and
+# The feedback an agent gets, fixed since no full-size run varied them: shaped (raw, the traceback tail, and
 # verdict, pass/fail only, stay as the baselines an ablation would set here) ...
 FEEDBACK_STYLE = "shaped"
 FEEDBACK_CHARS = 1200  # ... within about 300 tokens ...

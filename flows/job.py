@@ -51,8 +51,7 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
     from .prefect_api import start_prefect_api
 
     # Prefect's temporary server (flows/prefect_api.py) starts up beside the model's build, unless the build first
-    # times this machine's paths: its 12-25 s of start-up on 2 cores then fell on those timings (the same machine's
-    # matmuls-alone figure read 126, 155 and 223 tokens/s; issue #52's session-40 note), so it starts after
+    # times this machine's paths: its start-up on 2 cores would fall on those timings and skew them, so it starts after
     prefect = None if runner is not None else "after" if measures_on_build(settings.model) else "beside"
     if prefect == "beside":
         start_prefect_api()

@@ -2,7 +2,7 @@
 in the config records (`metadata={"neutral": why}`: agents/models/config.py, sandboxes/config.py, flows/schema.py
 JobConf, whose runner, tracking and nightly fields cover their whole group, and ServingParams for the recorded
 `serving.*` params); this module only derives the flattened keys ("model.threads", "runner.") from them. The local
-engine's internal settings (serving EngineTuning) were `model.*` knobs until #51: their marks still apply to
+engine's internal settings (serving EngineTuning) were once `model.*` knobs: their marks still apply to
 the params of runs logged then (a run at max_prefill_tokens 8192 is the same configuration as one at 896).
 
 Shared by the trajectory cache key (flows/cache.py), resume's config check (flows/tracking.py), sweep labels
@@ -62,3 +62,22 @@ def result_neutral(key: str, extra: tuple[str, ...] = ()) -> bool:
 def without_neutral(group: str, cfg: dict) -> dict:
     """A config group (e.g. "model") without its result-neutral keys."""
     return {k: v for k, v in cfg.items() if not result_neutral(f"{group}.{k}")}
+
+
+def config_diff(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """The params (flattened, as runs log them) in which two runs differ in what changes answers: the one question
+    resume, the nightly, a sweep's labels, the report's pairs and the run records ask. No difference: a result-neutral
+    setting; a knob retired since a run, at the default it had; a knob one run predates where the other has it at its
+    default; a local model's path (`serving.*`), which runs from before paths were recorded lack."""
+    from .schema import knob_default, without_retired
+
+    a, b = without_retired(a), without_retired(b)
+
+    def same(k: str) -> bool:
+        va, vb = a.get(k), b.get(k)
+        if va == vb:
+            return True
+        absent, there, params = (va, vb, b) if va is None else (vb, va, a) if vb is None else (1, None, None)
+        return absent is None and (there == knob_default(k, params) or k.startswith("serving."))
+
+    return sorted(k for k in set(a) | set(b) if not result_neutral(k) and not same(k))

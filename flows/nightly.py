@@ -28,7 +28,8 @@ from prefect import flow
 from .config import ConfigError, settings_from
 from .core import task_order
 from .markdown import table
-from .schema import CONF_DIR, NightlyConf, config_diff, describe, typed
+from .neutral import config_diff
+from .schema import CONF_DIR, NightlyConf, describe, typed
 from .tracking import RunTracker
 FLOW_NAME = "fixlab-nightly"
 DEPLOYMENT = "nightly"

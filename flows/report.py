@@ -44,7 +44,7 @@ def differs(a: Run, b: Run) -> str:
     """What changes answers between two runs' resolved configs: result-neutral settings left out, and a knob one run
     lacks counted equal to the other's default (a run from before the knob did what its default does)."""
     from .analysis.records import param_values
-    from .schema import config_diff
+    from .neutral import config_diff
 
     pa, pb = param_values(a.params or {}), param_values(b.params or {})
     keys = [k for k in config_diff(pa, pb)

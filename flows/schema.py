@@ -48,8 +48,8 @@ class ThreadsRunnerConf(RunnerConf):
     """Prefect ThreadPoolTaskRunner: tasks run in threads of this process and share one model and sandbox."""
 
     name: str = "threads"
-    # tasks in flight; the model engine batches their requests (the 1.5B pack: max_batch 48). make eval at 48: 693 s,
-    # 27.5 rows a step, 5.5 GB; at 64: 681 s, 5.7 GB, rows waiting for KV room (issue #52's results files)
+    # tasks in flight; the model engine batches their requests (the 1.5B pack: max_batch 48): more only wait for KV
+    # room (make eval's results files at 48 and 64)
     workers: int = 48
 
 
@@ -86,7 +86,7 @@ class ServingParams:
 # (`without_retired`: the frontier, resume's config check, sweep labels and the nightly diff read old runs through it).
 RETIRED = {"model.int8_fuse": "False", "strategy.diagnose": "False", "strategy.edge_case_hint": "False",
            "strategy.few_shot": "0", "strategy.show_diff": "False",
-           # never varied in a full-size run: constants beside the code that reads them since #51
+           # never varied in a full-size run: now constants beside the code that reads them
            "strategy.resample_temperature": "0.8", "strategy.temperature_step": "0.2", "strategy.temperature_max": "1.0",
            "strategy.temperatures": "[0.7, 0.5, 0.3]", "strategy.keep_task_context": "True",
            "strategy.check_signature": "True", "strategy.syntax_path": "True", "strategy.detect_repeats": "True",
@@ -94,7 +94,7 @@ RETIRED = {"model.int8_fuse": "False", "strategy.diagnose": "False", "strategy.e
            "strategy.compute_actual": "True", "strategy.trace_chars": "0", "strategy.stop_after_code": "True",
            "strategy.candidate_temperature": "0.8", "strategy.function_every": "4", "strategy.self_tests_pass": "0.0",
            "strategy.repeat_redraw": "True", "strategy.revise_temperature": "0.2",
-           # the local engine's own settings since #51 (serving/tuning.py EngineTuning: the product runs its
+           # now the local engine's own settings (serving/tuning.py EngineTuning: the product runs its
            # defaults). max_prefill_tokens: old runs carry 896 (the 1.5B pack's yaml, make eval's) or 8192 (the record's
            # default then); one value per key, so a run at 8192 keeps its param and reads as differing here, and then as
            # the same configuration only because EngineTuning marks the field neutral (flows/neutral.py)
@@ -333,25 +333,6 @@ def knob_default(key: str, params: dict[str, str]) -> str | None:
         if f.name == name and f.default is not dataclasses.MISSING and f.default is not MISSING:
             return str(f.default) if not isinstance(f.default, (list, tuple)) else None
     return None
-
-
-def config_diff(a: dict[str, str], b: dict[str, str]) -> list[str]:
-    """The params (flattened, as runs log them) in which two runs differ in what changes answers: the one question
-    resume, the nightly, a sweep's labels, the report's pairs and the run records ask. No difference: a result-neutral
-    setting; a knob retired since a run, at the default it had; a knob one run predates where the other has it at its
-    default; a local model's path (`serving.*`), which runs from before paths were recorded lack."""
-    from .neutral import result_neutral
-
-    a, b = without_retired(a), without_retired(b)
-
-    def same(k: str) -> bool:
-        va, vb = a.get(k), b.get(k)
-        if va == vb:
-            return True
-        absent, there, params = (va, vb, b) if va is None else (vb, va, a) if vb is None else (1, None, None)
-        return absent is None and (there == knob_default(k, params) or k.startswith("serving."))
-
-    return sorted(k for k in set(a) | set(b) if not result_neutral(k) and not same(k))
 
 
 def job_conf(cfg: dict) -> JobConf:

@@ -1,4 +1,4 @@
-"""Where a job's time went: the machine's CPU and the model's engine over the job (issue #52, item 1).
+"""Where a job's time went: the machine's CPU and the model's engine over the job.
 
 A job's results file and summary carry `usage`: wall seconds; the CPU the whole machine was busy over them, in percent
 of one core as `time -v` says it (200% = both of 2 cores; the job is meant to run alone: other load counts too); the

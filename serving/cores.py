@@ -110,9 +110,8 @@ def claim_threads(requested: int | None = None) -> CoreClaim:
 # libgomp (torch's OpenMP on Linux) keeps a team of worker threads for each thread that ran a parallel region, for
 # the life of that thread. Once it manages more threads than the process has cores, it stops spinning between
 # regions, and every parallel op then waits for a futex wake: the model loads (and measures its paths) in the
-# caller's thread and serves from the engine's, so the loader's idle team made every small decode op 18x slower
-# (10 multiplies of 32 x 1536: 49 us from one thread's team, 892 us with a second team alive; a decode step of the
-# 1.5B pack at 32 rows 411 ms, 341 with the loader's team released: issue #52, Xeon with AMX, 2 cores).
+# caller's thread and serves from the engine's, so the loader's idle team made every small decode op many times
+# slower (benchmarks/decode_profile.py's results files, with and without it).
 _gomp = None
 
 

@@ -1,8 +1,8 @@
 """A decode step's float work between the matmuls as compiled loops (EngineTuning.fused_ops; kernels.c section 6).
 
-Why: outside its matmuls and attention, a decode step of the 1.5B pack ran transformers' eager ops, 257 multiplies,
-172 adds and 57 norms at 32 rows, each a dispatch, an allocation and a pass over memory: 40 ms of a 325 ms step on the
-2-core Xeon (issue #52's profile, benchmarks/decode_profile.py). Three of them run here as one loop each, on CPU
+Why: outside its matmuls and attention, a decode step ran transformers' eager ops, hundreds of multiplies, adds and
+norms, each a dispatch, an allocation and a pass over memory: a large share of the step on 2 cores
+(benchmarks/decode_profile.py's results files). Three of them run here as one loop each, on CPU
 float32 only, bit-equal to the ops they replace (the same IEEE operations in the same order on every element; tests/
 test_fused.py), so answers do not move:
 - RMSNorm (Qwen2, Llama): torch still computes the variance (`x.pow(2).mean(-1)`: the sum's order is torch's); the

@@ -7,12 +7,9 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from agents.models.base import ModelUnavailable
 
-if TYPE_CHECKING:  # packs.py imports this module: the record is only named here
-    from .packs import Pack
 
 def _chat_template_from_gguf(path: Path) -> str | None:
     from gguf import GGUFReader
@@ -21,7 +18,7 @@ def _chat_template_from_gguf(path: Path) -> str | None:
     return field.contents() if field is not None else None
 
 
-def convert(pack: Pack, gguf_dir: Path, out: Path, streamed: bool = True) -> str:
+def convert(pack, gguf_dir: Path, out: Path, streamed: bool = True) -> str:  # pack: a packs.Pack
     """Dequantize the GGUF into a plain float32 transformers folder (float32 keeps the dequantized values exact;
     the loader casts to the run's dtype). Tensor by tensor where the architecture allows (write_weights_streamed):
     transformers' own conversion holds the whole float32 model, and saving it copied it again (14.5 GiB peak for
@@ -76,7 +73,7 @@ class _metadata_read_once:
         self._module.load_gguf_checkpoint = self._original
 
 
-def load_tokenizer(pack: Pack, gguf_dir: Path):
+def load_tokenizer(pack, gguf_dir: Path):  # pack: a packs.Pack
     """The pack's tokenizer with its chat template, read from the GGUF, as `convert` writes it (checked to render)."""
     from transformers import AutoTokenizer
 

@@ -89,10 +89,9 @@ M_MMAP_THRESHOLD = -3  # mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
 # Free heap at the top that free() leaves in place. Setting the mmap threshold also freezes glibc's trim threshold at
 # its 128 KiB default (no more dynamic thresholds), so every freed activation over 128 KiB at the heap's top went back
-# to the OS and the next op faulted fresh pages in: each small decode op (a norm's 196 KB, the MLP's 1.1 MB) ran 12x
-# slower than from a warm heap (5 us against 60 for a 32 x 1536 multiply, 58 against 428 for the MLP's silu; issue
-# #52's profile). The engine trims explicitly after each admission (release_free_heap), so this bounds only what
-# sits free between trims.
+# to the OS and the next op faulted fresh pages in: each small decode op (a norm's, the MLP's) ran many times slower
+# than from a warm heap (benchmarks/decode_profile.py). The engine trims explicitly after each admission
+# (release_free_heap), so this bounds only what sits free between trims.
 KEEP_TOP = 64 << 20
 DECODE_BLOCKS = 4 << 20  # mmap threshold while decoding
 PREFILL_BLOCKS = 32 << 20  # while prefilling: glibc's own ceiling (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit)

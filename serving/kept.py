@@ -1,5 +1,5 @@
 """transformers' own batched serving, behind the engine's surface (`generate(request, ids) -> Generation`, `activity`,
-`close`): what serves a local model on a GPU, where fixlab's engine lost to both (issue #53's H100 table). runtime.py
+`close`): what serves a local model on a GPU, where fixlab's engine lost to both (benchmarks/gpu_check.sh). runtime.py
 measures the two here against each other (`runtime: auto` on cuda) and keeps the faster.
 
 - `ContinuousServer`: continuous batching (`model.init_continuous_batching`: paged KV, requests join and leave a

@@ -170,7 +170,8 @@ def _on_gpu(cfg: TransformersModelConf) -> bool:
 def _kept_race(cfg: TransformersModelConf, tuning: EngineTuning):
     """On a GPU, `runtime: auto` serves through the faster of transformers' two batched paths (kept.py), timed on the
     loaded model at `max_batch` real requests, each path warm (a first pass compiles; the second is the figure), then
-    cached per GPU, model shapes and settings. fixlab's engine is not raced there: it lost to both (issue #53)."""
+    cached per GPU, model shapes and settings. fixlab's engine is not raced there: it lost to both on a GPU
+    (benchmarks/gpu_check.sh's results files)."""
     import torch
 
     from .hf import TransformersModel

@@ -196,3 +196,14 @@ def test_the_architecture_walk_names_only_files_that_exist():
     named = {p for p in re.findall(r"`([\w./-]+\.(?:py|c|yaml|md))`", text) if "/" in p}
     assert len(named) > 30
     assert sorted(p for p in named if not (REPO / p).exists()) == []
+
+
+def test_no_production_comment_names_an_issue_or_a_session():
+    """Comments say why; which issue or session a change came from lives in git, not in the code."""
+    import re
+
+    pattern = re.compile(r"issue #?\d+|(?<![\w&])#\d{2,3}\b|session[- ]?\d+", re.I)
+    bad = [f"{p.relative_to(REPO)}:{n}: {line.strip()[:80]}"
+           for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))
+           for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not bad, "\n".join(bad)

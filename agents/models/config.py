@@ -21,7 +21,7 @@ class ModelConf:
 class TransformersModelConf(ModelConf):
     """A local causal LM through transformers and fixlab's batching engine (serving/hf.py, engine.py).
 
-    Twelve serving knobs a user sets (issue #51: every knob earns its place), besides the weights' identity; how the
+    Twelve serving knobs a user sets (each earns its place), besides the weights' identity; how the
     engine runs beyond them (KV cache dtype, attention and matmul kernels, prefill chunk, gather wait, heap trims,
     draft lookup) is decided by the engine and measured paths, not by a user: serving/tuning.py EngineTuning,
     which tests and benchmarks set through serving.build(conf, tuning)."""
