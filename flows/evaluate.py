@@ -106,7 +106,6 @@ if __name__ == "__main__":
         close_all()
         stop_prefect_api()
         # Everything is written. The interpreter's last garbage collection walks every object the job's libraries
-        # made (MLflow, SQLAlchemy, Prefect, transformers): py-spy found a SmolLM2 job in it for 5 s after its last
-        # line; frozen, the job took 44.9 s against 46.6 (farm-bench, 3 pairs). Frozen objects are not walked; the
-        # process's memory goes back to the OS as it exits anyway.
+        # made (MLflow, SQLAlchemy, Prefect, transformers), seconds after the job's last line. Frozen objects are not
+        # walked; the process's memory goes back to the OS as it exits anyway.
         gc.freeze()

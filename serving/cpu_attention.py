@@ -96,10 +96,8 @@ def _real(n: int) -> torch.Tensor | None:
 
 # A row's left padding is skipped (each row attends to its own columns only, one pair of matmuls per row) when the
 # padded slots are at least PADDING_SHARE of the batch's and at least PADDING_SLOTS in all: per-row calls cost a few
-# small ops a row (about 30 ms a step over 28 layers at 32 rows, 2-core EPYC), a padded slot about 6 us (28 layers,
-# K and V). benchmarks/forward.py: at 44% padding a forward of 32 rows x 1200 columns ran 1.09x (1.14x with 4 new
-# tokens a row, 1.05x at 700 columns); without the gate, per-row calls at 27% padding of ~500 columns made decode
-# 0.87x (a drafts.py run during the change).
+# small ops a row, a padded slot only its share of two matmuls, so skipping pays only where padding is a large share
+# (benchmarks/forward.py's results files: the gain with the gate, and the loss below it without).
 PADDING_SHARE = 0.25
 PADDING_SLOTS = 8192
 _memo = threading.local()  # .last = (mask, version, plan): one mask serves every layer of a forward (per thread)

@@ -174,7 +174,7 @@ def _tensor_table(gguf: Path) -> tuple[str, list]:
         header = GgufHeader.from_file(str(gguf))
     except (ImportError, ValueError):
         # older transformers, or a quantization its header reader does not size (the 0.5B pack's Q5_0 tensors):
-        # gguf's own reader (its parsed metadata is larger: 140 MB for 49k tokens)
+        # gguf's own reader (it parses the whole vocabulary, so its metadata is larger)
         from transformers.modeling_gguf_pytorch_utils import read_field
 
         reader = GGUFReader(str(gguf))

@@ -46,9 +46,9 @@ class EngineTuning:
     max_prefill_tokens: int | None = field(default=None, metadata={"neutral": SPEED})
     # free heap back to the OS: a 4 MiB mmap threshold while decoding and a trim after each admission (heap.py)
     heap_trim: bool = field(default=True, metadata={"neutral": "memory only"})
-    # the n-gram a prompt-lookup draft is found by: 3 decoded 52 tokens/s at full batch, 2 48 (benchmarks/drafts.py)
+    # the n-gram a prompt-lookup draft is found by: the fastest at full batch (benchmarks/drafts.py)
     draft_ngram: int = field(default=3, metadata={"neutral": SPEED})
-    # most tokens one forward feeds, all rows' pending tokens and drafts together: 128 decoded 52 tokens/s, 64 47
+    # most tokens one forward feeds, all rows' pending tokens and drafts together: the fastest (benchmarks/drafts.py)
     draft_step_tokens: int = field(default=128, metadata={"neutral": SPEED})
 
     def __post_init__(self):
