@@ -27,9 +27,8 @@ from contextlib import contextmanager
 # touch, so the kernel backs them with 2 MiB pages where transparent huge pages are `madvise` (Debian's and Ubuntu's
 # default) or `always`. A decode step streams the whole int8 model and the KV cache through the TLB, and on 4 KiB
 # pages that is hundreds of thousands of page translations a step (with and without: benchmarks/turns.py). Such
-# tensors are
-# page-aligned, so glibc gives each of at least its mmap threshold a mapping of its own (fused.py keeps a prefill's
-# MLP output under PREFILL_BLOCKS). Read once, at torch's first CPU allocation: set when serving is imported.
+# tensors are page-aligned, so glibc gives each of at least its mmap threshold a mapping of its own (fused.py keeps a
+# prefill's MLP output under PREFILL_BLOCKS). Read once, at torch's first CPU allocation: set when serving is imported.
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 
 
