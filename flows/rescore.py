@@ -25,219 +25,22 @@ import json
 import os
 import re
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents.context import audit_pass, run_test
+from agents.loop import hand_in_held
 from agents.types import Attempt, Task, Trajectory
 
+from .answers import FORMATS, RescoreError, Source, answers_for, code_of, read_file, read_run
 from .config import ConfigError
 
 USAGE = ("usage: python -m flows.rescore RUN_ID [overrides]  |  python -m flows.rescore --answers FILE "
          "[--format auto|bigcode|evalplus|fixlab] [overrides]")
-FORMATS = ("auto", "bigcode", "evalplus", "fixlab")
 JUDGED = ("tested", "submitted")  # the decisions whose answer ran against the full test
 
 
-class RescoreError(ConfigError):
-    """Bad input to a rescore: one line naming the file, row or task, and the fix."""
-
-
-@dataclass
-class Source:
-    """What is judged again: trajectories (a RUN, a results.jsonl) or answers (n a task, by task id)."""
-
-    label: str  # the run id or the file, as given
-    kind: str  # run | bigcode | evalplus | fixlab
-    trajectories: dict[tuple[str, int], Trajectory] = field(default_factory=dict)
-    answers: dict[str, list[str]] = field(default_factory=dict)
-    rows: list = field(default_factory=list)  # a file's rows as read (bigcode's lists are matched to tasks later)
-    params: dict = field(default_factory=dict)  # a RUN's params
-
-    @property
-    def replays(self) -> bool:
-        return self.kind in ("run", "fixlab")
-
-
-# ---------------------------------------------------------------- reading what is judged
-def read_file(path: str, fmt: str = "auto") -> Source:
-    """An answers file, its format told or found; any malformed row is one line naming it."""
-    p = Path(path)
-    if not p.is_file():
-        raise RescoreError(f"--answers {path}: no such file")
-    text = p.read_text(encoding="utf-8", errors="replace")
-    if fmt == "auto":
-        fmt = "bigcode" if text.lstrip().startswith("[") else _jsonl_format(text, path)
-    if fmt == "bigcode":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise RescoreError(f"--answers {path}: not JSON ({e.msg} at line {e.lineno}); bigcode's generations "
-                               f"file is a JSON list of lists of strings") from None
-        if not isinstance(data, list):
-            raise RescoreError(f"--answers {path}: a bigcode generations file is a list of lists of strings")
-        for i, gens in enumerate(data):
-            if not isinstance(gens, list) or not all(isinstance(g, str) for g in gens):
-                raise RescoreError(f"--answers {path}: entry {i} is not a list of strings (bigcode's generations "
-                                   f"are one list per task, in dataset order)")
-        return Source(path, "bigcode", rows=data)
-    rows = _jsonl_rows(text, path)
-    if fmt == "evalplus":
-        answers: dict[str, list[str]] = {}
-        for n, row in rows:
-            if not isinstance(row.get("task_id"), str):
-                raise RescoreError(f"--answers {path}: line {n} has no task_id")
-            answer = row.get("solution", row.get("completion"))
-            if not isinstance(answer, str):
-                raise RescoreError(f"--answers {path}: line {n} ({row['task_id']}) has neither a `solution` nor a "
-                                   f"`completion` string")
-            answers.setdefault(row["task_id"], []).append(("solution" if "solution" in row else "completion", answer))
-        return Source(path, "evalplus", rows=[(tid, a) for tid, a in answers.items()])
-    if fmt == "fixlab":
-        trajs = {}
-        for n, row in rows:
-            try:
-                t = _row_trajectory(row)
-            except (KeyError, TypeError, ValueError) as e:
-                raise RescoreError(f"--answers {path}: line {n} is not a fixlab results row ({e})") from None
-            trajs[(t.task_id, t.sample)] = t
-        return Source(path, "fixlab", trajectories=trajs)
-    raise RescoreError(f"--format {fmt}: use one of {', '.join(FORMATS)}")
-
-
-def _jsonl_rows(text: str, path: str) -> list[tuple[int, dict]]:
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RescoreError(f"--answers {path}: line {n} is not JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise RescoreError(f"--answers {path}: line {n} is not a JSON object")
-        rows.append((n, row))
-    if not rows:
-        raise RescoreError(f"--answers {path}: the file holds no answers")
-    return rows
-
-
-def _jsonl_format(text: str, path: str) -> str:
-    first = _jsonl_rows(text, path)[0][1]
-    if "attempts" in first and "passed_by_budget" in first:
-        return "fixlab"
-    if "solution" in first or "completion" in first:
-        return "evalplus"
-    raise RescoreError(f"--answers {path}: line 1 is neither an EvalPlus sample (task_id + solution or completion) "
-                       f"nor a fixlab results row; say which with --format")
-
-
-def _row_trajectory(row: dict) -> Trajectory:
-    """A results.jsonl row as a trajectory: its attempts' code, decisions and costs (what was judged and what it cost)."""
-    from sandboxes.base import ExecResult
-
-    from agents.types import ModelCall
-
-    attempts = []
-    for a in row["attempts"]:
-        calls = [ModelCall(messages=[], output="", prompt_tokens=int(a.get("prompt_tokens") or 0),
-                           completion_tokens=int(a.get("completion_tokens") or 0))]
-        result = ExecResult(status=a["status"]) if a.get("status") else None
-        attempts.append(Attempt(round=int(a["round"]), decision=a["decision"], code=a.get("code"), result=result,
-                                visible_result=result, calls=calls, seconds=float(a.get("seconds") or 0.0)))
-    budget = len(row.get("passed_by_budget") or [0]) - 1
-    return Trajectory(task_id=row["task_id"], bug_type=row.get("bug_type") or "", strategy="recorded",
-                      attempts=attempts, first_pass_round=row.get("first_pass_round") if row.get("passed") else None,
-                      seconds=float(row.get("seconds") or 0.0), budget=budget, sample=int(row.get("sample", 0)))
-
-
-def read_run(client, store_dir: Path, run_id: str) -> Source:
-    """A run's trajectories: this machine's task store when it has them (exact, no download), else the run's
-    `tasks/` artifacts (a remote store)."""
-    from mlflow.exceptions import MlflowException
-
-    from .core import TaskStore
-
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
-        raise RescoreError(f"{run_id}: no such run in this store (name the store with tracking.uri=...)") from None
-    local = store_dir / "state" / run_id / "tasks"
-    trajs = TaskStore(store_dir, run_id).load_all() if local.is_dir() else []
-    if not trajs:
-        with tempfile.TemporaryDirectory(prefix="fixlab-rescore-") as tmp:
-            try:
-                folder = Path(client.download_artifacts(run_id, "tasks", tmp))
-            except (MlflowException, OSError):
-                folder = Path(tmp) / "none"
-            for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-                trajs.append(Trajectory.from_dict(json.loads(p.read_text())))
-    if not trajs:
-        raise RescoreError(f"{run_id}: the run keeps no trajectories (neither {local} nor its tasks/ artifacts)")
-    return Source(run_id, "run", trajectories={(t.task_id, t.sample): t for t in trajs if t.error is None},
-                  params=dict(run.data.params))
-
-
-def answers_for(source: Source, tasks: list[Task], first_tasks: bool = False,
-                known: set[str] | None = None) -> dict[str, list[str]]:
-    """The answers of each task of the dataset, n for every task; a task id the dataset lacks, or a task with
-    another count, is one line naming it. `first_tasks`: the tasks are the dataset's first (dataset.limit), so a
-    bigcode file of the whole dataset gives its first lists. `known`: every task id of the language's dataset (answers
-    to tasks outside the selection are left out; an id outside it is an error)."""
-    from .core import task_order
-
-    ids = {t.task_id for t in tasks}
-    known = known if known is not None else ids
-    by_id = {t.task_id: t for t in tasks}
-    out: dict[str, list[str]] = {}
-    if source.kind == "bigcode":
-        if len(source.rows) != len(tasks) and not (first_tasks and len(source.rows) > len(tasks)):
-            raise RescoreError(f"--answers {source.label}: {len(source.rows)} task lists for a dataset of {len(tasks)} "
-                               f"tasks (bigcode's lists follow the dataset's order: select the same tasks with "
-                               f"dataset.limit=, or give the whole file)")
-        out = {t.task_id: list(gens) for t, gens in zip(tasks, source.rows)}
-    elif source.kind == "evalplus":
-        for tid, answers in source.rows:
-            if tid not in known:
-                raise RescoreError(f"--answers {source.label}: task {tid} is not a task of the dataset (check "
-                                   f"dataset.language)")
-            if tid not in ids:
-                continue
-            task = by_id[tid]
-            out[tid] = [a if kind == "solution" else task.lang.context(task) + a for kind, a in answers]
-    else:
-        for (tid, _s) in source.trajectories:
-            if tid not in known:
-                raise RescoreError(f"{source.label}: task {tid} is not a task of the dataset (check dataset.language)")
-        return {}
-    counts = {tid: len(out.get(tid, [])) for tid in ids}
-    n = max(counts.values(), default=0)
-    short = sorted((tid for tid, c in counts.items() if c != n), key=task_order)
-    if short:
-        raise RescoreError(f"--answers {source.label}: task {short[0]} has {counts[short[0]]} answer(s) where others "
-                           f"have {n} (every task needs the same count: pass@k is over n answers a task; select "
-                           f"tasks with dataset.limit= or dataset.task_ids=)")
-    return out
-
-
 # ---------------------------------------------------------------- judging
-def code_of(answer: str, task: Task) -> str | None:
-    """An answer's code: a fenced answer's block in the task's language (the agent's reader), else the text."""
-    if "```" not in answer:
-        return answer if answer.strip() else None
-    from agents import multilang
-    from agents.extract import extract_candidate
-
-    if task.lang.name == "python":
-        got = extract_candidate(answer, task, keep_context=True, check_signature=False)
-    else:
-        got = multilang.extract(answer, task)
-    code = getattr(got, "code", got if isinstance(got, str) else None)
-    return code or None
-
-
 def judge_answer(task: Task, sample: int, answer: str, sandbox, agent) -> Trajectory:
     """One answer as round 0 of sample `sample`: run against the full test (and audited, for Python passes)."""
     code = code_of(answer, task)
@@ -278,15 +81,9 @@ def judge_trajectory(task: Task, old: Trajectory, sandbox, agent) -> tuple[Traje
         a.result = result
         agreement.append({"round": a.round, "old": was.status, "new": result.status})
     firsts = [a.round for a in new.attempts if a.passed]
-    new.first_pass_round = min(firsts) if firsts else None
-    if new.held_at_end != "hold" and old.handed_in is not None and new.first_pass_round is None:
-        new.first_pass_round = old.first_pass_round if old.handed_in and _handed_in_passed(new) else None
+    new.first_pass_round, new.handed_in = (min(firsts) if firsts else None), None
+    hand_in_held(new)  # held_at_end=hand_in: what the budget hands in, as the loop decides it
     return new, agreement
-
-
-def _handed_in_passed(t: Trajectory) -> bool:
-    rnd, call = t.handed_in
-    return next((a for a in t.attempts if a.round == rnd), Attempt(0, "no_code")).candidate_passed(call)
 
 
 class Judge:
@@ -418,6 +215,7 @@ def rescore(argv: list[str]) -> dict:
     """The whole command: read, check, judge as a job, say what agreed. Returns the job's summary."""
     from agents.tasks import load_tasks
 
+    from .core import TaskStore
     from .job import run_job
     from .tracking import RunTracker
 
@@ -462,31 +260,19 @@ def rescore(argv: list[str]) -> dict:
         settings = compose(extra + [f"samples={n}", "iters=0"] + overrides)
     judge = Judge(source, answers)
     summary = run_job(settings, runner=judge)
-    agreement = judge.report(RunTrajectories.load(summary, settings))
+    tracker = RunTracker(settings.tracking)
+    tracker.run_id = summary["run_id"]
+    agreement = judge.report(TaskStore(tracker.store_dir, tracker.run_id).load_all())
     summary["rescored"] = {"source": source.label, "format": source.kind}
     if agreement is not None:
         summary["agreement"] = agreement
-    _link(settings, summary, source, agreement)
+    _link(tracker, summary, source, agreement)
     return summary
 
 
-class RunTrajectories:
-    """The new run's trajectories, read back from its task store (what its summary was made of)."""
-
-    @staticmethod
-    def load(summary: dict, settings) -> list[Trajectory]:
-        from .core import TaskStore
-        from .tracking import RunTracker
-
-        return TaskStore(RunTracker(settings.tracking).store_dir, summary["run_id"]).load_all()
-
-
-def _link(settings, summary: dict, source: Source, agreement: dict | None) -> None:
+def _link(tracker, summary: dict, source: Source, agreement: dict | None) -> None:
     """The new run names what it judged again (a tag, and for a RUN a link back), and keeps the agreement."""
-    from .tracking import RunTracker
-
-    tracker = RunTracker(settings.tracking)
-    rid = tracker.run_id = summary["run_id"]
+    rid = tracker.run_id
     results = Path(summary.get("results_file") or "")
     if results.is_file():  # the results file says what it judged again, and how the verdicts agreed
         data = json.loads(results.read_text())
