@@ -77,20 +77,23 @@ def section_leaderboard(results: Path, cur: dict) -> list[str]:
             "", *markdown(rows, link=link).rstrip("\n").split("\n"), ""]
 
 
+def _runs_holding(files: dict, key: str):
+    """(file name, run record, its `key` block) for every job's run record that has one, files in name order."""
+    for name, doc in sorted(files.items()):
+        if doc.get("about", {}).get("kind") == "fullsize":
+            yield from ((name, run, run[key]) for run in doc.get("runs", []) if run.get(key))
+
+
 def section_pass_at_k(files: dict) -> list[str]:
     """Every recorded run of n answers a task: pass@k for each k <= n, each with its bootstrap interval over tasks."""
     rows = []
-    for name, doc in sorted(files.items()):
-        for run in doc.get("runs", []) if doc.get("about", {}).get("kind") == "fullsize" else []:
-            table_k = run.get("pass_at_k")
-            if not table_k:
-                continue
-            p = run.get("params", {})
-            cells = [f"pass@{k} {v['value']:.3f} ({v['ci95'][0]:.3f}-{v['ci95'][1]:.3f})"
-                     for k, v in sorted(table_k.items(), key=lambda kv: int(kv[0]))]
-            rows.append([p.get("model.name", "?"), p.get("dataset.language", "python"),
-                         f"{p.get('strategy.name', '?')} iters={p.get('iters', '?')} temperature={p.get('temperature', '?')}",
-                         p.get("samples", "?"), "; ".join(cells), link(name)])
+    for name, run, table_k in _runs_holding(files, "pass_at_k"):
+        p = run.get("params", {})
+        cells = [f"pass@{k} {v['value']:.3f} ({v['ci95'][0]:.3f}-{v['ci95'][1]:.3f})"
+                 for k, v in sorted(table_k.items(), key=lambda kv: int(kv[0]))]
+        rows.append([p.get("model.name", "?"), p.get("dataset.language", "python"),
+                     f"{p.get('strategy.name', '?')} iters={p.get('iters', '?')} temperature={p.get('temperature', '?')}",
+                     p.get("samples", "?"), "; ".join(cells), link(name)])
     if not rows:
         return []
     return ["## pass@k from n answers a task", "",
@@ -104,21 +107,17 @@ def section_pass_at_k(files: dict) -> list[str]:
 def section_rescores(files: dict) -> list[str]:
     """Every recorded rescore (flows.rescore): what it judged again, and how today's verdicts agreed with the old."""
     rows = []
-    for name, doc in sorted(files.items()):
-        for run in doc.get("runs", []) if doc.get("about", {}).get("kind") == "fullsize" else []:
-            r = run.get("rescore")
-            if not r:
-                continue
-            a = r.get("agreement") or {}
-            p = run.get("params", {})
-            differ = a.get("attempts_differ") or []
-            rows.append([p.get("dataset.language", "python"), f"`{r['source'][:8]}`" if r["format"] == "run" else
-                         r["source"].rsplit("/", 1)[-1], r["format"],
-                         f"{a['attempts_same']} / {a['attempts']}" if a else "-",
-                         "; ".join(differ[:3]) + (f" (+{len(differ) - 3} more)" if len(differ) > 3 else "") or "-",
-                         f"{a['tasks_same']} / {a['tasks']}" if a else "-",
-                         f"{a['old_passed']} -> {a['new_passed']}" if a else f"{run['overall']['passed']}",
-                         link(name)])
+    for name, run, r in _runs_holding(files, "rescore"):
+        a = r.get("agreement") or {}
+        p = run.get("params", {})
+        differ = a.get("attempts_differ") or []
+        rows.append([p.get("dataset.language", "python"), f"`{r['source'][:8]}`" if r["format"] == "run" else
+                     r["source"].rsplit("/", 1)[-1], r["format"],
+                     f"{a['attempts_same']} / {a['attempts']}" if a else "-",
+                     "; ".join(differ[:3]) + (f" (+{len(differ) - 3} more)" if len(differ) > 3 else "") or "-",
+                     f"{a['tasks_same']} / {a['tasks']}" if a else "-",
+                     f"{a['old_passed']} -> {a['new_passed']}" if a else f"{run['overall']['passed']}",
+                     link(name)])
     if not rows:
         return []
     return ["## Verdicts judged again (`python -m flows.rescore`)", "",
