@@ -109,11 +109,17 @@ def hand_in_held(traj: Trajectory) -> None:
         traj.first_pass_round = held[0] if held[2] else None
 
 
+def cost_usd(prompt_tokens: int, completion_tokens: int, prices: tuple[float, float]) -> float:
+    """US dollars for these tokens at (prompt, completion) dollars per million: a task's spend, a run's cost."""
+    return (prompt_tokens * prices[0] + completion_tokens * prices[1]) / 1e6
+
+
 def spent_usd(attempts: list[Attempt], prices: tuple[float, float] | None) -> float:
-    """What the calls so far cost at (prompt, completion) US dollars per million tokens (budget.usd_per_task)."""
+    """What the calls so far cost (budget.usd_per_task); nothing without prices."""
     if prices is None:
         return 0.0
-    return sum(c.prompt_tokens * prices[0] + c.completion_tokens * prices[1] for a in attempts for c in a.calls) / 1e6
+    calls = [c for a in attempts for c in a.calls]
+    return cost_usd(sum(c.prompt_tokens for c in calls), sum(c.completion_tokens for c in calls), prices)
 
 
 def stop_reason(attempts: list[Attempt], iters: int, fallback: str | None) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from serving import measures_on_build
+from agents.loop import cost_usd
 from agents.tasks import load_tasks
 from agents.types import Trajectory
 
@@ -91,7 +92,7 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
         summary = _summary(tracker, trajs, rows, dicts, tasks, settings, run_id, t0)
         prices = model_prices(settings.model)  # a local model has none: its runs say so, never $0
         summary["cost_usd"] = None if prices is None else round(
-            (summary["prompt_tokens"] * prices[0] + summary["completion_tokens"] * prices[1]) / 1e6, 6)
+            cost_usd(summary["prompt_tokens"], summary["completion_tokens"], prices), 6)
         if settings.stream_applies:  # cut from single_shot's answer stream (flows/stream.py)
             summary["stream"] = {"candidates": settings.stream[0], "answers": settings.stream[1]}
         if resume:

@@ -50,19 +50,20 @@ def test_prices_come_from_the_model_and_a_local_model_cannot_be_held_to_a_limit(
 
 
 def test_a_priced_jobs_summary_and_results_record_carry_its_cost_and_a_local_ones_say_none(tmp_path):
+    from agents.loop import cost_usd
     from flows.analysis.run_record import run_record
     from flows.config import model_prices
 
-    s = job_settings("model=openai-gpt-4o")
-    p = model_prices(s.model)
-    summary = {"prompt_tokens": 1_000_000, "completion_tokens": 200_000}
-    cost = round((summary["prompt_tokens"] * p[0] + summary["completion_tokens"] * p[1]) / 1e6, 6)
-    assert cost == 4.5
+    p = model_prices(job_settings("model=openai-gpt-4o").model)
+    assert cost_usd(1_000_000, 200_000, p) == pytest.approx(4.5)  # 2.50 $ the million sent, 10 $ the million back
+    t = task(0)
+    traj = run_agent(t, ScriptedModel([fenced(t.buggy_code)] * 3), sandbox(), agent(strategy="reflection", iters=2))
+    assert spent_usd(traj.attempts, p) == pytest.approx(cost_usd(traj.prompt_tokens, traj.completion_tokens, p))
     rows = [{"task_id": "Python/0", "sample": 0, "passed_by_budget": [True], "attempts": []}]
-    rec = run_record("r", "FINISHED", {"iters": "0"}, rows, {**summary, "cost_usd": cost}, machine="m",
+    rec = run_record("r", "FINISHED", {"iters": "0"}, rows, {"prompt_tokens": 1, "cost_usd": 4.5}, machine="m",
                      machine_source="job")
     assert rec["cost"]["cost_usd"] == 4.5 and rec["per_task_mean"]["cost_usd"] == 4.5
-    local = run_record("r", "FINISHED", {"iters": "0"}, rows, {**summary, "cost_usd": None}, machine="m",
+    local = run_record("r", "FINISHED", {"iters": "0"}, rows, {"prompt_tokens": 1, "cost_usd": None}, machine="m",
                        machine_source="job")
     assert local["cost"]["cost_usd"] is None and "cost_usd" not in local["per_task_mean"]
     assert model_prices(job_settings().model) is None
