@@ -22,7 +22,8 @@ How (continuous batching over a left-padded KV cache):
 - prompt-lookup drafts (`draft_tokens` > 0): each row proposes the tokens that followed the latest earlier occurrence
   of its last `draft_ngram` tokens, as many as the match earns, one forward checks them all, and a row keeps those its
   own sampling agrees with, so the answer is the one decoding without drafts gives (drafts.py).
-The KV cache's layers are kvcache.py's GrowingLayer; the prefix store and copies of identical rows are prefix.py's.
+The KV cache's layers are kvcache.py's GrowingLayer; the prefix store and copies of identical rows are prefix.py's; how
+requests join the batch (prefill in groups, merge) is admission.py's.
 """
 from __future__ import annotations
 
@@ -38,13 +39,14 @@ import torch
 
 from agents.models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
 from . import decoder, packed
+from .admission import Admission, _first_line
 from .batching import gather
 from .drafts import Drafts
-from .heap import map_large_blocks, prefill_blocks, release_free_heap
+from .heap import map_large_blocks, release_free_heap
 from .int8 import OutputPool, only_rows, reuse_output
-from .kvcache import _GrowingLayer, _left_pad, _set_kv, kv_token_bytes
+from .kvcache import _GrowingLayer, _set_kv, kv_token_bytes
 from .native import argmax
-from .prefix import PrefixStore, Reuse, _split_copies
+from .prefix import PrefixStore, Reuse
 from .sampling import multinomial, row_generator
 
 log = logging.getLogger(__name__)
@@ -72,12 +74,7 @@ class _Row:
 SAMPLED_ROWS = 4
 
 
-def _first_line(e: BaseException) -> str:
-    s = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {s[0] if s else ''}"[:300]
-
-
-class BatchEngine(Drafts, Reuse):
+class BatchEngine(Admission, Drafts, Reuse):
     def __init__(self, model, tokenizer, *, eos_ids: set[int], max_context: int, max_batch: int = 16,
                  gather_ms: float = 30.0, max_prefill_tokens: int = 8192, pad_id: int = 0,
                  name: str = "engine", prefix_cache_mib: float = 0, draft_tokens: int = 0,
@@ -272,181 +269,6 @@ class BatchEngine(Drafts, Reuse):
                 with only_rows(B, None):
                     return self._head(h[at]).float()
         return self._forward(ids, mask, pos, cache)
-
-    def _prefill(self, rows: list[_Row], prefixes: list[tuple[int, list]] | None = None):
-        """One forward over rows' prompts (+ tokens generated so far, when recovering). Returns cache state.
-        With `prefixes` [(n, kv)] (one per row), rows whose first n tokens' KV is kept: only the rest is fed (see
-        _prefix_layout)."""
-        seqs = [r.prompt_ids + r.out_ids for r in rows]
-        cache = self._new_cache()
-        only = None
-        if prefixes:
-            if not self._all_growing(cache):
-                raise RequestError("prefix reuse needs full-attention layers only")
-            ids, mask, pos, only = self._prefix_layout(seqs, prefixes, cache)
-        else:
-            T = max(len(s) for s in seqs)
-            ids = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), T), dtype=torch.long)
-            for i, s in enumerate(seqs):
-                ids[i, T - len(s):] = torch.tensor(s, dtype=torch.long)
-                mask[i, T - len(s):] = 1
-            ids, mask = ids.to(self.device), mask.to(self.device)
-            pos = (mask.cumsum(-1) - 1).clamp_min(0)
-        t0 = time.perf_counter()
-        with prefill_blocks(self.heap_trim), only_rows(ids.numel(), only):  # activations from the heap (heap.py)
-            logits = self._prefill_forward(ids, mask, pos, cache, only)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.stats["prefill_s"] += time.perf_counter() - t0
-        self.stats["prefills"] += 1
-        return cache, mask, pos[:, -1] + 1, logits
-
-    def _prefix_layout(self, seqs: list[list[int]], prefixes: list[tuple[int, list]], cache):
-        """Rows that reuse kept KV, prefilled together: each row's kept n tokens end at column C (the longest kept
-        part; left padding before), and its rest ends at the last column, C + W (W: the longest rest). A row with a
-        shorter rest has masked columns between the two (as a rejected draft leaves): attention sums over a row's own
-        unmasked columns only, so each row's values are those of its prefill alone. Returns (ids fed (B, W), mask
-        (B, C + W), positions of the fed tokens, the fed tokens that are not padding or None)."""
-        B, skips = len(seqs), [n for n, _ in prefixes]
-        rests = [s[n:] for s, n in zip(seqs, skips)]
-        C, W = max(skips), max(len(x) for x in rests)
-        ids = torch.full((B, W), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, C + W), dtype=torch.long)
-        for i, (n, x) in enumerate(zip(skips, rests)):
-            ids[i, W - len(x):] = torch.tensor(x, dtype=torch.long)
-            mask[i, C - n:C] = 1
-            mask[i, C + W - len(x):] = 1
-        for j, layer in enumerate(cache.layers):
-            k0, v0 = prefixes[0][1][j]
-            if B == 1:  # the kept part as is (no padding)
-                k, v = k0[:, :, :C], v0[:, :, :C]
-            else:
-                k = k0.new_zeros((B, k0.shape[1], C, k0.shape[3]))
-                v = v0.new_zeros((B, v0.shape[1], C, v0.shape[3]))
-                for i, (n, kv) in enumerate(prefixes):
-                    k[i, :, C - n:] = kv[j][0][0, :, :n]
-                    v[i, :, C - n:] = kv[j][1][0, :, :n]
-            layer.update(k, v)
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(-1) - 1).clamp_min(0)[:, C:]
-        real = mask[:, C:].bool().reshape(-1)
-        only = None if bool(real.all()) else real.nonzero().squeeze(1)
-        return ids, mask, pos, only
-
-    def _prefill_groups(self, rows: list[_Row]):
-        """Prefill in groups bounded by max_prefill_tokens (padded); a failing group is retried row by row and
-        only the rows that fail alone get the error."""
-        rows = sorted(rows, key=lambda r: len(r.prompt_ids) + len(r.out_ids))  # similar lengths pad less
-        groups, cur = [], []
-        for r in rows:
-            L = len(r.prompt_ids) + len(r.out_ids)
-            if cur and L * (len(cur) + 1) > self.max_prefill_tokens:
-                groups.append(cur)
-                cur = []
-            cur.append(r)
-        if cur:
-            groups.append(cur)
-        # yielded one group at a time: the caller merges a group's cache before the next group is prefilled, so
-        # at most one group's prefill cache is held beside the batch (a list held all of them until the last merge)
-        for g in groups:
-            try:
-                state = self._prefill(g)
-            except Exception as e:
-                if len(g) == 1:
-                    self._fail(g[0], e)
-                    continue
-                self.stats["recoveries"] += 1
-                for r in g:
-                    try:
-                        state = self._prefill([r])
-                    except Exception as e1:
-                        self._fail(r, e1)
-                        continue
-                    yield [r], state
-                    del state
-                continue
-            yield g, state
-            del state  # not held while the next group is prefilled
-
-    def _fail(self, row: _Row, e: BaseException) -> None:
-        if isinstance(e, torch.OutOfMemoryError) and self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        if not row.future.done():
-            row.future.set_exception(RequestError(f"generation failed: {_first_line(e)}"))
-
-    def _admit(self, new: list[_Row]) -> None:
-        plain, kept = [], []
-        for r in new:
-            self.stats["prompt_tokens"] += len(r.prompt_ids)
-            n, kv = self.prefixes.longest(r.prompt_ids) if self.prefixes is not None else (0, None)
-            if kv is None:
-                plain.append(r)
-            elif not (n == len(r.prompt_ids) - 1 and self._join_kept(r, n, kv)):
-                kept.append((r, (n, kv)))
-        for group in self._prefix_groups(kept):  # rows that reuse kept KV: prefilled together, only their rest fed
-            plain += self._prefill_kept(group)
-        plain, copies = _split_copies(plain)
-        for rows, (cache, mask, pos, logits) in self._prefill_groups(plain):
-            rows, cache, mask, pos, logits = self._add_copies(rows, copies, cache, mask, pos, logits)
-            nxt = self._sample(rows, logits)
-            self._merge(rows, cache, mask, pos, nxt)
-            del cache  # merged (copied into the batch, or the batch itself): not held through the next prefill
-        for r in [r for rows in copies.values() for r in rows]:  # their original failed: each tries alone
-            for rows, (cache, mask, pos, logits) in self._prefill_groups([r]):
-                self._merge(rows, cache, mask, pos, self._sample(rows, logits))
-        self._retire()
-
-    def _prefix_groups(self, kept: list) -> list[list]:
-        """Rows that reuse kept KV, in groups whose fed block (rows x the longest rest) stays within
-        max_prefill_tokens; rests of similar length together (less padding)."""
-        kept = sorted(kept, key=lambda rp: len(rp[0].prompt_ids) + len(rp[0].out_ids) - rp[1][0])
-        groups, cur = [], []
-        for r, p in kept:
-            rest = len(r.prompt_ids) + len(r.out_ids) - p[0]
-            if cur and rest * (len(cur) + 1) > self.max_prefill_tokens:
-                groups.append(cur)
-                cur = []
-            cur.append((r, p))
-        return groups + [cur] if cur else groups
-
-    def _prefill_kept(self, group: list) -> list[_Row]:
-        """Prefill rows that reuse kept KV together and merge them; a failing group is retried row by row. Returns the
-        rows that failed alone (e.g. a cache layout this model does not allow): their whole prompt is prefilled."""
-        try:
-            state = self._prefill([r for r, _ in group], prefixes=[p for _, p in group])
-        except Exception:
-            log.warning("prefix reuse failed for %d rows", len(group), exc_info=True)
-            return [group[0][0]] if len(group) == 1 else [r for one in group for r in self._prefill_kept([one])]
-        self.stats["kept_grouped"] += len(group) if len(group) > 1 else 0
-        self._merge_kept(group, state)
-        return []
-
-    def _merge_kept(self, group: list, state) -> None:
-        cache, mask, pos, logits = state
-        rows = [r for r, _ in group]
-        for r, (n, _) in group:
-            r.reused = n
-            self.stats["reused_tokens"] += n
-        self._merge(rows, cache, mask, pos, self._sample(rows, logits))
-
-    def _merge(self, rows, cache, mask, pos, nxt) -> None:
-        """Append prefilled rows to the running batch: left-pad the shorter KV cache to a common length."""
-        if not self._rows:
-            self._rows, self._cache, self._mask, self._pos, self._last = list(rows), cache, mask, pos, nxt
-            return
-        Ta, Tb = self._mask.shape[1], mask.shape[1]
-        T = max(Ta, Tb)
-        for la, lb in zip(self._cache.layers, cache.layers):
-            if hasattr(la, "append_rows"):
-                la.append_rows(lb.keys, lb.values)
-                continue
-            _set_kv(la, *(torch.cat([_left_pad(a, T - Ta, -2), _left_pad(b, T - Tb, -2)], dim=0)
-                          for a, b in ((la.keys, lb.keys), (la.values, lb.values))))
-        self._mask = torch.cat([_left_pad(self._mask, T - Ta, -1), _left_pad(mask, T - Tb, -1)], dim=0)
-        self._pos = torch.cat([self._pos, pos])
-        self._last = torch.cat([self._last, nxt])
-        self._rows.extend(rows)
 
     def _step(self) -> None:
         B = len(self._rows)
