@@ -33,14 +33,24 @@ _SECRET_LEN = 32
 _STATUS_FD = 3
 _SECRET_FD = 4
 _PROGRAM = "program.py"
-# A run step still going after this long gets the lowest CPU priority for the rest of its time limit: the limits are the
-# reference's (go 20 s, cpp 60, rust 300), but no canonical solution of HumanEvalPack runs a second, so what runs on
-# is nearly always a loop, and at full priority a 300 s loop held a core the model's decoding needed (a Rust job
-# ran at half speed). The program keeps its whole wall-clock limit; it only yields the CPU to everything else.
-_YIELD_AFTER_S = 10.0
 # Module dicts whose entries a candidate must not rebind (tests call abs, len, math.isclose, np.allclose...).
 _GUARDED = (builtins, math, re, copy, datetime, itertools, collections, heapq, statistics, functools,
             hashlib, string, typing, numpy)
+
+
+_NATIVE = [None]  # the compiled languages' step runner (_jail_native.py), loaded by main()
+
+
+def _load_beside(name):
+    """A module from the file beside this one. The worker runs under -I (no script dir on sys.path), and Docker
+    bind-mounts both files into one folder."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                          name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _send(sock, obj, fds=()):
@@ -81,6 +91,7 @@ def main():
     else:  # in the bubblewrap jail: an inherited fd
         sock = socket.socket(fileno=int(sys.argv[1]))
     cfg = json.loads(sys.argv[2])
+    _NATIVE[0] = _load_beside("_jail_native.py")  # before the first fork: every child has it already
     if cfg.get("nice", 0) > os.getpriority(os.PRIO_PROCESS, 0):  # a container starts at 0: the caller's niceness
         os.setpriority(os.PRIO_PROCESS, 0, cfg["nice"])
     root = cfg["scratch_root"]
@@ -162,7 +173,9 @@ def _seal(fill):
     return page, n, unprotect
 
 
-def _child(msg, fds, scratch, cfg):
+def _enter(fds, scratch):
+    """A program's process before anything of it runs: a session of its own, default signals, stdin /dev/null, its
+    stdout and stderr, the proof fd 3 and the secret's fd 4, nothing else open, the scratch dir as its cwd."""
     # Park the received fds high first, so that placing them on 0-4 cannot clobber one another.
     out_w, err_w, status_w, secret_r = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]
     os.setsid()
@@ -173,16 +186,13 @@ def _child(msg, fds, scratch, cfg):
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
     os.dup2(status_w, _STATUS_FD, inheritable=False)
-    os.dup2(secret_r, _SECRET_FD, inheritable=False)  # read (and closed) by _run before the program starts
+    os.dup2(secret_r, _SECRET_FD, inheritable=False)  # read (and closed) before the program starts
     os.closerange(_SECRET_FD + 1, 1 << 16)  # control socket, the parked copies, everything else
-    fill = lambda page: _read_secret(_SECRET_FD, page)  # noqa: E731
     os.chdir(scratch)
-    lim = cfg["limits"]
-    for res, val in ((resource.RLIMIT_AS, lim["memory_bytes"]), (resource.RLIMIT_FSIZE, lim["file_bytes"]),
-                     (resource.RLIMIT_NOFILE, lim["open_files"]), (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(res, (val, val))
-    cpu = int(lim["cpu_s"])
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # soft: SIGXCPU, hard: SIGKILL
+
+
+def _drop_privileges(cfg):
+    """The program's own uid: no capability left, and non-dumpable, so nothing of its uid can trace this process."""
     uid = cfg["uid"]
     if uid is not None:
         os.setgroups([])
@@ -193,6 +203,18 @@ def _child(msg, fds, scratch, cfg):
             ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
         except Exception:
             pass
+
+
+def _child(msg, fds, scratch, cfg):
+    _enter(fds, scratch)
+    fill = lambda page: _read_secret(_SECRET_FD, page)  # noqa: E731
+    lim = cfg["limits"]
+    for res, val in ((resource.RLIMIT_AS, lim["memory_bytes"]), (resource.RLIMIT_FSIZE, lim["file_bytes"]),
+                     (resource.RLIMIT_NOFILE, lim["open_files"]), (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(res, (val, val))
+    cpu = int(lim["cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # soft: SIGXCPU, hard: SIGKILL
+    _drop_privileges(cfg)
     os.environ.clear()
     os.environ.update({"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
                        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"})
@@ -207,151 +229,11 @@ def _child(msg, fds, scratch, cfg):
 
 
 def _native(msg, fds, scratch, cfg):
-    """A compiled language's program (sandboxes/languages): write its files, run its compile steps with their output
-    captured, then its run step, each a process of its own with its own limits and clock. This process stays the
-    steps' supervisor: it reports each step on the proof fd (a JSON line) and exits with the run step's status. The
-    run step's harness writes the proof after the tests' last assertion; only the run step gets the secret's fd."""
-    out_w, err_w, status_w, secret_r = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]
-    os.setsid()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU):
-        signal.signal(sig, signal.SIG_DFL)
-    null = os.open("/dev/null", os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(out_w, 1)
-    os.dup2(err_w, 2)
-    os.dup2(status_w, _STATUS_FD, inheritable=False)
-    os.dup2(secret_r, _SECRET_FD, inheritable=False)
-    os.closerange(_SECRET_FD + 1, 1 << 16)
-    os.chdir(scratch)
-    uid = cfg["uid"]
-    if uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)  # no capability left; non-dumpable, so the steps (same uid) cannot trace this supervisor
-    elif ctypes is not None:
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)
-        except Exception:
-            pass
-    native = msg["native"]
-    for name, text in native["files"]:
-        path = os.path.join(scratch, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
-    lim = cfg["limits"]
-    base_env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8"}
-    rc = 0
-    for step in native["steps"]:
-        rc = _step(step, scratch, lim, dict(base_env, **step["env"]), cfg["allow_fork"])
-        if rc != 0:
-            break
-    os._exit(rc if 0 <= rc < 256 else (128 + (-rc) if rc < 0 else 1))
-
-
-def _step(step, scratch, lim, env, allow_fork):
-    """Run one step to its end or its time limit; report it on the proof fd; its exit code (-signal when killed)."""
-    import select
-    import time
-    compile_ = step["stage"] != "run"
-    cap_r = cap_w = None
-    if compile_:
-        cap_r, cap_w = os.pipe()
-    start = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setpgid(0, 0)
-            for res, val in ((resource.RLIMIT_FSIZE, lim["file_bytes"]), (resource.RLIMIT_NOFILE, lim["open_files"]),
-                             (resource.RLIMIT_CORE, 0)):
-                resource.setrlimit(res, (val, val))
-            if step["memory_mb"]:
-                mem = step["memory_mb"] * 1024 * 1024
-                resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-            cpu = int(step["timeout_s"]) + 1
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-            if compile_:
-                os.dup2(cap_w, 1)
-                os.dup2(cap_w, 2)
-            elif step["secret"] == "fd":
-                os.set_inheritable(_STATUS_FD, True)
-                os.set_inheritable(_SECRET_FD, True)
-            elif step["secret"] == "stdin":
-                os.set_inheritable(_STATUS_FD, True)
-                os.dup2(_SECRET_FD, 0)
-            nproc = max(int(step["processes"]), 1) if not allow_fork else max(int(step["processes"]), lim["processes"])
-            # counted per uid, this supervisor included: 1 leaves the step no new process or thread
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-            os.execve(step["argv"][0], step["argv"], env)
-        except BaseException as e:
-            try:
-                os.write(2, ("sandbox: cannot start %s: %s\n" % (step["argv"][0], e)).encode())
-            finally:
-                os._exit(127)
-    out = bytearray()
-    if cap_w is not None:
-        os.close(cap_w)
-    deadline = start + float(step["timeout_s"])
-    yield_at = start + _YIELD_AFTER_S if not compile_ else None
-    timed_out = False
-    status = None
-    while status is None:
-        if yield_at is not None and time.monotonic() >= yield_at:
-            _lowest_priority(pid)
-            yield_at = time.monotonic() + 1.0  # again each second: a process started since keeps its parent's
-        left = deadline - time.monotonic()
-        if left <= 0:
-            timed_out = True
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            status = os.waitpid(pid, 0)[1]
-            break
-        if cap_r is not None:
-            ready, _, _ = select.select([cap_r], [], [], min(left, 0.05))
-            if ready:
-                chunk = os.read(cap_r, 65536)
-                if chunk:
-                    out += chunk
-                    if len(out) > 262144:
-                        del out[:-65536]
-                else:
-                    os.close(cap_r)
-                    cap_r = None
-        else:
-            time.sleep(0.002)
-        done, st = os.waitpid(pid, os.WNOHANG)
-        if done:
-            status = st
-    if cap_r is not None:  # the compiler ended: what it left in the pipe (its own children may hold it: not waited on)
-        os.set_blocking(cap_r, False)
-        try:
-            while (chunk := os.read(cap_r, 65536)):
-                out += chunk
-        except (BlockingIOError, OSError):
-            pass
-        os.close(cap_r)
-    try:  # the step's process group: nothing it started outlives it
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    rc = os.waitstatus_to_exitcode(status)
-    report = {"stage": step["stage"], "rc": rc, "s": round(time.monotonic() - start, 4), "timeout": timed_out}
-    if compile_:
-        report["output"] = bytes(out[-16384:]).decode("utf-8", "replace")
-    os.write(_STATUS_FD, (json.dumps(report) + "\n").encode())
-    if timed_out:
-        return 124 if compile_ else -int(signal.SIGKILL)
-    return rc
-
-
-def _lowest_priority(pgid):
-    """Niceness 19 for a step's processes; PRIO_PGRP reaches each of their threads (Linux keeps niceness per thread)."""
-    try:
-        os.setpriority(os.PRIO_PGRP, pgid, 19)
-    except OSError:
-        pass
+    """A compiled language's program (sandboxes/languages): this process becomes its steps' supervisor, with the
+    program's fds and uid, and _jail_native.py runs the steps (a file beside this one, loaded when the worker starts)."""
+    _enter(fds, scratch)
+    _drop_privileges(cfg)
+    _NATIVE[0].run(msg["native"], scratch, cfg["limits"], cfg["allow_fork"])
 
 
 class TamperError(Exception):

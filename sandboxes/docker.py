@@ -34,6 +34,7 @@ DEFAULT_IMAGE = DockerSandboxConf.image  # fixlab's own image: the only one buil
 _SCRATCH = "/scratch"            # the container's only writable place (tmpfs); one dir per program below it
 _CTL_DIR = "/run/fixlab"         # the host's socket directory, bind-mounted read-only
 _JAIL_IN = "/opt/fixlab/_jail.py"  # sandboxes/_jail.py, bind-mounted read-only: the image never goes stale
+_JAIL_NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_jail_native.py")  # mounted beside it
 _LABEL = "fixlab.sandbox"
 
 
@@ -307,7 +308,8 @@ class DockerSandbox(_WorkerPool):
                 *(["--cgroup-parent", self.cgroup_parent] if self.cgroup_parent else []),
                 "--env", "PATH=/usr/local/bin:/usr/bin:/bin", "--env", "LANG=C.UTF-8",
                 "--env", "OPENBLAS_NUM_THREADS=1", "--env", "OMP_NUM_THREADS=1", "--workdir", _SCRATCH,
-                "-v", f"{ctl_dir}:{_CTL_DIR}:ro", "-v", f"{_JAIL}:{_JAIL_IN}:ro", *self.toolchain_mounts(),
+                "-v", f"{ctl_dir}:{_CTL_DIR}:ro", "-v", f"{_JAIL}:{_JAIL_IN}:ro",
+                "-v", f"{_JAIL_NATIVE}:{os.path.dirname(_JAIL_IN)}/_jail_native.py:ro", *self.toolchain_mounts(),
                 self.image, "python3", "-I", "-B", _JAIL_IN, f"{_CTL_DIR}/ctl.sock", json.dumps(cfg)]
 
     def run(self, program, timeout_s: float):

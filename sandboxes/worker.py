@@ -31,7 +31,7 @@ _HDR = struct.Struct("!I")
 _PROGRAM = "program.py"
 NATIVE_MARGIN_S = 5.0  # a compiled program's backstop beyond its steps' own limits (the jail reports those)
 # Past this a program is nearly always a loop (no canonical solution of HumanEvalPack runs a second): it yields the
-# CPU for the rest of its limit, here and in the jail (_jail.py _YIELD_AFTER_S, the same figure)
+# CPU for the rest of its limit, here and in the jail (_jail_native.py _YIELD_AFTER_S, the same figure)
 YIELD_AFTER_S = 10.0
 
 # Guards the spawner thread's start here and probe_bwrap's cache in local.py (one lock for both).

@@ -1,0 +1,138 @@
+"""The steps of a compiled language's program inside the jail (sandboxes/_jail.py loads this file beside it and
+hands each native program's supervisor here, already on the program's fds and uid): write its files, run its compile
+steps with their output captured, then its run step, each a process of its own with its own limits and clock. The
+supervisor reports each step on the proof fd (a JSON line) and exits with the run step's status. The run step's
+harness writes the proof after the tests' last assertion; only the run step gets the secret's fd."""
+import json
+import os
+import resource
+import signal
+
+_STATUS_FD = 3  # where _jail.py placed the proof channel ...
+_SECRET_FD = 4  # ... and the run's secret
+# A run step still going after this long gets the lowest CPU priority for the rest of its time limit: the limits are the
+# reference's (go 20 s, cpp 60, rust 300), but no canonical solution of HumanEvalPack runs a second, so what runs on
+# is nearly always a loop, and at full priority a 300 s loop held a core the model's decoding needed (a Rust job
+# ran at half speed). The program keeps its whole wall-clock limit; it only yields the CPU to everything else.
+_YIELD_AFTER_S = 10.0
+
+
+def run(native, scratch, lim, allow_fork):
+    """Every step in order, stopping at the first that fails; exit with the last one's status."""
+    for name, text in native["files"]:
+        path = os.path.join(scratch, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    base_env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8"}
+    rc = 0
+    for step in native["steps"]:
+        rc = _step(step, scratch, lim, dict(base_env, **step["env"]), allow_fork)
+        if rc != 0:
+            break
+    os._exit(rc if 0 <= rc < 256 else (128 + (-rc) if rc < 0 else 1))
+
+
+def _step(step, scratch, lim, env, allow_fork):
+    """Run one step to its end or its time limit; report it on the proof fd; its exit code (-signal when killed)."""
+    import select
+    import time
+    compile_ = step["stage"] != "run"
+    cap_r = cap_w = None
+    if compile_:
+        cap_r, cap_w = os.pipe()
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setpgid(0, 0)
+            for res, val in ((resource.RLIMIT_FSIZE, lim["file_bytes"]), (resource.RLIMIT_NOFILE, lim["open_files"]),
+                             (resource.RLIMIT_CORE, 0)):
+                resource.setrlimit(res, (val, val))
+            if step["memory_mb"]:
+                mem = step["memory_mb"] * 1024 * 1024
+                resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+            cpu = int(step["timeout_s"]) + 1
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+            if compile_:
+                os.dup2(cap_w, 1)
+                os.dup2(cap_w, 2)
+            elif step["secret"] == "fd":
+                os.set_inheritable(_STATUS_FD, True)
+                os.set_inheritable(_SECRET_FD, True)
+            elif step["secret"] == "stdin":
+                os.set_inheritable(_STATUS_FD, True)
+                os.dup2(_SECRET_FD, 0)
+            nproc = max(int(step["processes"]), 1) if not allow_fork else max(int(step["processes"]), lim["processes"])
+            # counted per uid, this supervisor included: 1 leaves the step no new process or thread
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+            os.execve(step["argv"][0], step["argv"], env)
+        except BaseException as e:
+            try:
+                os.write(2, ("sandbox: cannot start %s: %s\n" % (step["argv"][0], e)).encode())
+            finally:
+                os._exit(127)
+    out = bytearray()
+    if cap_w is not None:
+        os.close(cap_w)
+    deadline = start + float(step["timeout_s"])
+    yield_at = start + _YIELD_AFTER_S if not compile_ else None
+    timed_out = False
+    status = None
+    while status is None:
+        if yield_at is not None and time.monotonic() >= yield_at:
+            _lowest_priority(pid)
+            yield_at = time.monotonic() + 1.0  # again each second: a process started since keeps its parent's
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            status = os.waitpid(pid, 0)[1]
+            break
+        if cap_r is not None:
+            ready, _, _ = select.select([cap_r], [], [], min(left, 0.05))
+            if ready:
+                chunk = os.read(cap_r, 65536)
+                if chunk:
+                    out += chunk
+                    if len(out) > 262144:
+                        del out[:-65536]
+                else:
+                    os.close(cap_r)
+                    cap_r = None
+        else:
+            time.sleep(0.002)
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+    if cap_r is not None:  # the compiler ended: what it left in the pipe (its own children may hold it: not waited on)
+        os.set_blocking(cap_r, False)
+        try:
+            while (chunk := os.read(cap_r, 65536)):
+                out += chunk
+        except (BlockingIOError, OSError):
+            pass
+        os.close(cap_r)
+    try:  # the step's process group: nothing it started outlives it
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    rc = os.waitstatus_to_exitcode(status)
+    report = {"stage": step["stage"], "rc": rc, "s": round(time.monotonic() - start, 4), "timeout": timed_out}
+    if compile_:
+        report["output"] = bytes(out[-16384:]).decode("utf-8", "replace")
+    os.write(_STATUS_FD, (json.dumps(report) + "\n").encode())
+    if timed_out:
+        return 124 if compile_ else -int(signal.SIGKILL)
+    return rc
+
+
+def _lowest_priority(pgid):
+    """Niceness 19 for a step's processes; PRIO_PGRP reaches each of their threads (Linux keeps niceness per thread)."""
+    try:
+        os.setpriority(os.PRIO_PGRP, pgid, 19)
+    except OSError:
+        pass
