@@ -28,15 +28,22 @@ def test_a_spend_limit_stops_the_loop_before_the_round_that_would_pass_it():
 
 
 def test_a_limit_the_task_never_reaches_changes_nothing_and_keeps_the_cache_key():
-    from agents.config import agent_key
-
     t = task(0)
     outputs = [fenced(t.buggy_code), fenced(t.fixed_code)]
     plain = run_agent(t, ScriptedModel(outputs), sandbox(), agent(strategy="reflection", iters=3))
     rich = run_agent(t, ScriptedModel(outputs), sandbox(), agent(strategy="reflection", iters=3, usd_per_task=100.0,
                                                                   prices=PRICES))
     assert plain.passed and rich.passed and plain.stop_reason == rich.stop_reason == "solved"
-    assert plain.agent_key == agent_key(agent(strategy="reflection", iters=3))  # no limit: the key it always had
+    # no limit: the key it had before the limit existed (the digest of the config without the two new fields), so
+    # cached trajectories and resumed runs from then still match; a limit makes another key
+    import dataclasses
+    import hashlib
+    import json
+
+    before = {k: v for k, v in dataclasses.asdict(agent(strategy="reflection", iters=3)).items()
+              if k not in ("iters", "usd_per_task", "prices")}
+    assert plain.agent_key == hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert rich.agent_key != plain.agent_key
 
 
 def test_prices_come_from_the_model_and_a_local_model_cannot_be_held_to_a_limit():
