@@ -4,6 +4,7 @@ protocol, at what cost per task, and which steps up in cost buy something a pair
     python -m flows.frontier benchmarks/results/fullsize-*.json --model qwen1.5b-coder-q4 --protocol tests
     python -m flows.frontier --sweep PARENT_RUN_ID                 # a -m sweep's jobs, read from MLflow
     python -m flows.frontier RUN_ID RUN_ID ... --out frontier.png --md frontier.md --json frontier.json
+    python -m flows.frontier benchmarks/results/fullsize-*.json --model gpt-4o-mini --axis usd   # dollars a task
 
 Inputs are finished runs: the results files jobs write when they end (which keep per-task outcomes, so they
 pair across machines and days), MLflow job run ids, or a sweep's parent. Output: a markdown table on stdout (--md:
@@ -23,14 +24,14 @@ import sys
 from pathlib import Path
 
 from .analysis.figures import figure, png_bytes, svg_text
-from .analysis.frontier import (ABSENT, NOT_A_KNOB, Config, Frontier, Step, configurations, frontier, pair_step,
+from .analysis.frontier import (ABSENT, AXIS_NAMES, COST_AXES, NOT_A_KNOB, Config, Frontier, Step, configurations, frontier, pair_step,
                                 pareto, steps_along)
 from .analysis.records import (COSTS, REPO, RESULTS, ROUND_COSTS, FrontierError, Record, budgets, commit_of,
                                config_defaults, cost_by_round, machine_from_text, param_values, record_from_run,
                                records_from_file, records_from_files, records_from_mlflow, run_machine, task_seconds)
 from .analysis.render import html_page, markdown, table_rows, verdict_words
 
-__all__ = ["ABSENT", "COSTS", "NOT_A_KNOB", "REPO", "RESULTS", "ROUND_COSTS", "Config", "Frontier", "FrontierError",
+__all__ = ["ABSENT", "AXIS_NAMES", "COST_AXES", "COSTS", "NOT_A_KNOB", "REPO", "RESULTS", "ROUND_COSTS", "Config", "Frontier", "FrontierError",
            "Record", "Step", "budgets", "commit_of", "config_defaults", "configurations", "cost_by_round", "figure",
            "frontier", "html_page", "log_to_mlflow", "machine_from_text", "main", "markdown", "pair_step",
            "param_values", "pareto", "png_bytes", "record_from_run", "records_from_file", "records_from_files",
@@ -109,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                     "cover several")
     ap.add_argument("--use", action="append", default=[], metavar="RUN_ID",
                     help="of several runs of one configuration, use this one (prefix; default: the newest record)")
+    ap.add_argument("--axis", choices=("tokens", "usd"), default="tokens",
+                    help="the cost axis: completion tokens per task, or US dollars per task from the model's list "
+                    "prices (model.price_*_per_mtok; hosted presets carry them, a local model has none)")
     ap.add_argument("--md", type=Path, help="also write the markdown table here")
     ap.add_argument("--json", type=Path, help="write the frontier as JSON here")
     ap.add_argument("--out", type=Path, help="write the picture here (PNG) and the HTML page beside it (.html)")
@@ -121,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         records, client = _read_inputs(args.inputs, args.sweep, args.tracking_uri)
         fr = frontier(records, model=args.model, protocol=args.protocol, use=tuple(args.use),
-                      paired_only=args.paired_only, language=args.language)
+                      paired_only=args.paired_only, language=args.language, axis=args.axis)
     except FrontierError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ from pathlib import Path
 from agents.types import passed_at
 
 from .analysis.frontier import configurations
-from .analysis.records import RESULTS, FrontierError, Record, records_from_files
+from .analysis.records import RESULTS, FrontierError, Record, price_per_task, records_from_files
 from .markdown import ci, rate, table
 from .stats import paired
 
@@ -55,16 +55,6 @@ def default_label() -> str:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="config")
     return f"{cfg.strategy.name} iters={cfg.iters}"
-
-
-def price_per_task(rec: Record) -> float | None:
-    """US dollars a task, from the model's list prices per million tokens where its config carries them."""
-    try:
-        prompt, completion = (float(rec.params[f"model.price_{k}_per_mtok"]) for k in ("prompt", "completion"))
-    except (KeyError, TypeError, ValueError):
-        return None
-    return round((rec.cost.get("prompt_tokens", 0.0) * prompt + rec.cost.get("completion_tokens", 0.0) * completion)
-                 / 1e6, 6)
 
 
 def leaderboard(records: list[Record], label: str | None = None, every: bool = False,

@@ -387,7 +387,7 @@ def results_document(results: Path) -> str:
              "first 8 characters. Machines of the full-size runs: " + "; ".join(machines_once(sweeps)) + ".", "",
              *at_a_glance(results), "", "## Headline", "",
              *(x for p in headline(sweeps, cur, verdict_words(frontier_of(results))) for x in (p, "")),
-             *section_languages(sweeps, cur), *section_checks(sweeps, cur), *section_leaderboard(results, cur),
+             *section_languages(sweeps, cur, results), *section_checks(sweeps, cur), *section_leaderboard(results, cur),
              *section_pass_at_k(files), *section_rescores(files),
              *section_frontier(results, "tests"), "", *section_frontier(results, "hidden"), "",
              *section_sweeps(sweeps, cur), "", *section_runs_speed(sweeps, cur, files), "", *section_speed(files)]

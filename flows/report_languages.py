@@ -3,6 +3,7 @@ table (make eval's config, and another, in each language with the paired verdict
 by the test doubles per language and backend, and the leaderboard (flows/leaderboard.py's rows)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from sandboxes.languages import NAMES
@@ -11,7 +12,7 @@ from .markdown import ALPHA, ci, link, pts, pval, rate, table, wrap
 from .results import Sweep, pair_runs
 
 
-def section_languages(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
+def section_languages(sweeps: dict[str, Sweep], cur: dict, results: Path) -> list[str]:
     """One row per language: each configuration's pass@1 with its interval, and the second configuration against the
     first on the same tasks (report.yaml `languages`: the configurations' names, each a sweep per language)."""
     spec = cur.get("languages")
@@ -19,6 +20,10 @@ def section_languages(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
         return []
     names = list(spec["configs"])
     langs = [lang for lang in NAMES if all(lang in spec["configs"][n] for n in names)]
+    ref = ref_about = None
+    if spec.get("reference"):  # the authors' own figures, as published, beside ours (a results file of kind reference)
+        doc = json.loads((results / spec["reference"]).read_text())
+        ref, ref_about = doc["models"][0], doc["about"]
     body = []
     for lang in langs:
         runs = [sweeps[spec["configs"][n][lang]].last for n in names]
@@ -36,13 +41,18 @@ def section_languages(sweeps: dict[str, Sweep], cur: dict) -> list[str]:
         wall = runs[0].cost.get("wall_s")  # a resumed job's covers only its last part
         cost = (f"{runs[0].cost.get('completion_tokens', '-')}, "
                 f"{'resumed' if first in spec.get('resumed', ()) or wall is None else f'{wall:.0f} s'}")
-        body.append([lang, *cells, verdict, cost, sweeps[first].machine, files])
+        published = [] if ref is None else [
+            "-" if ref["pass_at_1"].get(lang) is None else f"{ref['pass_at_1'][lang]:.3f}"]
+        body.append([lang, *cells, verdict, *published, cost, sweeps[first].machine, files])
     labels = [spec.get("labels", {}).get(n, n) for n in names]
     return ["## Languages: HumanEvalFix in HumanEvalPack's six languages", "",
             wrap(spec.get("text", "")), "",
             *table(["language", *(f"{x}: pass@1 (95% CI), passed" for x in labels),
                     f"{labels[-1]} vs {labels[0]}, points (95% CI)" if len(labels) > 1 else "paired",
-                    f"{labels[0]}: completion tokens, job time", "machine", "results files"], body), ""]
+                    *([f"published: {ref['model']}, pass@1"] if ref else []),
+                    f"{labels[0]}: completion tokens, job time", "machine", "results files"], body), "",
+            *([wrap(f"Published figures: {ref_about['text']} Source files: {link(spec['reference'])}."), ""]
+              if ref else [])]
 
 
 def section_checks(sweeps: dict[str, Sweep], cur: dict) -> list[str]:

@@ -397,3 +397,36 @@ def test_a_rerun_in_a_file_the_job_wrote_itself_is_newer_than_an_older_hand_run_
     fr = fl.frontier(fl.records_from_file(later) + fl.records_from_file(FIXTURE, order=1))
     assert fr.config(B).run_id == "f" * 32 and fr.config(B).passed == 9
     assert any(n.startswith(f"{B}: 2 runs of this configuration; used ffffffff") for n in fr.notes)
+
+
+def test_the_dollar_axis_prices_prompt_and_completion_tokens_and_can_move_the_frontier(tmp_path, capsys):
+    """`--axis usd`: cost per task from the model's list prices. At 10 $/Mtok prompt and 1 $/Mtok completion the
+    prompt dominates: A 400/100 tok a task = $0.0041, B 700/180 = $0.00718, C 1000/360 = $0.01036,
+    D 1200/300 = $0.0123, E 2600/520 = $0.02652. C (0.55) now costs less than D (0.65), so it joins the frontier
+    that tokens keep it off (C 360 > D 300 completion tokens)."""
+    doc = json.loads(FIXTURE.read_text())
+    for run in doc["runs"]:
+        run["params"].update({"model.price_prompt_per_mtok": "10.0", "model.price_completion_per_mtok": "1.0"})
+    priced = tmp_path / FIXTURE.name
+    priced.write_text(json.dumps(doc))
+    recs = fl.records_from_file(priced)
+    assert fl.frontier(recs).token_frontier == [A, B, D, E]  # the default axis is unchanged by prices
+    fr = fl.frontier(recs, axis="usd")
+    assert fr.axis == "US dollars" and fr.token_frontier == [A, B, C, D, E]
+    assert [fr.config(x).cost["usd"] for x in (A, B, C, D, E)] == [0.0041, 0.00718, 0.01036, 0.0123, 0.02652]
+    cb = next(s for s in fr.steps if (s.point, s.against) == (C, B))
+    assert cb.axis == "US dollars" and cb.cost_ratio == 1.443 and "1.4x the US dollars per task" in cb.text
+    md = fr.markdown()
+    assert "Frontier on US dollars per task (cheapest first): " + " < ".join([A, B, C, D, E]) in md
+    row = next(l for l in md.splitlines() if l.startswith(f"| {C} |"))
+    assert "| 0.01036 |" in row and "| dollars, seconds |" in row
+
+    # A run with no prices is named and left off the dollar axis; with none priced (a local model) it is one line.
+    doc["runs"][2]["params"].pop("model.price_prompt_per_mtok")
+    priced.write_text(json.dumps(doc))
+    fr = fl.frontier(fl.records_from_file(priced), axis="usd")
+    assert C not in fr.token_frontier and any(f"no prices in their config: {C}" in n for n in fr.notes)
+    assert fl.main([str(FIXTURE), "--axis", "usd", "--no-mlflow"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: --axis usd: toy-coder's runs carry no prices (a local model has none); set "
+                   "model.price_prompt_per_mtok and model.price_completion_per_mtok, or drop --axis usd")

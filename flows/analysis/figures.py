@@ -7,14 +7,15 @@ import textwrap
 
 
 def figure(fr):
-    """pass@1 with its 95% interval against completion tokens per task (and seconds per task where they compare):
+    """pass@1 with its 95% interval against the cost axis (completion tokens or US dollars per task), and seconds per
+    task where they compare:
     one colour per configuration family, points labelled by budget, the frontier drawn as a black line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    axes_spec = [("completion tokens per task", lambda c: c.cost.get("completion_tokens"), fr.token_frontier)]
+    axes_spec = [(f"{fr.axis} per task", lambda c: c.cost.get(fr.axis_key), fr.token_frontier)]
     if fr.time_frontier:
         axes_spec.append((f"seconds per task ({fr.time_where})", lambda c: c.seconds
                           if (c.machine, c.commit) == (fr.time_machine, fr.time_commit) else None, fr.time_frontier))

@@ -4,7 +4,8 @@ each frontier point against cheaper configurations. No I/O: rendering is flows/a
 the command flows/frontier.py.
 
 A configuration counts only if it beats a cheaper one at equal cost (Kapoor et al., "AI Agents That Matter", 2024):
-- Pareto set: pass@1 against completion tokens per task (always known), and against seconds per task where those
+- Pareto set: pass@1 against completion tokens per task (always known; or US dollars per task, from the model's list
+  prices, with axis="usd"), and against seconds per task where those
   compare (same kind of machine and same engine commit, per-task seconds known; records that keep no commit are
   compared across engine versions, and the output says so).
 - Each frontier point is paired (exact McNemar on the shared tasks, Newcombe interval; flows.stats) with the next
@@ -24,7 +25,7 @@ from agents.types import passed_at
 
 from ..neutral import result_neutral
 from ..stats import paired, wilson
-from .records import FrontierError, Record
+from .records import FrontierError, Record, price_per_task
 
 # Params that say which frontier a record belongs to, or where/how much it ran, not what a configuration is.
 NOT_A_KNOB = ("model.name", "protocol", "iters", "answers", "strategy.name", "samples", "dataset.")
@@ -55,13 +56,18 @@ class Config:
     outcomes: dict[str, int | None] | None = field(default=None, repr=False)  # for pairing; not in the JSON
 
 
+# the frontier's cost axis: its name in documents -> its key in Config.cost (`--axis usd` asks for dollars)
+COST_AXES = {"completion tokens": "completion_tokens", "US dollars": "usd"}
+AXIS_NAMES = {"tokens": "completion tokens", "usd": "US dollars"}
+
+
 @dataclass
 class Step:
     """A frontier point paired with a cheaper configuration."""
     point: str
     against: str
     why: str  # "next cheaper frontier point", "cheapest inside its interval", or both
-    axis: str  # "completion tokens" or "seconds"
+    axis: str  # "completion tokens", "US dollars" or "seconds"
     cost_ratio: float | None
     shared_tasks: int
     diff: float  # pass@1 of the point minus the other's, on the shared tasks
@@ -86,6 +92,11 @@ class Frontier:
     notes: list[str]
     time_commit: str | None = None  # the engine commit the seconds compare at; None: not recorded (they may mix)
     language: str = "python"  # the dataset's language (one frontier is for one)
+    axis: str = "completion tokens"  # the cost axis: COST_AXES' name; token_frontier and its steps are on it
+
+    @property
+    def axis_key(self) -> str:
+        return COST_AXES[self.axis]
 
     @property
     def time_where(self) -> str | None:
@@ -216,6 +227,16 @@ def _select(records: list[Record], model: str | None, protocol: str | None,
     return records, m, p, lang
 
 
+def _costs(r: Record) -> dict[str, float]:
+    """A record's costs per task, and its US dollars where the model's config carries list prices (a cent a task
+    is a large figure, so dollars keep six places where tokens keep two)."""
+    cost = {k: round(v, 2) for k, v in r.cost.items()}
+    usd = price_per_task(r)
+    if usd is not None:
+        cost["usd"] = usd
+    return cost
+
+
 def configurations(records: list[Record], use: tuple[str, ...] = ()) -> tuple[list[Config], list[str]]:
     """One Config per configuration (reruns collapsed to the newest record, or the one --use names), and notes
     on what was left out or collapsed."""
@@ -265,7 +286,7 @@ def configurations(records: list[Record], use: tuple[str, ...] = ()) -> tuple[li
             iters=int(chosen.params.get("iters", 0)), knobs=knobs, run_id=chosen.run_id, source=chosen.source,
             machine=chosen.machine, passed=chosen.passed, total=chosen.total,
             pass_at_1=round(chosen.passed / chosen.total, 4) if chosen.total else 0.0,
-            ci95=(round(lo, 4), round(hi, 4)), cost={k: round(v, 2) for k, v in chosen.cost.items()},
+            ci95=(round(lo, 4), round(hi, 4)), cost=_costs(chosen),
             seconds=chosen.seconds, paired=bool(chosen.outcomes), reruns=others, outcomes=chosen.outcomes,
             commit=chosen.commit))
     configs.sort(key=lambda c: (c.cost.get("completion_tokens", 0.0), c.pass_at_1, c.label))
@@ -287,7 +308,7 @@ def pareto(points: list[tuple[str, float, float]]) -> list[str]:
 def pair_step(point: Config, against: Config, why: str, axis: str, cost_of) -> Step:
     """The paired verdict of one frontier point against one cheaper configuration, in words."""
     ratio = round(cost_of(point) / cost_of(against), 3) if cost_of(against) else None
-    unit = "the completion tokens" if axis == "completion tokens" else "the seconds"
+    unit = f"the {axis}"
     at = f"{ratio:.1f}x {unit} per task" if ratio is not None else f"more {axis}"
     a, b = point.outcomes, against.outcomes  # both kept: only paired configurations are placed
     keys = sorted(set(a) & set(b))
@@ -322,10 +343,15 @@ def steps_along(front: list[str], configs: list[Config], axis: str, cost_of) -> 
 
 
 def frontier(records: list[Record], model: str | None = None, protocol: str | None = None,
-             use: tuple[str, ...] = (), paired_only: bool = False, language: str | None = None) -> Frontier:
-    """The frontier of one model on one protocol over the given records (results-file or MLflow runs).
-    Configurations whose record keeps no per-task outcomes are listed but not placed on the frontier (a frontier
-    point must be paired); `paired_only` leaves them out of the table too."""
+             use: tuple[str, ...] = (), paired_only: bool = False, language: str | None = None,
+             axis: str = "tokens") -> Frontier:
+    """The frontier of one model on one protocol over the given records (results-file or MLflow runs), on completion
+    tokens per task (`axis="tokens"`) or on US dollars per task (`axis="usd"`, for a model whose config carries
+    prices). Configurations whose record keeps no per-task outcomes are listed but not placed on the frontier (a
+    frontier point must be paired); `paired_only` leaves them out of the table too."""
+    if axis not in AXIS_NAMES:
+        raise FrontierError(f"axis {axis!r}: not a cost axis; use one of {', '.join(AXIS_NAMES)}")
+    axis_name = AXIS_NAMES[axis]
     records, model, protocol, language = _select(records, model, protocol, language)
     if paired_only:
         dropped = sorted({r.run_id[:8] for r in records if not r.outcomes})
@@ -341,7 +367,15 @@ def frontier(records: list[Record], model: str | None = None, protocol: str | No
         notes.append(f"not placed on the frontier, no per-task outcomes to pair (recorded before benchmarks/fullsize.py "
                      f"kept them): {', '.join(unplaced)}")
     placed = [c for c in configs if c.paired]
-    tok = lambda c: c.cost.get("completion_tokens")  # noqa: E731
+    key = COST_AXES[axis_name]
+    tok = lambda c: c.cost.get(key)  # noqa: E731
+    if axis == "usd":
+        unpriced = [c.label for c in placed if tok(c) is None]
+        if len(unpriced) == len(placed):
+            raise FrontierError(f"--axis usd: {model}'s runs carry no prices (a local model has none); set "
+                                "model.price_prompt_per_mtok and model.price_completion_per_mtok, or drop --axis usd")
+        if unpriced:
+            notes.append(f"not placed on the dollar axis, no prices in their config: {', '.join(unpriced)}")
     token_front = pareto([(c.label, tok(c), c.pass_at_1) for c in placed if tok(c) is not None])
     # Seconds compare only on one kind of machine at one engine commit: the pair most timed configurations ran on.
     # Records that keep no commit (None) are one group, which may mix engine versions: the output says so.
@@ -359,10 +393,10 @@ def frontier(records: list[Record], model: str | None = None, protocol: str | No
     for c in configs:
         c.on_token_frontier = c.label in token_front
         c.on_time_frontier = c.label in time_front
-    steps = steps_along(token_front, placed, "completion tokens", tok)
+    steps = steps_along(token_front, placed, axis_name, tok)
     if time_front:
         steps += steps_along(time_front, on_machine, "seconds", lambda c: c.seconds)
     return Frontier(model=model, protocol=protocol, tasks=max(c.total for c in configs), configs=configs,
                     token_frontier=token_front, time_frontier=time_front,
                     time_machine=time_machine if time_front else None, steps=steps, notes=notes,
-                    time_commit=time_commit if time_front else None, language=language)
+                    time_commit=time_commit if time_front else None, language=language, axis=axis_name)

@@ -48,6 +48,16 @@ class Record:
     defaults: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
 
+def price_per_task(rec: Record) -> float | None:
+    """US dollars a task, from the model's list prices per million tokens where its config carries them."""
+    try:
+        prompt, completion = (float(rec.params[f"model.price_{k}_per_mtok"]) for k in ("prompt", "completion"))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return round((rec.cost.get("prompt_tokens", 0.0) * prompt + rec.cost.get("completion_tokens", 0.0) * completion)
+                 / 1e6, 6)
+
+
 # ---------------------------------------------------------------------------------------------------- back-fills
 
 def _as_param(v) -> str:

@@ -23,31 +23,34 @@ def _short(s) -> str:
     return f"vs {s.against}: {s.diff * 100:+.1f} (p = {_fmt_p(s.p_value)}), {_word(s)}"
 
 
-def _where(c) -> str:
+def _where(c, fr) -> str:
     """Which frontier a configuration (a Config) is on."""
     if not c.paired:
         return "not placed (unpaired)"
-    return ", ".join(x for x, on in (("tokens", c.on_token_frontier), ("seconds", c.on_time_frontier)) if on) or "no"
+    cost = "dollars" if fr.axis == "US dollars" else "tokens"
+    return ", ".join(x for x, on in ((cost, c.on_token_frontier), ("seconds", c.on_time_frontier)) if on) or "no"
 
 
 def table_rows(fr) -> tuple[list[str], list[list[str]]]:
     machines = {c.machine for c in fr.configs}
     commits = {c.commit for c in fr.configs}
     engine = len(commits) > 1  # a column only where the records name more than one commit (or some none)
+    dollars = fr.axis == "US dollars"
     head = ["configuration", "pass@1 [95% CI]", "passed", "prompt tok", "completion tok", "model calls",
-            "sandbox runs", "seconds"] + (["machine"] if len(machines) > 1 else []) + (["engine"] if engine else []) \
-        + ["frontier", "paired verdict"]
+            "sandbox runs", "seconds"] + (["US$"] if dollars else []) + (["machine"] if len(machines) > 1 else []) \
+        + (["engine"] if engine else []) + ["frontier", "paired verdict"]
     rows = []
     for c in fr.configs:
-        verdict = "; ".join(_short(s) for s in fr.steps if s.point == c.label and s.axis == "completion tokens")
+        verdict = "; ".join(_short(s) for s in fr.steps if s.point == c.label and s.axis == fr.axis)
         if c.on_token_frontier and not verdict:
             verdict = "cheapest configuration"
         rows.append([c.label, f"{c.pass_at_1:.3f} [{c.ci95[0]:.3f}, {c.ci95[1]:.3f}]", f"{c.passed}/{c.total}",
                      f"{c.cost.get('prompt_tokens', 0):,.0f}", f"{c.cost.get('completion_tokens', 0):,.0f}",
                      f"{c.cost.get('model_calls', 0):.1f}", f"{c.cost.get('sandbox_runs', 0):.1f}",
                      "-" if c.seconds is None else f"{c.seconds:.1f}"]
+                    + ([f"{c.cost['usd']:.5f}" if "usd" in c.cost else "no price"] if dollars else [])
                     + ([c.machine] if len(machines) > 1 else []) + ([c.commit or "-"] if engine else [])
-                    + [_where(c), verdict])
+                    + [_where(c, fr), verdict])
     return head, rows
 
 
@@ -71,12 +74,12 @@ def verdict_words(fr) -> str:
         return "No configuration keeps per-task outcomes, so none is placed on the frontier."
     fams = list(dict.fromkeys(c.family for c in on))
     off = sorted({c.strategy for c in placed} - {c.strategy for c in on})
-    steps = [s for s in fr.steps if s.axis == "completion tokens" and "next cheaper" in s.why]
+    steps = [s for s in fr.steps if s.axis == fr.axis and "next cheaper" in s.why]
     bought = [s for s in steps if s.buys]
     def span(f: str) -> str:
         its = sorted(c.iters for c in on if c.family == f)
         return f"{f} at iters={its[0]}" + (f"-{its[-1]}" if len(its) > 1 else "")
-    text = (f"On completion tokens the frontier is {' and '.join(span(f) for f in fams)} ({len(on)} point"
+    text = (f"On {fr.axis} the frontier is {' and '.join(span(f) for f in fams)} ({len(on)} point"
             f"{'s' if len(on) > 1 else ''}, pass@1 {on[0].pass_at_1:.3f} to {on[-1].pass_at_1:.3f})")
     text += f"; {', '.join(off)} lie{'s' if len(off) == 1 else ''} off it." if off else "."
     if steps:
@@ -84,17 +87,17 @@ def verdict_words(fr) -> str:
                  " something the paired test sees" + (": " + "; ".join(
                      f"{s.point} over {s.against} ({s.diff * 100:+.1f} points, p = {_fmt_p(s.p_value)})"
                      for s in bought) if bought else "") + ".")
-        inside = [s for s in fr.steps if s.axis == "completion tokens" and "cheapest" in s.why]
+        inside = [s for s in fr.steps if s.axis == fr.axis and "cheapest" in s.why]
         if inside:
             text += (f" Against the cheapest configuration inside its interval, {sum(s.buys for s in inside)} of "
                      f"{len(inside)} frontier points buy something.")
     dominated = [c for c in placed if not c.on_token_frontier and any(
-        o.pass_at_1 >= c.pass_at_1 and o.cost.get("completion_tokens", 0) < c.cost.get("completion_tokens", 0)
+        o.pass_at_1 >= c.pass_at_1 and o.cost.get(fr.axis_key, 0) < c.cost.get(fr.axis_key, 0)
         and o.family != c.family for o in on) and c.strategy == on[0].strategy]
     if dominated:
         n = len(dominated)
         text += (f" {n} other {on[0].strategy} configuration{'s are' if n > 1 else ' is'} matched or beaten by a "
-                 "frontier point at fewer completion tokens.")
+                 f"frontier point at fewer {fr.axis}.")
     return text
 
 
@@ -129,7 +132,7 @@ def markdown(fr, off_frontier: str | None = None) -> str:
         lines += ["", f"{len(left)} configurations on no frontier are left out of this table; `{off_frontier}` lists "
                   "every one."]
     lines += ["", "In words: " + verdict_words(fr), ""]
-    lines += ["Frontier on completion tokens per task (cheapest first): " + (" < ".join(fr.token_frontier) or "-")]
+    lines += [f"Frontier on {fr.axis} per task (cheapest first): " + (" < ".join(fr.token_frontier) or "-")]
     if fr.time_frontier:
         lines.append(f"Frontier on seconds per task ({fr.time_where}): " + " < ".join(fr.time_frontier))
     lines += ["", "Paired verdicts (exact McNemar on the shared tasks, 95% Newcombe interval of the difference):"]
@@ -167,7 +170,7 @@ svg {{ max-width: 100%; height: auto; }}
 </style></head><body>
 <header><h1>Cost-accuracy frontier: {e(fr.model)}, protocol {e(fr.protocol)}, {fr.tasks} tasks</h1></header>
 <main>
-<p>Frontier on completion tokens per task: {e(" < ".join(fr.token_frontier))}</p>
+<p>Frontier on {e(fr.axis)} per task: {e(" < ".join(fr.token_frontier))}</p>
 {svg_text(fr)}
 <p>Costs per task. {e(_time_line(fr))}.</p>
 {grid}
