@@ -32,6 +32,7 @@ _HDR = struct.Struct("!I")
 _SECRET_LEN = 32
 _STATUS_FD = 3
 _SECRET_FD = 4
+_SERVICE_FD = 5  # a compiled program's compile service, when the host sent one
 _PROGRAM = "program.py"
 # Module dicts whose entries a candidate must not rebind (tests call abs, len, math.isclose, np.allclose...).
 _GUARDED = (builtins, math, re, copy, datetime, itertools, collections, heapq, statistics, functools,
@@ -176,8 +177,9 @@ def _seal(fill):
 def _enter(fds, scratch):
     """A program's process before anything of it runs: a session of its own, default signals, stdin /dev/null, its
     stdout and stderr, the proof fd 3 and the secret's fd 4, nothing else open, the scratch dir as its cwd."""
-    # Park the received fds high first, so that placing them on 0-4 cannot clobber one another.
-    out_w, err_w, status_w, secret_r = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]
+    # Park the received fds high first, so that placing them on 0-5 cannot clobber one another.
+    parked = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64) for fd in fds]
+    out_w, err_w, status_w, secret_r = parked[:4]
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU):
         signal.signal(sig, signal.SIG_DFL)
@@ -187,7 +189,9 @@ def _enter(fds, scratch):
     os.dup2(err_w, 2)
     os.dup2(status_w, _STATUS_FD, inheritable=False)
     os.dup2(secret_r, _SECRET_FD, inheritable=False)  # read (and closed) before the program starts
-    os.closerange(_SECRET_FD + 1, 1 << 16)  # control socket, the parked copies, everything else
+    if len(parked) > 4:  # a compile service's connection (sandboxes/services.py), closed before the run step
+        os.dup2(parked[4], _SERVICE_FD, inheritable=False)
+    os.closerange(_SECRET_FD + 1 + (len(parked) > 4), 1 << 16)  # control socket, the parked copies, the rest
     os.chdir(scratch)
 
 
@@ -231,9 +235,10 @@ def _child(msg, fds, scratch, cfg):
 def _native(msg, fds, scratch, cfg):
     """A compiled language's program (sandboxes/languages): this process becomes its steps' supervisor, with the
     program's fds and uid, and _jail_native.py runs the steps (a file beside this one, loaded when the worker starts)."""
+    service = _SERVICE_FD if len(fds) > 4 else None
     _enter(fds, scratch)
     _drop_privileges(cfg)
-    _NATIVE[0].run(msg["native"], scratch, cfg["limits"], cfg["allow_fork"])
+    _NATIVE[0].run(msg["native"], scratch, cfg["limits"], cfg["allow_fork"], service)
 
 
 class TamperError(Exception):

@@ -50,6 +50,8 @@ class LocalSandboxConf(PoolSandboxConf):
     require_isolation: bool = False  # true: refuse to start without the bubblewrap jail instead of rlimits only
     bwrap: str = "bwrap"  # the bubblewrap command
     python: str | None = None  # interpreter of the workers; null = this process's
+    # warm compilers the programs share (sandboxes/services.py: Java's javac); false: every compile step runs itself
+    compile_services: bool = field(default=True, metadata={"neutral": "how a compile runs, not what it makes"})
 
 
 @dataclass

@@ -19,6 +19,7 @@ from . import toolchains
 from .base import SandboxUnavailable
 from .config import LocalSandboxConf, conf_with
 from .pool import _WorkerPool, _live
+from .services import Services
 from .verdict import parse_failure
 from .worker import _JAIL, _probe_lock
 
@@ -83,6 +84,9 @@ class LocalSandbox(_WorkerPool):
         self.isolated = reason is None
         self.isolation_reason = reason
         self.switch_uid = os.geteuid() == 0
+        self._services = None
+        if self.isolated and self.mode == "fork" and self.workers < 63 and c.compile_services:
+            self._services = Services(self._service_jail, self.uid_base + 63 if self.switch_uid else None)
         _live.add(self)
 
     def _visible_mounts(self) -> list[str]:
@@ -118,6 +122,31 @@ class LocalSandbox(_WorkerPool):
                     args += ["--perms", "0755", "--dir", under[0] + "/" + "/".join(parts[:i])]
                 args += ["--ro-bind", path, path]
         return args
+
+    def service_fd(self, program) -> int | None:
+        """A warm compile service's connection for the program's served step (sandboxes/services.py), or None:
+        only inside a working jail, and only with a uid of its own beside the workers' (uid_base+63)."""
+        if self._services is None:
+            return None
+        return self._services.connect(program)
+
+    def _service_jail(self, rw_dir: str) -> list[str]:
+        """A service's jail: the workers' mounts and namespaces, its one writable place its socket's folder and a
+        private /tmp, and only the capabilities setpriv needs to drop to the service's uid."""
+        cmd = [self.bwrap, *_NS_FLAGS, "--die-with-parent", "--new-session", "--ro-bind", "/", "/",
+               "--tmpfs", "/proc", "--dev", "/dev", "--size", str(self.scratch_mb * 1024 * 1024), "--perms", "1777",
+               "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", *self._visible_mounts(), "--bind", rw_dir, rw_dir,
+               "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8", "--chdir", "/tmp"]
+        if self.switch_uid:
+            cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        else:
+            cmd.insert(1, "--unshare-user")
+        return cmd
+
+    def close(self) -> None:
+        super().close()
+        if self._services is not None:
+            self._services.close()
 
     def jail_prefix(self) -> list[str]:
         cmd = [self.bwrap, *_NS_FLAGS, "--die-with-parent", "--new-session", "--ro-bind", "/", "/",

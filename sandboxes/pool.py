@@ -57,6 +57,10 @@ class _WorkerPool:
         self._free_slots = list(range(n))
         self._closed = False
 
+    def service_fd(self, program) -> int | None:
+        """A warm compile service's connection for the program (LocalSandbox has them); None: its steps run."""
+        return None
+
     def _checkout(self) -> _Worker:
         with self._lock:
             if self._closed:

@@ -104,6 +104,8 @@ def native_verdict(run: "_Run", program: Program, secret: bytes, duration: float
     details = dict(details, isolated=sbx.isolated, compile_s=round(sum(float(f.get("s", 0)) for f in compiles), 4))
     if runs:
         details["run_s"] = runs[-1].get("s")
+    if any(f.get("served") for f in compiles):  # by the warm compile service (sandboxes/services.py)
+        details["compile_served"] = True
     stage = "run"
     failed_compile = next((f for f in compiles if f.get("rc") != 0), None)
     if failed_compile is not None:

@@ -229,13 +229,17 @@ class _Worker:
         sec_r, sec_w = os.pipe()
         os.write(sec_w, secret)
         os.close(sec_w)
+        theirs = [out_w, err_w, st_w, sec_r]
+        service = self.sbx.service_fd(program) if isinstance(program, Program) else None
+        if service is not None:  # a warm compile service's connection (services.py), the program's fifth fd
+            theirs.append(service)
         try:
             msg = {"native": program.wire()} if isinstance(program, Program) else {"program": program}
-            _send(self.sock, msg, fds=(out_w, err_w, st_w, sec_r))
+            _send(self.sock, msg, fds=theirs)
             sent = True
         except OSError as e:
             sent, send_err = False, e
-        for fd in (out_w, err_w, st_w, sec_r):
+        for fd in theirs:
             os.close(fd)
         if not sent:
             for fd in (out_r, err_r, st_r):

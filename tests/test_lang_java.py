@@ -4,6 +4,8 @@ promises (imports and the class put back, lines kept, the tests bound to Solutio
 network, no writes outside scratch, no process left)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lang_fixtures import by_id, run, sandbox, solution, task  # noqa: F401 (sandbox is a fixture)
@@ -190,3 +192,100 @@ def test_a_program_that_never_ends_is_stopped_and_leaves_nothing(sandbox):
     assert res.status == "timeout"
     uids = range(sandbox.uid_base, sandbox.uid_base + sandbox.workers)
     assert processes_of_uids(uids) == []
+
+
+def _one_shot(cache: str, files) -> dict:
+    """The compile step's own program run the one-shot way (trusted input, no jail): what it leaves, by path."""
+    import subprocess
+    import tempfile
+
+    from sandboxes.languages import java
+
+    with tempfile.TemporaryDirectory() as work:
+        for name, text in files:
+            Path(work, name).write_text(text)
+        prog = LANG.program(OK, by_id("java", 0)["test"], task(by_id("java", 0)))
+        argv = list(prog.steps[0].argv[:-1]) + [cache]
+        r = subprocess.run(argv, cwd=work, capture_output=True, text=True, env=dict(java.ENV))
+        made = {str(p.relative_to(work)): p.read_bytes() for p in sorted(Path(work).rglob("*.class"))}
+        return {"rc": r.returncode, "output": r.stdout + r.stderr, "made": made}
+
+
+def _served(sandbox, cache: str, files) -> dict:
+    """The same compile asked of the sandbox's warm service over its socket, as the jailed supervisor asks it."""
+    import socket
+    import struct
+
+    def field(b):
+        return struct.pack(">i", len(b)) + b
+
+    prog = LANG.program(OK, by_id("java", 0)["test"], task(by_id("java", 0)))
+    sock = socket.socket(fileno=sandbox.service_fd(prog))
+    sock.sendall(struct.pack(">i", 25000) + field(cache.encode()) + struct.pack(">i", len(files))
+                 + b"".join(field(n.encode()) + field(t.encode()) for n, t in files))
+    f = sock.makefile("rb")
+    rd = lambda n: f.read(n)  # noqa: E731
+    rc = struct.unpack(">i", rd(4))[0]
+    output = rd(struct.unpack(">i", rd(4))[0]).decode()
+    made = {}
+    for _ in range(struct.unpack(">i", rd(4))[0]):
+        rel = rd(struct.unpack(">i", rd(4))[0]).decode()
+        made[rel] = rd(struct.unpack(">i", rd(4))[0])
+    sock.close()
+    return {"rc": rc, "output": output, "made": made}
+
+
+def test_the_warm_compile_service_makes_byte_for_byte_what_the_compile_step_makes(sandbox):
+    """sandboxes/services.py: the service answers with the very class files and messages of the one-shot compile,
+    for an answer whose tests come precompiled, one whose tests compile against it (an overload), and two that do not
+    compile (in the candidate, and in the tests against it)."""
+    row = by_id("java", 0)
+    answers = {"same members": OK,
+               "an overload": OK.replace("    }\n}\n", "    }\n    public boolean hasCloseElements(int x) { return false; }\n}\n"),
+               "a compile error": WRONG.replace("return false;", "return nope;"),
+               "the tests do not compile": OK.replace("double threshold", "float threshold")}
+    for why, code in answers.items():
+        prog = LANG.program(code, row["test"], task(row))
+        cache = prog.steps[0].service_args[0]
+        one, warm = _one_shot(cache, prog.files), _served(sandbox, cache, prog.files)
+        assert one["rc"] == warm["rc"] and (one["rc"] == 0) == (why in ("same members", "an overload")), why
+        assert warm["made"] == one["made"] and (one["made"] or one["rc"]), why
+        assert warm["output"] == one["output"], why
+        res = run(sandbox, LANG, code, row)
+        assert res.details.get("compile_served") is True and res.passed == (one["rc"] == 0), why
+
+
+def test_a_service_that_goes_away_costs_speed_never_a_verdict(sandbox):
+    """Killed between programs, the service is started again; killed under a program, that program's compile runs
+    itself; with services off every compile runs itself. The verdicts are the same each way."""
+    import os
+    import signal
+
+    from sandboxes.local import LocalSandbox
+    from sandboxes.procs import processes_of_uids
+
+    row = by_id("java", 0)
+    assert run(sandbox, LANG, OK, row).details.get("compile_served") is True
+    proc = sandbox._services._running["java"][0]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    res = run(sandbox, LANG, OK, row)
+    assert res.passed and res.details.get("compile_served") is True  # a new one, started for this program
+    for code in (OK, WRONG):  # a program handed a connection whose service then dies: it compiles itself
+        fd = sandbox.service_fd(LANG.program(OK, row["test"], task(row)))
+        os.killpg(sandbox._services._running["java"][0].pid, signal.SIGKILL)
+        sandbox.service_fd = lambda program, fd=fd: fd
+        try:
+            res = run(sandbox, LANG, code, row)
+        finally:
+            del sandbox.service_fd
+        assert "compile_served" not in res.details and res.passed == (code is OK) and res.details["compile_s"] > 0
+    with LocalSandbox(workers=1, require_isolation=True, compile_services=False) as plain:
+        assert plain.service_fd(LANG.program(OK, row["test"], task(row))) is None
+        for code in (OK, WRONG):
+            res = run(plain, LANG, code, row)
+            assert "compile_served" not in res.details and res.passed == (code is OK)
+    with LocalSandbox(workers=1, require_isolation=True) as other:
+        assert run(other, LANG, OK, row).details.get("compile_served") is True
+        uid = other.uid_base + 63
+    assert processes_of_uids([uid]) == []  # the service stops with its sandbox

@@ -34,6 +34,10 @@ class Step:
     # run step: where its harness reads the run's secret: "fd" (fd 4, read after the last assertion or, where the
     # harness runs before any candidate code, at its start), "stdin" (fd 0), "none" (compile steps)
     secret: str = "none"
+    # a compile step a warm service can do in its place (sandboxes/services.py): the language's name, and what the
+    # service is told besides the files; argv stays the way the step runs where no service is up
+    service: str = ""
+    service_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,8 @@ class Program:
         """What the jailed worker is sent."""
         return {"files": [list(f) for f in self.files],
                 "steps": [{"stage": s.stage, "argv": list(s.argv), "timeout_s": s.timeout_s, "processes": s.processes,
-                           "memory_mb": s.memory_mb, "env": dict(s.env), "secret": s.secret} for s in self.steps]}
+                           "memory_mb": s.memory_mb, "env": dict(s.env), "secret": s.secret, "service": s.service,
+                           "service_args": list(s.service_args)} for s in self.steps]}
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,11 @@ class Language:
     def version_commands(self) -> list[list[str]]:
         """Commands whose output names the toolchain's versions (its prepared parts are keyed by them)."""
         return [[c, "--version"] for c in (self.toolchain.commands[:1] if self.toolchain else ())]
+
+    def service_argv(self, prep, socket_path: str) -> list[str] | None:
+        """The command of this language's warm compile service listening on `socket_path` (sandboxes/services.py),
+        or None where its compile steps always run themselves. `prep`: the prepared parts' folder."""
+        return None
 
     def prepare(self, into) -> None:
         """Build the toolchain's reusable, trusted parts into the folder `into` (sandboxes/toolchains.py), once per
