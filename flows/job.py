@@ -49,18 +49,8 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
     t0 = time.perf_counter()
     usage = Usage()  # where the job's time went: the machine's CPU, the engine busy and idle (flows/usage.py)
     apply_offline(settings.offline)
-    from .prefect_api import start_prefect_api
-
-    # Prefect's temporary server (flows/prefect_api.py) starts up beside the model's build, unless the build first
-    # times this machine's paths: its start-up on 2 cores would fall on those timings and skew them, so it starts after
-    prefect = None if runner is not None else "after" if measures_on_build(settings.model) else "beside"
-    if prefect == "beside":
-        start_prefect_api()
+    tasks, model = _tasks_and_model(settings, prefect_too=runner is None)
     runner = runner or run_jobs
-    tasks = load_tasks(settings.dataset)
-    model = _model_up_front(settings)
-    if prefect == "after":
-        start_prefect_api()
     check_runner(settings.runner)
     tracker = RunTracker(settings.tracking)
     run_id, resume = open_run(tracker, settings)
@@ -68,8 +58,7 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
     store = core.TaskStore(tracker.store_dir, run_id)
     jobs, done = core.pending(tasks, settings.samples, store, bool(resume))
     print(f"fixlab: {len(tasks)} tasks x {settings.samples} sample(s), {len(jobs)} to run, model={settings.model.name} "
-          f"strategy={settings.agent.strategy.name} iters={settings.agent.iters} run_id={run_id}", file=sys.stderr,
-          flush=True)
+          f"strategy={settings.agent.strategy.name} iters={settings.agent.iters} run_id={run_id}", file=sys.stderr)
     progress = Progress(len(tasks) * settings.samples, len(done), sum(t.passed for t in done.values()),
                         activity=getattr(model, "activity", None))
 
@@ -90,23 +79,9 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
         trajs = store.load_all()  # read once: the summary, the rows, the MLflow files and the results file share them
         rows, dicts = list(_result_rows(trajs)), [t.to_dict() for t in trajs]
         summary = _summary(tracker, trajs, rows, dicts, tasks, settings, run_id, t0)
-        prices = model_prices(settings.model)  # a local model has none: its runs say so, never $0
-        summary["cost_usd"] = None if prices is None else round(
-            cost_usd(summary["prompt_tokens"], summary["completion_tokens"], prices), 6)
-        if settings.stream_applies:  # cut from single_shot's answer stream (flows/stream.py)
-            summary["stream"] = {"candidates": settings.stream[0], "answers": settings.stream[1]}
-        if resume:
-            summary["resumed"] = True
-        summary["usage"] = usage.finish(model)
+        summary.update(_run_extras(settings, summary, bool(resume), usage, model))
         print(f"fixlab: {Usage.line(summary['usage'])}", file=sys.stderr, flush=True)
-        # tasks that ended in an error (a server that died, a worker lost), not an answer: the run stays open
-        # (FAILED), so `resume=last` runs only those again
-        status = "FAILED" if summary.get("errors") else "FINISHED"
-        if status == "FAILED":
-            first = next(t for t in trajs if t.error)
-            print(f"fixlab: {summary['errors']} of {summary['total']} tasks ended in an error, not an answer (first: "
-                  f"{first.task_id}: {first.error[:160]}); `resume=last` runs only those again", file=sys.stderr,
-                  flush=True)
+        status = _status(summary, trajs)
         summary["results_file"] = str(_write_results(tracker, settings, run_id, rows, dicts, summary, status))
         tracker.finish(summary, status)
         return summary
@@ -218,6 +193,47 @@ def _write_results(tracker: RunTracker, settings: JobSettings, run_id: str, rows
         print(f"fixlab: could not attach {path.name} to the MLflow run ({e})", file=sys.stderr)
     print(f"fixlab: results file {path}", file=sys.stderr, flush=True)
     return path
+
+
+def _tasks_and_model(settings: JobSettings, prefect_too: bool):
+    """The tasks and the model, built before the MLflow run opens; with `prefect_too`, Prefect's temporary server
+    (flows/prefect_api.py) started beside the model's build, or after it where the build first times this machine's
+    paths: its start-up on 2 cores would fall on those timings and skew them."""
+    from .prefect_api import start_prefect_api
+
+    prefect = None if not prefect_too else "after" if measures_on_build(settings.model) else "beside"
+    if prefect == "beside":
+        start_prefect_api()
+    tasks = load_tasks(settings.dataset)
+    model = _model_up_front(settings)
+    if prefect == "after":
+        start_prefect_api()
+    return tasks, model
+
+
+def _status(summary: dict, trajs: list[Trajectory]) -> str:
+    """FINISHED, or FAILED (said in one line) where tasks ended in an error (a server that died, a worker lost), not
+    an answer: the run stays open, so `resume=last` runs only those again."""
+    if not summary.get("errors"):
+        return "FINISHED"
+    first = next(t for t in trajs if t.error)
+    print(f"fixlab: {summary['errors']} of {summary['total']} tasks ended in an error, not an answer (first: "
+          f"{first.task_id}: {first.error[:160]}); `resume=last` runs only those again", file=sys.stderr, flush=True)
+    return "FAILED"
+
+
+def _run_extras(settings: JobSettings, summary: dict, resumed: bool, usage: Usage, model) -> dict:
+    """What a run's summary says beyond its tasks: the cost at list prices (a local model has none: never $0), the
+    answer stream it was cut from, whether it was resumed, and where the job's time went."""
+    prices = model_prices(settings.model)
+    out = {"cost_usd": None if prices is None else round(
+        cost_usd(summary["prompt_tokens"], summary["completion_tokens"], prices), 6)}
+    if settings.stream_applies:  # cut from single_shot's answer stream (flows/stream.py)
+        out["stream"] = {"candidates": settings.stream[0], "answers": settings.stream[1]}
+    if resumed:
+        out["resumed"] = True
+    out["usage"] = usage.finish(model)
+    return out
 
 
 def open_run(tracker: RunTracker, settings: JobSettings) -> tuple[str, str | None]:

@@ -38,19 +38,23 @@ def section_languages(sweeps: dict[str, Sweep], cur: dict, results: Path) -> lis
                            f"{'no verdict' if p.p_value >= ALPHA else 'better' if p.diff > 0 else 'worse'}")
         files = " / ".join(link(sweeps[spec["configs"][n][lang]].file) for n in names)
         first = spec["configs"][names[0]][lang]
-        wall = runs[0].cost.get("wall_s")  # a resumed job's covers only its last part
-        cost = (f"{runs[0].cost.get('completion_tokens', '-')}, "
-                f"{'resumed' if first in spec.get('resumed', ()) or wall is None else f'{wall:.0f} s'}")
+
+        def cost(run, key):
+            wall = run.cost.get("wall_s")  # a resumed job's covers only its last part
+            return (f"{run.cost.get('completion_tokens', '-')}, "
+                    f"{'resumed' if key in spec.get('resumed', ()) or wall is None else f'{wall:.0f} s'}")
+        costs = [cost(r, spec["configs"][n][lang]) for r, n in zip(runs, names)]
         published = [] if ref is None else [
             "-" if ref["pass_at_1"].get(lang) is None else f"{ref['pass_at_1'][lang]:.3f}"]
-        body.append([lang, *cells, verdict, *published, cost, sweeps[first].machine, files])
+        machines = " / ".join(dict.fromkeys(sweeps[spec["configs"][n][lang]].machine for n in names))
+        body.append([lang, *cells, verdict, *published, *costs, machines, files])
     labels = [spec.get("labels", {}).get(n, n) for n in names]
     return ["## Languages: HumanEvalFix in HumanEvalPack's six languages", "",
             wrap(spec.get("text", "")), "",
             *table(["language", *(f"{x}: pass@1 (95% CI), passed" for x in labels),
                     f"{labels[-1]} vs {labels[0]}, points (95% CI)" if len(labels) > 1 else "paired",
                     *([f"published: {ref['model']}, pass@1"] if ref else []),
-                    f"{labels[0]}: completion tokens, job time", "machine", "results files"], body), "",
+                    *(f"{x}: completion tokens, job time" for x in labels), "machine", "results files"], body), "",
             *([wrap(f"Published figures: {ref_about['text']} Source files: {link(spec['reference'])}."), ""]
               if ref else [])]
 

@@ -42,7 +42,6 @@ def run(native, scratch, lim, allow_fork, service=None):
 
 def _step(step, scratch, lim, env, allow_fork):
     """Run one step to its end or its time limit; report it on the proof fd; its exit code (-signal when killed)."""
-    import select
     import time
     compile_ = step["stage"] != "run"
     cap_r = cap_w = None
@@ -51,34 +50,7 @@ def _step(step, scratch, lim, env, allow_fork):
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        try:
-            os.setpgid(0, 0)
-            for res, val in ((resource.RLIMIT_FSIZE, lim["file_bytes"]), (resource.RLIMIT_NOFILE, lim["open_files"]),
-                             (resource.RLIMIT_CORE, 0)):
-                resource.setrlimit(res, (val, val))
-            if step["memory_mb"]:
-                mem = step["memory_mb"] * 1024 * 1024
-                resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-            cpu = int(step["timeout_s"]) + 1
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-            if compile_:
-                os.dup2(cap_w, 1)
-                os.dup2(cap_w, 2)
-            elif step["secret"] == "fd":
-                os.set_inheritable(_STATUS_FD, True)
-                os.set_inheritable(_SECRET_FD, True)
-            elif step["secret"] == "stdin":
-                os.set_inheritable(_STATUS_FD, True)
-                os.dup2(_SECRET_FD, 0)
-            nproc = max(int(step["processes"]), 1) if not allow_fork else max(int(step["processes"]), lim["processes"])
-            # counted per uid, this supervisor included: 1 leaves the step no new process or thread
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-            os.execve(step["argv"][0], step["argv"], env)
-        except BaseException as e:
-            try:
-                os.write(2, ("sandbox: cannot start %s: %s\n" % (step["argv"][0], e)).encode())
-            finally:
-                os._exit(127)
+        _exec(step, env, lim, allow_fork, cap_w)
     out = bytearray()
     if cap_w is not None:
         os.close(cap_w)
@@ -100,29 +72,14 @@ def _step(step, scratch, lim, env, allow_fork):
             status = os.waitpid(pid, 0)[1]
             break
         if cap_r is not None:
-            ready, _, _ = select.select([cap_r], [], [], min(left, 0.05))
-            if ready:
-                chunk = os.read(cap_r, 65536)
-                if chunk:
-                    out += chunk
-                    if len(out) > 262144:
-                        del out[:-65536]
-                else:
-                    os.close(cap_r)
-                    cap_r = None
+            cap_r = _read_some(cap_r, out, min(left, 0.05))
         else:
             time.sleep(0.002)
         done, st = os.waitpid(pid, os.WNOHANG)
         if done:
             status = st
     if cap_r is not None:  # the compiler ended: what it left in the pipe (its own children may hold it: not waited on)
-        os.set_blocking(cap_r, False)
-        try:
-            while (chunk := os.read(cap_r, 65536)):
-                out += chunk
-        except (BlockingIOError, OSError):
-            pass
-        os.close(cap_r)
+        _drain(cap_r, out)
     try:  # the step's process group: nothing it started outlives it
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -194,6 +151,68 @@ def _served(step, scratch, files, fd):
               "output": output[-16384:], "served": True}
     os.write(_STATUS_FD, (json.dumps(report) + "\n").encode())
     return rc
+
+
+def _read_some(fd, out, wait_s):
+    """What the compiler wrote within `wait_s`, into `out` (its last 64 KiB kept past 256 KiB); the fd, or None
+    once the pipe is closed."""
+    import select
+    ready, _, _ = select.select([fd], [], [], wait_s)
+    if not ready:
+        return fd
+    chunk = os.read(fd, 65536)
+    if not chunk:
+        os.close(fd)
+        return None
+    out += chunk
+    if len(out) > 262144:
+        del out[:-65536]
+    return fd
+
+
+def _drain(fd, out):
+    """What is in the pipe now, without waiting, into `out`; the pipe closed."""
+    os.set_blocking(fd, False)
+    try:
+        while (chunk := os.read(fd, 65536)):
+            out += chunk
+    except (BlockingIOError, OSError):
+        pass
+    os.close(fd)
+
+
+def _exec(step, env, lim, allow_fork, cap_w):
+    """The step's own process (a forked child of the supervisor): its limits, its fds, then its command; never
+    returns (a command that cannot start exits 127 with one line saying why)."""
+    compile_ = step["stage"] != "run"
+    try:
+        os.setpgid(0, 0)
+        for res, val in ((resource.RLIMIT_FSIZE, lim["file_bytes"]), (resource.RLIMIT_NOFILE, lim["open_files"]),
+                         (resource.RLIMIT_CORE, 0)):
+            resource.setrlimit(res, (val, val))
+        if step["memory_mb"]:
+            mem = step["memory_mb"] * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        cpu = int(step["timeout_s"]) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        if compile_:
+            os.dup2(cap_w, 1)
+            os.dup2(cap_w, 2)
+        elif step["secret"] == "fd":
+            os.set_inheritable(_STATUS_FD, True)
+            os.set_inheritable(_SECRET_FD, True)
+        elif step["secret"] == "stdin":
+            os.set_inheritable(_STATUS_FD, True)
+            os.dup2(_SECRET_FD, 0)
+        nproc = max(int(step["processes"]), 1) if not allow_fork else max(int(step["processes"]), lim["processes"])
+        # counted per uid, this supervisor included: 1 leaves the step no new process or thread
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        os.execve(step["argv"][0], step["argv"], env)
+    except BaseException as e:
+        try:
+            os.write(2, ("sandbox: cannot start %s: %s\n" % (step["argv"][0], e)).encode())
+        finally:
+            os._exit(127)
 
 
 def _lowest_priority(pgid):

@@ -110,7 +110,18 @@ class Services:
             run = self._running.pop(name, None)
         if run is not None:
             _kill(run[0])
+            self._wait_gone()
             shutil.rmtree(run[2], ignore_errors=True)
+
+    def _wait_gone(self, within_s: float = 5.0) -> None:
+        """Until nothing of the service's uid is left: its jail's pid namespace dies with bwrap, a moment later."""
+        from .procs import processes_of_uids
+
+        if self._uid is None:
+            return
+        deadline = time.monotonic() + within_s
+        while processes_of_uids(range(self._uid, self._uid + 1)) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def close(self) -> None:
         with self._lock:

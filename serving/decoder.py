@@ -228,26 +228,14 @@ class Stack:
         cos, sin = (real_positions(t.expand(B, -1, -1), index).float().contiguous() for t in (c, s))
         x = real_positions(emb, index).contiguous()
         L = held + W
-        for layer, c_ in zip(self.layers, cl):
-            c_.make_room(B, W)
-            kb, vb = c_._kbuf, c_._vbuf
-            layer.ksb, layer.ksh, layer.ksl = kb.stride(0), kb.stride(1), kb.stride(2)
-            layer.vsb, layer.vsh, layer.vsl = vb.stride(0), vb.stride(1), vb.stride(2)
-            layer.k, layer.v = kb.data_ptr() + 2 * c_._n * layer.ksl, vb.data_ptr() + 2 * c_._n * layer.vsl
-            layer.k0, layer.v0 = kb.data_ptr() + 2 * c_._s * layer.ksl, vb.data_ptr() + 2 * c_._s * layer.vsl
+        self._point_at_cache(cl, B, W)
         msb = msq = 0
         mptr = None
         if causal is not None:
             m = causal[..., :L]
-            if m.stride(-1) != 1:
-                m = m.contiguous()
+            m = m if m.stride(-1) == 1 else m.contiguous()
             msb, msq, mptr = (m.stride(0) if m.shape[0] > 1 else 0), m.stride(2), m.data_ptr()
-        if index is None:
-            idx, real = self._arange(n), None
-        else:
-            idx = index.to(torch.int64).contiguous()
-            real = torch.zeros(B * W, dtype=torch.bool)
-            real[idx] = True
+        idx, real = self._rows(index, n, B * W)
         H, KV, D, hid, inter = d["H"], d["KV"], d["D"], d["hid"], d["inter"]
         HD = H * D
         lanes_sum, lanes_silu, vexp = self.order
@@ -267,6 +255,25 @@ class Stack:
             self._scratch.clear()
         with only_rows(n, None):
             return inner.norm(x)
+
+    def _point_at_cache(self, cl, B: int, W: int) -> None:
+        """Each layer's record told where its cache's keys and values are, with room made for W new columns."""
+        for layer, c_ in zip(self.layers, cl):
+            c_.make_room(B, W)
+            kb, vb = c_._kbuf, c_._vbuf
+            layer.ksb, layer.ksh, layer.ksl = kb.stride(0), kb.stride(1), kb.stride(2)
+            layer.vsb, layer.vsh, layer.vsl = vb.stride(0), vb.stride(1), vb.stride(2)
+            layer.k, layer.v = kb.data_ptr() + 2 * c_._n * layer.ksl, vb.data_ptr() + 2 * c_._n * layer.vsl
+            layer.k0, layer.v0 = kb.data_ptr() + 2 * c_._s * layer.ksl, vb.data_ptr() + 2 * c_._s * layer.vsl
+
+    def _rows(self, index: torch.Tensor | None, n: int, slots: int):
+        """(the rows the loop computes, as int64 indices; which of the batch's slots are real, or None: all are)."""
+        if index is None:
+            return self._arange(n), None
+        real = torch.zeros(slots, dtype=torch.bool)
+        idx = index.to(torch.int64).contiguous()
+        real[idx] = True
+        return idx, real
 
     def _arange(self, n: int) -> torch.Tensor:
         t = self._scratch.get("arange")

@@ -94,6 +94,30 @@ def build_local(cfg: TransformersModelConf, tuning: EngineTuning | None = None):
     return model
 
 
+def _race(cfg: TransformersModelConf, model) -> dict:
+    """The engine (`model`, built) and llama.cpp on the same pack, timed on make eval's mix of prefill and decode:
+    which serves, the rates and seconds behind it, and why llama.cpp could not run where it could not."""
+    say("measuring fixlab's engine against llama.cpp on the same pack (once; cached)")
+    rates = {"engine": _rates(model, int(cfg.max_batch), 24)}
+    error = None
+    try:
+        from .llamacpp import LlamaCppModel
+
+        # short requests: slots of 2048 tokens hold them (the job's 4096 would add 3.7 GB of KV beside the engine)
+        other = LlamaCppModel(replace(llamacpp_conf(cfg), context_per_slot=2048))
+        try:
+            rates["llamacpp"] = _rates(other, int(cfg.max_batch), 24)
+        finally:
+            other.close()
+    except Exception as e:  # llama.cpp cannot run here: the engine serves, and the reason is recorded
+        error = f"{type(e).__name__}: {str(e)[:200]}"
+    # a job both prefills and decodes: the runtime that does make eval's mix of the two sooner serves
+    seconds = {k: round(job_seconds(r), 1) for k, r in rates.items()}
+    return {"runtime": min(seconds, key=seconds.get), "rates": rates, "job_seconds": seconds, "job_mix": JOB_MIX,
+            "engine_path": model.choice.label(), "rows": int(cfg.max_batch),
+            **({"llamacpp_error": error} if error else {})}
+
+
 def _build_local(cfg: TransformersModelConf, tuning: EngineTuning):
     """The model a transformers config serves through: fixlab's engine (TransformersModel) or, for a pack whose
     `runtime` is auto or llamacpp, llama.cpp where it was measured faster (LlamaCppModel). Prints the path line."""
@@ -131,25 +155,7 @@ def _build_local(cfg: TransformersModelConf, tuning: EngineTuning):
     key, ident = cache_key(shapes_for(cfg), "runtime", {"engine": _engine_ident(cfg, tuning)})
     cached = read_cached(key)
     if cached is None:
-        say("measuring fixlab's engine against llama.cpp on the same pack (once; cached)")
-        rates = {"engine": _rates(model, int(cfg.max_batch), 24)}
-        error = None
-        try:
-            from .llamacpp import LlamaCppModel
-
-            # short requests: slots of 2048 tokens hold them (the job's 4096 would add 3.7 GB of KV beside the engine)
-            other = LlamaCppModel(replace(llamacpp_conf(cfg), context_per_slot=2048))
-            try:
-                rates["llamacpp"] = _rates(other, int(cfg.max_batch), 24)
-            finally:
-                other.close()
-        except Exception as e:  # llama.cpp cannot run here: the engine serves, and the reason is recorded
-            error = f"{type(e).__name__}: {str(e)[:200]}"
-        # a job both prefills and decodes: the runtime that does make eval's mix of the two sooner serves
-        seconds = {k: round(job_seconds(r), 1) for k, r in rates.items()}
-        cached = {"runtime": min(seconds, key=seconds.get), "rates": rates, "job_seconds": seconds,
-                  "job_mix": JOB_MIX, "engine_path": model.choice.label(), "rows": int(cfg.max_batch),
-                  **({"llamacpp_error": error} if error else {})}
+        cached = _race(cfg, model)
         write_cached(key, ident, cached)
     if cached["runtime"] == "llamacpp":
         model.close()

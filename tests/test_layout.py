@@ -207,3 +207,27 @@ def test_no_production_comment_names_an_issue_or_a_session():
            for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))
            for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert not bad, "\n".join(bad)
+
+
+def test_no_function_is_over_60_lines_but_the_jails_runner():
+    """A function a reader holds in one screen. The one exception is the jail's `_run` (sandboxes/_jail.py), whose
+    order of steps around the candidate's thread is the defence and reads best in one piece."""
+    long = []
+    for pkg in PACKAGES:
+        for p in sorted((REPO / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = node.end_lineno - node.lineno + 1
+                    if n > 60 and (p.name, node.name) != ("_jail.py", "_run"):
+                        long.append(f"{p.relative_to(REPO)}:{node.lineno} {node.name}: {n} lines")
+    assert not long, "\n".join(long)
+
+
+def test_no_production_file_is_over_500_lines_but_the_kernels():
+    """A file a reader can hold; serving/kernels.c (the C kernels, one translation unit so they inline) is the one
+    exception."""
+    kinds = ("*.py", "*.c", "*.java", "*.go", "*.rs", "*.cpp", "*.js")
+    big = [f"{p.relative_to(REPO)}: {n} lines" for pkg in PACKAGES for kind in kinds
+           for p in sorted((REPO / pkg).rglob(kind))
+           if (n := len(p.read_text().splitlines())) > 500 and p.name != "kernels.c"]
+    assert not big, "\n".join(big)

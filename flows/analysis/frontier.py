@@ -141,6 +141,28 @@ def _identity(r: Record, keys: list[str]) -> tuple:
             tuple((k, r.params.get(k, ABSENT)) for k in keys))
 
 
+def _differing_knobs(records: list[Record], strategy_of: dict[int, str]):
+    """(id(record) -> every knob that differs in its scope with its value, (id(record), knob) -> the usual value
+    in that scope). A strategy's knobs are scoped to runs of that strategy; a knob set to one value where set (added
+    or retired later) is no difference."""
+    keys = sorted({k for r in records for k in r.params if _is_knob(k)})
+    knobs: dict[int, dict[str, str]] = {id(r): {} for r in records}
+    usual: dict[tuple[int, str], str] = {}
+    for k in keys:
+        groups: dict[str, list[Record]] = {}
+        for r in records:
+            groups.setdefault(strategy_of[id(r)] if k.startswith("strategy.") else "", []).append(r)
+        for rs in groups.values():
+            vals = Counter(r.params.get(k, ABSENT) for r in rs)
+            if len(set(vals) - {ABSENT}) < 2:
+                continue
+            common = max(sorted(vals), key=lambda v: (vals[v], v != ABSENT))
+            for r in rs:
+                knobs[id(r)][k] = r.params.get(k, ABSENT)
+                usual[(id(r), k)] = common
+    return knobs, usual
+
+
 def _labels(records: list[Record]) -> dict[int, tuple[str, str, dict]]:
     """id(record) -> (label, family, knobs); by record, not run id, as one run may hold several points.
 
@@ -155,21 +177,7 @@ def _labels(records: list[Record]) -> dict[int, tuple[str, str, dict]]:
     strategy's knobs count against runs of the same strategy only, as react's max_turns is not a difference from
     single_shot; a knob set to one value where set, added or retired later, is no difference)."""
     strategy_of = {id(r): r.params.get("strategy.name", "?") for r in records}
-    keys = sorted({k for r in records for k in r.params if _is_knob(k)})
-    knobs: dict[int, dict[str, str]] = {id(r): {} for r in records}  # every knob that differs in its scope
-    usual: dict[tuple[int, str], str] = {}  # (record, knob) -> the usual value in the knob's scope
-    for k in keys:
-        groups: dict[str, list[Record]] = {}
-        for r in records:
-            groups.setdefault(strategy_of[id(r)] if k.startswith("strategy.") else "", []).append(r)
-        for rs in groups.values():
-            vals = Counter(r.params.get(k, ABSENT) for r in rs)
-            if len(set(vals) - {ABSENT}) < 2:  # one value where set: a knob added or retired later is no difference
-                continue
-            common = max(sorted(vals), key=lambda v: (vals[v], v != ABSENT))
-            for r in rs:
-                knobs[id(r)][k] = r.params.get(k, ABSENT)
-                usual[(id(r), k)] = common
+    knobs, usual = _differing_knobs(records, strategy_of)
 
     def named(r: Record, k: str) -> bool:
         default = (r.defaults or {}).get(k)

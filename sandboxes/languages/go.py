@@ -313,6 +313,31 @@ class Go(Language):
         cmd = ["/usr/bin/env", *self._reference_env(), GO, "test", "-timeout=20s", "main_test.go"]
         return {"main_test.go": self.reference_source(candidate, test, task)}, [warm, cmd]
 
+    @staticmethod
+    def _compile_failure(stderr: str, sources: dict, source) -> Failure:
+        """A build that failed: its first errors, the entry point's binding said in the answer's words, and the
+        imports an answer here does not choose."""
+        out = stderr.strip()
+        errors = [ln for ln in out.splitlines() if re.match(r"\S+\.go:\d+(:\d+)?: ", ln)]
+        kind = "CompileError"
+        if not errors:
+            errors = [ln for ln in out.splitlines() if ln.strip()][:1]
+            kind = "LinkError" if "relocation target" in out or "link:" in out else kind
+        # the tests' binding of the entry point (after the test text), in the answer's words
+        errors = [re.sub(r"undefined: (?:candidate|fixlab)\.(\w+)", r"undefined: \1 (the code defines no \1)", ln)
+                  for ln in errors]
+        errors = [re.sub(r"cannot use generic function (?:candidate|fixlab)\.(\w+) without instantiation",
+                         r"the tests call \1 as a function without type parameters", ln) for ln in errors]
+        first = errors[0] if errors else ""
+        m = re.match(r"(?:.*/)?(\w+\.go):(\d+)", first)
+        line = source(m.group(1), int(m.group(2))) if m else None
+        shown = errors[:10]
+        cand = "\n".join(sources.get("candidate.go", []))
+        if any(re.search(rf"\b{re.escape(p)}\.", cand) for p in re.findall(r"undefined: ([a-z]\w*)$", out, re.M)):
+            shown.append("(an answer here chooses no imports: its code may use " + ", ".join(IMPORT_HELPER) +
+                         ", each imported for it where its code uses it)")
+        return Failure(line=line, kind=kind, message=tail("\n".join(shown) or out, 1500))
+
     def failure(self, stdout: str, stderr: str, program, stage: str) -> Failure:
         sources = {name: text.split("\n") for name, text in program.files} if isinstance(program, Program) else {}
 
@@ -321,26 +346,7 @@ class Go(Language):
             return lines[n - 1].strip() if 1 <= n <= len(lines) else None
 
         if stage == "compile":
-            out = stderr.strip()
-            errors = [ln for ln in out.splitlines() if re.match(r"\S+\.go:\d+(:\d+)?: ", ln)]
-            kind = "CompileError"
-            if not errors:
-                errors = [ln for ln in out.splitlines() if ln.strip()][:1]
-                kind = "LinkError" if "relocation target" in out or "link:" in out else kind
-            # the tests' binding of the entry point (after the test text), in the answer's words
-            errors = [re.sub(r"undefined: (?:candidate|fixlab)\.(\w+)", r"undefined: \1 (the code defines no \1)", ln)
-                      for ln in errors]
-            errors = [re.sub(r"cannot use generic function (?:candidate|fixlab)\.(\w+) without instantiation",
-                             r"the tests call \1 as a function without type parameters", ln) for ln in errors]
-            first = errors[0] if errors else ""
-            m = re.match(r"(?:.*/)?(\w+\.go):(\d+)", first)
-            line = source(m.group(1), int(m.group(2))) if m else None
-            shown = errors[:10]
-            cand = "\n".join(sources.get("candidate.go", []))
-            if any(re.search(rf"\b{re.escape(p)}\.", cand) for p in re.findall(r"undefined: ([a-z]\w*)$", out, re.M)):
-                shown.append("(an answer here chooses no imports: its code may use " + ", ".join(IMPORT_HELPER) +
-                             ", each imported for it where its code uses it)")
-            return Failure(line=line, kind=kind, message=tail("\n".join(shown) or out, 1500))
+            return self._compile_failure(stderr, sources, source)
         text = stdout + "\n" + stderr
 
         def frames(at: str) -> tuple[str | None, list[str]]:

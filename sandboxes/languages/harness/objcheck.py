@@ -8,6 +8,7 @@ that reaches a file descriptor, a process, a signal or memory maps, and hold no 
 usage: objcheck.py CANDIDATE.o EXPORTS.txt OTHER.o|OTHER.syms... ; rewrites CANDIDATE.o, or exits 1 with one line
 (a .syms file: an object's `nm -P -g` listing, made once when that trusted object was built).
 """
+import os
 import re
 import subprocess
 import sys
@@ -35,13 +36,19 @@ def base(name):
     return n
 
 
+# Named, GCC's LTO plugin is the one nm loads: left to itself nm loads every plugin in bfd-plugins, and LLVM's there
+# (Debian's LLVMgold) makes each nm wait on loading LLVM. A candidate's object is never an LTO object either way.
+GCC_PLUGIN = "/usr/lib/bfd-plugins/liblto_plugin.so"
+NM = ["/usr/bin/nm", "--plugin", GCC_PLUGIN] if os.path.exists(GCC_PLUGIN) else ["/usr/bin/nm"]
+
+
 def symbols(path, *flags):
     """(name, type) of an object's symbols (`nm -P`); a `.syms` file is that listing made once beforehand."""
     if path.endswith(".syms"):
         with open(path) as f:
             out = f.read()
     else:
-        out = subprocess.run(["/usr/bin/nm", "-P", *flags, path], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run([*NM, "-P", *flags, path], capture_output=True, text=True, check=True).stdout
     return [tuple(line.split()[:2]) for line in out.splitlines() if len(line.split()) >= 2]
 
 
