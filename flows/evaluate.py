@@ -95,9 +95,9 @@ if __name__ == "__main__":
     except BaseException as e:
         # After a stop signal every way out is the stop's (exit 130, the run marked KILLED). The stop does not always
         # surface as KeyboardInterrupt: Prefect raises its own TerminationSignal inside a flow, and an exception
-        # raised while the job unwinds (a store or API call cut short) reaches Hydra, which exits 1; CI saw a job
-        # stopped that way exit 1 in half a second. The watcher sets `signalled` within a switch interval of the
-        # signal; 50 ms covers it, and costs only a job that crashed on its own.
+        # raised while the job unwinds (a store or API call cut short) reaches Hydra, which exits 1, so a stopped job
+        # could read as a crash. The watcher sets `signalled` within a switch interval of the signal; a short wait
+        # covers it, and costs only a job that crashed on its own.
         # (Hydra's exit carries what it reports as its context; an exit of our own, bad input, is no stop.)
         if stopped(e.__context__ if isinstance(e, SystemExit) else e) or Stop.signalled.wait(0.05):
             Stop.leave()

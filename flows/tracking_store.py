@@ -38,7 +38,7 @@ def artifact_root(tracking: TrackingConf) -> str:
 # with Ctrl-Z while it holds the lock must not hang every other job.
 STORE_LOCK_WAIT_S = 120.0
 # A waiting writer retries this often (filelock polls, and a write holds the lock briefly): at filelock's default
-# 50 ms many processes logging traces at once spent much of their time waiting between tries.
+# interval many processes logging traces at once spent much of their time waiting between tries.
 STORE_LOCK_POLL_S = 0.002
 _store_locks: dict[str, object] = {}
 _store_locks_guard = threading.Lock()

@@ -1,5 +1,6 @@
 """Warm compile services: one long-lived process per language and sandbox that does a compile step in place of a
-fresh compiler per program (Java's javac in-process takes about 0.3 s in a fresh JVM, milliseconds in a warm one).
+fresh compiler per program (Java's javac in-process spends most of a verdict starting cold and little warm:
+benchmarks/verdicts.py measures it).
 
 Host side. A language offers one through `Language.service_argv` and marks the compile step it replaces
 (`Step.service`). The service runs in a bubblewrap jail of its own (no network, own pid namespace, the host's root

@@ -319,7 +319,7 @@ class BatchEngine(Admission, Drafts, Reuse):
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> torch.Tensor:
         """Next token per row: greedy argmax, or the row's own seeded generator (so rows never share RNG)."""
-        nxt = argmax(logits)  # torch's indices, compiled on CPU (native.argmax: 8 ms a step at 32 rows was torch's)
+        nxt = argmax(logits)  # torch's indices, compiled on CPU (native.argmax: torch's own was slow at many rows)
         probs = self._sampled(logits, [(r, i) for i, r in enumerate(rows) if r.generator is not None])
         for i, r in enumerate(rows):
             if r.generator is not None:

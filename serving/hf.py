@@ -175,7 +175,7 @@ class TransformersModel:
         if self.device.type == "cpu" and self.tuning.sdpa_gqa:
             # Batched rows carry a padding mask, and with a mask transformers expands grouped K/V heads
             # (repeat_kv: a full copy of the KV cache per layer per step) instead of SDPA's enable_gqa. On CPU
-            # the GQA kernel takes masks and was 10x faster for Qwen2.5's 14:2 heads (same results). Process-wide
+            # the GQA kernel takes masks and is much faster for Qwen2.5's 14:2 heads (same results). Process-wide
             # switch, read at call time; not set for CUDA, where a mask + GQA falls back to the math kernel.
             os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
         if self.device.type == "cpu" and self.tuning.cpu_attention:

@@ -180,8 +180,9 @@ class Int8Linear(torch.nn.Module):
             scale, q = quantized
         else:
             scale, q = quantize_rows((linear.weight if weight is None else weight).detach().float())
-        # Stored N x K and passed as its transpose (a K x N view): oneDNN was 1.1-3.5x faster with this layout
-        # than with a contiguous K x N matrix for 1-64 rows (measured here). Not kept where the plan never uses it.
+        # Stored N x K and passed as its transpose (a K x N view): oneDNN is faster with this layout than with a
+        # contiguous K x N matrix at decode's row counts (benchmarks/int8_matmul.py). Not kept where the plan never
+        # uses it.
         self.packed = kernels.PackedInt8(q, self.plan.isa) if "fixlab" in self.plan.kernels else None
         if self.packed is not None:  # buffers too, so that what a model holds counts them (benchmarks/weights.py)
             self.register_buffer("packed_weight", self.packed.data, persistent=False)
@@ -230,8 +231,8 @@ class Int8Linear(torch.nn.Module):
             return self.packed.matmul(xq, xs, self.scale, self.bias, out)
         if self.onednn_weight is not None and kernel == "onednn":
             m = xq.shape[0]
-            if m == 1:  # one row through oneDNN took 5.6 ms for a 256 x 1536 weight, two 0.035 ms: a zero row beside
-                xq = torch.cat([xq, xq.new_zeros(1, xq.shape[1])])  # it (rows are independent: the same values)
+            if m == 1:  # oneDNN's one-row case is a slow path, two rows are not: a zero row beside it
+                xq = torch.cat([xq, xq.new_zeros(1, xq.shape[1])])  # (rows are independent: the same values)
             y = torch.ops.onednn.qlinear_pointwise(xq, 1.0, 0, self.onednn_weight, self.unit_scales, self.zero_points,
                                                    None, 1.0, 0, torch.float32, "none", [], "")
             return kernels.scale_floats(y[:m], xs, self.scale, self.bias)

@@ -108,7 +108,7 @@ class Reuse:
             return
         layers = self._cache.layers
         if len(cols) and int(cols[-1]) - int(cols[0]) + 1 == len(cols):  # no hole (most rows): a slice, copied once
-            at = slice(int(cols[0]), int(cols[0]) + len(ids))  # (a gather then a clone: 83 against 25 ms a row)
+            at = slice(int(cols[0]), int(cols[0]) + len(ids))  # (a gather then a clone copies twice)
             kv = [(layer.keys[i:i + 1, :, at].clone(), layer.values[i:i + 1, :, at].clone()) for layer in layers]
         else:  # a gather is a copy already
             kv = [(layer.keys[i:i + 1, :, cols], layer.values[i:i + 1, :, cols]) for layer in layers]

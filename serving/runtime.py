@@ -103,7 +103,7 @@ def _race(cfg: TransformersModelConf, model) -> dict:
     try:
         from .llamacpp import LlamaCppModel
 
-        # short requests: slots of 2048 tokens hold them (the job's 4096 would add 3.7 GB of KV beside the engine)
+        # short requests: slots of 2048 tokens hold them (the job's 4096 would add gigabytes of KV beside the engine)
         other = LlamaCppModel(replace(llamacpp_conf(cfg), context_per_slot=2048))
         try:
             rates["llamacpp"] = _rates(other, int(cfg.max_batch), 24)

@@ -6,8 +6,8 @@ import torch
 
 
 def _skinny_linear(self, x: torch.Tensor) -> torch.Tensor:
-    # W @ x.T instead of x @ W.T for a few rows: MKL's sgemm packs the whole weight matrix for small M,
-    # which made decode steps at batch 2-32 up to 3x slower than the matrix-vector speed (measured here).
+    # W @ x.T instead of x @ W.T for a few rows: MKL's sgemm packs the whole weight matrix for small M, which
+    # made small-batch decode steps far slower than the matrix-vector speed (benchmarks/forward.py measures it).
     rows = x.numel() // x.shape[-1]
     if rows > _SKINNY_MAX_ROWS or x.dtype != self.weight.dtype:
         return torch.nn.functional.linear(x, self.weight, self.bias)

@@ -182,7 +182,7 @@ class Java(Language):
 
     def service_argv(self, prep: Path, socket_path: str) -> list[str]:
         """The compile step's own program, warm: `fixlab.Compile --serve` (harness/java_compile.java) answers one
-        program after another, in milliseconds where a fresh JVM's javac takes about 0.3 s. Full tiered compilation
+        program after another, warm, where a fresh JVM's javac spends most of a verdict starting. Full tiered compilation
         and a larger heap: it lives for the whole job, and compiles programs side by side."""
         return ["/usr/bin/env", *(f"{k}={v}" for k, v in ENV), JAVA, *VM[:1], *VM[2:], f"-XX:SharedArchiveFile={self._archive('compile', prep)}", "-Xmx768m",
                 "-XX:+ExitOnOutOfMemoryError", "-cp", str(prep / "compile.jar"), "fixlab.Compile", "--serve",
