@@ -9,7 +9,7 @@ for _k, _v in {
     "DO_NOT_TRACK": "true",  # MLflow ignores "1"
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    # The temporary Prefect server takes 12-25 s to start on 2 cores; its default 20 s limit is too tight.
+    # The temporary Prefect server can take longer to start on 2 cores than its default 20 s limit allows.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     # One log line per task run is noise at 164 tasks; fixlab prints its own progress.
     "PREFECT_LOGGING_LOGGERS_PREFECT_TASK_RUNS_LEVEL": "WARNING",

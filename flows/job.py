@@ -338,7 +338,7 @@ class Progress:
 
 
 def apply_offline(offline) -> bool:
-    """Go offline at once when the hub cannot be resolved (here DNS fails at once); else 20-50 s retries."""
+    """Go offline at once when the hub cannot be resolved (here DNS fails at once); else long retries first."""
     if offline == "auto":
         result = []
         th = threading.Thread(target=lambda: result.append(_resolves("huggingface.co")), daemon=True)

@@ -3,7 +3,7 @@
 Prefect would start a temporary server by itself, but that one outlives a job killed with SIGTERM or SIGKILL
 (it is stopped by an atexit hook only). Ours is Prefect's own server command run under `setpriv --pdeathsig
 KILL`, so the kernel kills it when the job dies, however it dies. Its address goes into the environment, so
-Dask worker processes report to it too instead of each starting a server of their own (12-25 s each here).
+Dask worker processes report to it too instead of each starting a server of their own, each slow to start.
 
 Its port is not chosen the way Prefect's own would be (a random free-looking port, bound by the server seconds
 later: two jobs started together could pick the same one, and then one job's health check reached the other
@@ -48,8 +48,9 @@ Server(config).run(sockets=[sock])
 class TemporaryServer:
     """Prefect's API under uvicorn in a child process that dies with this one (PR_SET_PDEATHSIG), on a socket bound
     here. Started at once, waited for on first use: a job starts it before it builds its model, so the server's
-    start-up (its imports, the database's migrations: about 5 s here) runs beside the build. Prefect's own
-    SubprocessASGIServer starts and waits in one call, and its module alone took 2.5 s to import."""
+    start-up (its imports, the database's migrations: a noticeable part of a job's start, benchmarks/startup.py)
+    runs beside the build. Prefect's own SubprocessASGIServer starts and waits in one call, and its module alone is
+    slow to import."""
 
     def __init__(self):
         import subprocess

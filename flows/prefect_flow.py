@@ -79,7 +79,7 @@ def task_runner(runner: RunnerConf):
 
 def check_runner(runner: RunnerConf) -> None:
     """A missing [dask] extra or an unreachable Dask scheduler is one line before the run starts, not a flow failure
-    30 s later."""
+    at Dask's 30 s connect timeout."""
     if not isinstance(runner, DaskRunnerConf):
         return
     require("dask", "runner=dask", ConfigError)

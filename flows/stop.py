@@ -81,8 +81,8 @@ class Stop:
 def stop_on_signals() -> None:
     """SIGTERM and Ctrl-C stop a job within seconds. The handler raises KeyboardInterrupt, which unwinds the job
     (the run is marked KILLED; `resume=last` continues it). Python runs that handler only when the main thread
-    gets back to bytecode, and Prefect can hold it for as long as a task in flight takes (measured: 8 s with
-    8 s answers), so the signal also wakes a watcher thread through signal.set_wakeup_fd (written by the C-level
+    gets back to bytecode, and Prefect can hold it for as long as a task in flight takes (measured: as long as the
+    answer it waits for), so the signal also wakes a watcher thread through signal.set_wakeup_fd (written by the C-level
     handler at once): it starts the KILLED mark, and after GRACE_S leaves. Finished tasks are already on disk."""
     import signal
 

@@ -48,14 +48,24 @@ class Services:
             path = self._socket(name)
             if path is None:
                 return None
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(path)
-                return sock.detach()
-            except OSError:
-                sock.close()
-                self._stop(name)
+            deadline = time.monotonic() + 2.0  # its socket file exists from bind(), a moment before listen()
+            while True:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.connect(path)
+                    return sock.detach()
+                except OSError:
+                    sock.close()
+                if not self._alive(name) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
+            self._stop(name)
         return None
+
+    def _alive(self, name: str) -> bool:
+        with self._lock:
+            run = self._running.get(name)
+            return run is not None and run[0].poll() is None
 
     def _socket(self, name: str) -> str | None:
         with self._lock:

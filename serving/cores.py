@@ -1,7 +1,7 @@
 """CPU threads for a model: a fair share of the cores this process may use, among fixlab's model processes.
 
 Two processes that each take every core starve each other (measured here: torch with 2 threads on 2 cores ran
-about 3x slower beside a second such process than with 1 thread). So each process that loads a model on the
+several times slower beside a second such process than with 1 thread). So each process that loads a model on the
 CPU registers itself in a machine-wide folder (one file per process, held under an flock for its whole life,
 so a crashed process's file counts as gone) and takes cores // (processes already there + 1), at least 1.
 The share is decided when the model loads: a process that started first keeps its threads.

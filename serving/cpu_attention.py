@@ -1,24 +1,24 @@
 """Decode attention on CPU: grouped-query heads as two batched matmuls (EngineTuning.cpu_attention, default on).
 
 Why: in a decode step each row has 1 query token against its whole padded KV cache. torch's SDPA with a padding
-mask and grouped K/V heads was the step's biggest cost on 2-core CPUs (py-spy on a react job: 72% of the forward
+mask and grouped K/V heads was the step's biggest cost on 2-core CPUs (py-spy on a react job: most of the forward
 in SDPA). Measured for Qwen2.5-1.5B's 12:2 heads, 32 rows, per decode step over 28 layers (torch 2.13, 2-core
-EPYC): at 600 KV tokens SDPA 146 ms in fp32 and 906 ms in bf16, this path 100 ms in fp32; at 2000 tokens
-716 ms in fp32 against 388. Here the query heads that share a K/V head become the rows of one matmul against
-that head's keys (no K/V copy: the cache buffer is viewed, not repeated), the mask is applied to the scores
-and softmax runs in fp32.
+EPYC): at 600 KV tokens this path in fp32 took clearly less than SDPA in fp32, and SDPA in bf16 several times more;
+at 2000 tokens the gap to SDPA in fp32 widened. Here the query heads that share a K/V head become the rows of one
+matmul against that head's keys (no K/V copy: the cache buffer is viewed, not repeated), the mask is applied to the
+scores and softmax runs in fp32.
 
-A batch whose rows differ in length carries left padding (a job's decode batches: 40-45% of the slots at 1200
-tokens); when it is large enough to pay for a few small ops a row (PADDING_SHARE, PADDING_SLOTS below), each row
-attends to its own columns only.
+A batch whose rows differ in length carries left padding (a job's decode batches: a large share of the slots at 1200
+tokens, benchmarks/forward.py); when it is large enough to pay for a few small ops a row (PADDING_SHARE,
+PADDING_SLOTS below), each row attends to its own columns only.
 
 With the float16 KV cache (EngineTuning.kv_dtype, the default on CPU where fixlab's compiled kernels build) the same
 steps go to native.decode_attention instead (serving/kernels.c): it reads half the bytes, widened to float32, and
 each row only over the columns its mask lets it see, with no per-row Python calls; on AVX-512 CPUs with fused
-multiply-adds and each block of query rows' sums held in registers. On the 2-core EPYC at 32 rows x 700 tokens:
-attention 63 ms a step against 97 here (decode-profile-20261127T190040Z / 190227Z), then 34 against 55 for the
-portable loops (decode-profile-20261128T001528Z / 001644Z; the kernels alone, side by side: 31.8 ms against 62.9,
-attention-20261128T001409Z). Prefill (more query tokens) widens the cache and keeps SDPA.
+multiply-adds and each block of query rows' sums held in registers. On the 2-core EPYC at 32 rows x 700 tokens
+its attention took clearly less of a step than this path's, and the AVX-512 loops clearly less than the portable
+ones (benchmarks/decode_profile.py; the kernels alone, side by side: benchmarks/attention.py). Prefill (more query
+tokens) widens the cache and keeps SDPA.
 
 With the float16 KV cache every fp32 step takes the compiled kernel, prefill included (a long prompt in blocks of
 query positions): one kernel for prefill, decode and draft checks, whose sums per query are fixed by the row's own

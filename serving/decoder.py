@@ -2,7 +2,7 @@
 layer of a CPU float32 Qwen2 or Llama model with int8 projections, for the real positions of a decode step, a draft
 step or the prefill of rows whose kept KV the cache already holds (a prefix hit).
 
-Why: at 32 rows x 700 tokens of context the loop spent about 30 ms of a 200 ms decode step between its kernels
+Why: at 32 rows x 700 tokens of context the loop spent a noticeable share of a decode step between its kernels
 (benchmarks/decode_profile.py's "rest of the forward"), Python and torch's dispatch while the other core spun in
 OpenMP. Here the kernels run back to back in C: norms, roundings, the four int8 matmuls, rotary, the cache's new
 columns, attention, SiLU and the residual adds.

@@ -34,9 +34,9 @@ def resolve_device(name: str | None):
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AVX512_BF16 or AMX), read from /proc/cpuinfo's flags.
 
-    Measured on a 2-core AMD EPYC with avx512_bf16 (torch 2.13, 1.5B Qwen): bf16 prefill 133 tokens/s against
-    60 for fp32, batch-8 decode 27 against 12.5. On an AVX2-only EPYC bf16 matmuls were emulated: 11 GFLOP/s
-    against 53-67 for fp32. So auto picks bf16 only where the instruction exists."""
+    Measured on a 2-core AMD EPYC with avx512_bf16 (torch 2.13, 1.5B Qwen): bf16 prefill and batch-8 decode ran
+    much faster than fp32 (benchmarks/weights.py). On an AVX2-only EPYC bf16 matmuls were emulated, several times
+    slower than fp32. So auto picks bf16 only where the instruction exists."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -51,7 +51,7 @@ def cpu_has_native_bf16() -> bool:
 def resolve_dtype(name: str | None, device, weights: str = "dtype"):
     """auto: bf16 on CUDA (fp16 where bf16 is unsupported). On CPU with int8 weights fp32: the int8 matmuls do the
     heavy work, and the rest (attention, norms, lm_head) ran slower in bf16 (decode attention over a padded batch:
-    SDPA 906 ms a step in bf16 against 146 in fp32 and 100 on fixlab's fp32 path, serving/cpu_attention.py).
+    SDPA several times slower in bf16 than in fp32, and fixlab's fp32 path faster still, serving/cpu_attention.py).
     Otherwise on CPU fp32 where fixlab's compiled kernels build: its answers repeat whatever shares the batch, and a
     bf16 row's last bits depend on its batch (batch-invariant serving: bf16 only when asked for). Without the kernels,
     bf16 where the CPU has bf16 instructions, else fp32 (emulated bf16 is several times slower)."""

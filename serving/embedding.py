@@ -5,11 +5,10 @@ Why: transformers maps a float32 safetensors file into the process and the embed
 (int8.py reads the linears apart; the embedding is used as it is). Each token a job embeds pages its row in through
 the mapping, and the kernel maps the file's neighbouring pages with it where they are in the page cache
 (fault-around): mapped file pages count in the process's resident memory until unmapped. A job that had just
-converted its pack (the whole file cached) thus held about half of the 1.5B pack's 0.93 GB float32 table at its
-peak, one that found the pack converted much less (benchmarks/memory.py, `model_files`:
-results/memory-*-first-use-*.json).
+converted its pack (the whole file cached) thus held a large part of the 1.5B pack's 0.93 GB float32 table at its
+peak, one that found the pack converted much less (benchmarks/memory.py, `model_files`; docs/RESULTS.md).
 Read with pread the rows are the same bytes, from the page cache, which the kernel may reclaim and which is not the
-process's. Cost: one pread per token, about 10 us from the page cache (a decode step takes hundreds of ms).
+process's. Cost: one pread per token from the page cache, tiny beside a decode step.
 """
 from __future__ import annotations
 

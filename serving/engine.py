@@ -336,7 +336,7 @@ class BatchEngine(Admission, Drafts, Reuse):
         """{i: probabilities} for the sampled rows' logits rows i (picks: [(row, i)]), one division and one softmax for
         all of them: both work element by element and row by row, so each row's numbers are those of its own
         `softmax(logits[i] / temperature)` (the same bits, tested), and torch shares the rows between its threads
-        where one row a call kept one thread busy (a step's sampled positions took 6.5 ms on the 2-core Zen 4)."""
+        where one row a call kept one thread busy (a noticeable cost for a step's sampled positions on 2 cores)."""
         out = {}
         for c in range(0, len(picks), SAMPLED_ROWS):
             chunk = picks[c:c + SAMPLED_ROWS]

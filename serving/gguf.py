@@ -21,8 +21,8 @@ def _chat_template_from_gguf(path: Path) -> str | None:
 def convert(pack, gguf_dir: Path, out: Path, streamed: bool = True) -> str:  # pack: a packs.Pack
     """Dequantize the GGUF into a plain float32 transformers folder (float32 keeps the dequantized values exact;
     the loader casts to the run's dtype). Tensor by tensor where the architecture allows (write_weights_streamed):
-    transformers' own conversion holds the whole float32 model, and saving it copied it again (14.5 GiB peak for
-    the 1.5B pack). Returns how: "streamed" or "whole-model"."""
+    transformers' own conversion holds the whole float32 model, and saving it copied it again (the 1.5B pack's
+    peak: benchmarks/memory.py, `convert`). Returns how: "streamed" or "whole-model"."""
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -2,19 +2,19 @@
 
 torch's CPU tensors come from glibc malloc. Below its mmap threshold (which glibc raises to 32 MiB once a large block
 is freed) they live in the heap, and freed heap memory stays resident until malloc_trim returns it. A prefill leaves
-its group caches and activations free in the heap: 1.5 GiB still resident after the first wave of 32 prompts in the
-default job, on top of the KV cache and prefix store that grew next (benchmarks/memory.py, series).
-Measured here: trimming 2.4 GiB took 130 ms, a call with little to free 0.3 ms, the free-bytes check 0.6 ms.
+its group caches and activations free in the heap: much of it still resident after the first wave of 32 prompts in
+the default job, on top of the KV cache and prefix store that grew next (benchmarks/memory.py, series). A trim that
+frees much is cheap beside a prefill; one with little to free, and the free-bytes check, cost next to nothing.
 
-Trimming after admissions still left the free heap of decode steps resident (2.2 GiB free in the heap at the peak
-of the default job on every task): KV buffers that grow and logits, 4-30 MiB each. So during decode the engine fixes
+Trimming after admissions still left the free heap of decode steps resident (much free heap at the peak of the
+default job, on every task): KV buffers that grow and logits, 4-30 MiB each. So during decode the engine fixes
 the mmap threshold at 4 MiB (`map_large_blocks`): a block that large gets its own mapping and goes back to the OS when
-freed. Not during a prefill, and not lower: a mapped block's pages fault in afresh (440 us for a 1.1 MB tensor against
-16-24 us from the heap, measured here), and a prefill's activations of 4-30 MiB come and go layer after layer. With
-4 MiB throughout, the default job's prefills took 783 s against 591 (free heap at the peak 0.40 GiB, was 2.18); so a
+freed. Not during a prefill, and not lower: a mapped block's pages fault in afresh (many times slower than memory
+from the heap, measured here), and a prefill's activations of 4-30 MiB come and go layer after layer. With 4 MiB
+throughout, the default job's prefills took noticeably longer, though with far less free heap at the peak; so a
 prefill's forward runs with the threshold at 32 MiB (glibc's own ceiling, `PREFILL_BLOCKS`), and the admission is
 trimmed after. Not the whole admission at 32 MiB: its merges copy the batch's KV into new buffers, and the old ones
-stayed as free heap (2.15 GiB free at the peak of that full job).
+stayed as free heap (much free heap at the peak of that full job).
 """
 from __future__ import annotations
 

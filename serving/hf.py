@@ -168,7 +168,7 @@ class TransformersModel:
 
             self.packed_linears = pack_float_linears(self.model)
         if self.device.type == "cpu" and self.dtype == torch.float32 and self.tuning.skinny_matmul:
-            # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny measured 15% slower there)
+            # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny was slower there)
             from .skinny import use_skinny_matmul
 
             use_skinny_matmul(self.model)

@@ -3,31 +3,32 @@
 Each nn.Linear of the decoder layers becomes an Int8Linear: its weight is rounded once to int8 with one scale
 per output channel, and each input row is rounded to int8 with its own scale (absmax / 127) on every call.
 The product is exact in int32, then scaled back. Three kernels compute it, with the same values (`Int8Plan`): torch's
-torch._int_mm (oneDNN: AMX or VNNI where the CPU has them; on AVX2-only CPUs a reference loop, 11-31x slower than
-float32), oneDNN's int8 matmul over weights it packed once (`onednn`: _int_mm reorders them on every call) and
-fixlab's own over packed weights (native.PackedInt8: AVX-512 VNNI, AVX2 or portable loops). Which one
-runs at which number of rows is measured on each machine (serving/paths.py; EngineTuning.int8_kernel forces
+torch._int_mm (oneDNN: AMX or VNNI where the CPU has them; on AVX2-only CPUs a reference loop, many times slower
+than float32: benchmarks/paths.py), oneDNN's int8 matmul over weights it packed once (`onednn`: _int_mm reorders
+them on every call) and fixlab's own over packed weights (native.PackedInt8: AVX-512 VNNI, AVX2 or portable loops).
+Which one runs at which number of rows is measured on each machine (serving/paths.py; EngineTuning.int8_kernel forces
 one). The rounding and the scaling run as two compiled loops where gcc builds them (native.py, EngineTuning.int8_native;
-bit-equal to the eager ops kept below): on the 2-core EPYC they cut the work around the products from about 97 to 23
-ms a decode step.
+bit-equal to the eager ops kept below): on the 2-core EPYC they cut the work around the products in a decode step
+to a fraction of the eager ops' (benchmarks/decode_profile.py).
 
 Why this scheme: a row's result depends only on that row (integer sums are exact and the scales are
 per row and per channel), so batching, padding and prefix reuse change no bits, as in fp32. torch's dynamic
 quantization uses one scale per tensor, which ties a row's rounding to whatever shares its batch.
-Measured on 2 cores (Xeon, AVX-512 VNNI, torch 2.13), one 1536x8960 matmul: int8 520 GFLOP/s at 16 rows and
-1137 at 256 rows, against 29 and 122 for fp32 (a probe); the whole model: benchmarks/weights.py. Weights in
+Measured on 2 cores (Xeon, AVX-512 VNNI, torch 2.13), one 1536x8960 matmul: int8 several times fp32's throughput
+at 16 rows and at 256 rows (a probe); the whole model: benchmarks/weights.py. Weights in
 memory: 1/4 of fp32.
 lm_head stays in the model's dtype by default (`int8_skip: [lm_head]`): the argmax over 150k logits is where rounding
-would flip tokens. The 1.5B pack quantizes it too: paired on every task its answers held (76/164, 5 vs 5 tasks
-passed by one only), decode ran 1.3x faster, the fp32 tied weight's pages stay unread (0.9 GiB), and its logits no
-longer depend on the batch (fp32's do: docs/RESULTS.md, memory).
+would flip tokens. The 1.5B pack quantizes it too: paired on every task its answers held (as many tasks passed, and
+as many by one only: docs/RESULTS.md), decode ran faster, the fp32 tied weight's pages stay unread (0.9 GiB), and
+its logits no longer depend on the batch (fp32's do: docs/RESULTS.md, memory).
 
 Memory while quantizing: transformers maps a float32 safetensors file into the process and the weights are views
 of that mapping, paged in when first read. Reading them through the mapping would leave every float32 page resident
-(mapped file pages count in RSS until unmapped, and the embedding and lm_head keep the mapping alive): 4.9 GiB of
-dead pages for the 1.5B pack. So a weight that is an untouched view of a mapped file is read with pread instead
-(`MappedFiles`: the same bytes, from the page cache, and the mapping's pages are never touched), and the linears are
-replaced one at a time with no reference kept to the float32 ones, so an in-memory float32 model is freed as it goes.
+(mapped file pages count in RSS until unmapped, and the embedding and lm_head keep the mapping alive): most of
+the float32 model as dead pages for the 1.5B pack. So a weight that is an untouched view of a mapped file is read
+with pread instead (`MappedFiles`: the same bytes, from the page cache, and the mapping's pages are never touched),
+and the linears are replaced one at a time with no reference kept to the float32 ones, so an in-memory float32 model
+is freed as it goes.
 The embedding, used as it is, reads the rows a step asks for the same way (embedding.py).
 """
 from __future__ import annotations
@@ -46,7 +47,7 @@ def quantize_rows(w: torch.Tensor, native: bool = True) -> tuple[torch.Tensor, t
     """(scale, q): one scale per row, absmax / 127, and round(w / scale) clamped to [-127, 127] as int8.
     `native`: the compiled loop that rounds activations (native.quantize_rows: the same steps, one pass over a row,
     on torch's threads) where it builds. Its values are these: |w / scale| <= 127 (1 + 2^-24) rounds to at most 127,
-    so the clamp never acts. The eager steps below took 10 of the 1.5B's 27 s build (2-core Xeon, AVX-512).
+    so the clamp never acts. The eager steps below took a large share of the 1.5B's build (2-core Xeon, AVX-512).
     max(amax, -amin) is absmax exactly, and rounding/clamping in place gives the same values as new tensors; it
     saves three float32 temporaries per matrix."""
     if native and w.dtype == torch.float32 and w.dim() == 2 and w.device.type == "cpu" and kernels.available():
@@ -262,10 +263,10 @@ class Int8Group(torch.nn.Module):
     members (Int8Member, in the siblings' places) hand out their columns of its output.
 
     Why: each Int8Linear rounds its input and calls its kernel; the 1.5B pack's q, k, v and gate, up made five
-    roundings and five kernel calls a layer where two do. On the 2-core Xeon (AMX) at 32 rows, oneDNN took 0.21 ms for
-    the stacked q, k, v against 0.33 for the three, and 1.24 against 1.46 for gate and up. The values are the same:
-    each output is its own channel's exact integer sum, scaled by its row's and its channel's scale, and the input's
-    rounding is per row; stacking changes no element's arithmetic (tests/test_models_int8.py).
+    roundings and five kernel calls a layer where two do. On the 2-core Xeon (AMX) at 32 rows, oneDNN took clearly
+    less time for the stacked q, k, v than for the three, and less for gate and up stacked than for the two. The
+    values are the same: each output is its own channel's exact integer sum, scaled by its row's and its channel's
+    scale, and the input's rounding is per row; stacking changes no element's arithmetic (tests/test_models_int8.py).
 
     The first member called with an input computes every member's columns and holds them until each member has
     taken its own; a call with another input (or a member called twice) computes again."""

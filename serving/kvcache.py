@@ -9,10 +9,10 @@ import torch
 class _GrowingKV:
     """GrowingLayer's methods (_GrowingLayer below makes the class): a DynamicLayer whose keys/values are the view
     buf[:b, :, s:n] of a buffer with spare rows and columns, so the batch changes with as little copying as possible
-    (each copy of the whole cache costs about what a decode step does at real contexts; py-spy on a react job: 40%
-    of the engine's time before):
+    (each copy of the whole cache costs about what a decode step does at real contexts; py-spy on a react job: a
+    large share of the engine's time before):
     - a decode step writes one column in place (DynamicLayer's torch.cat copies the whole cache every step:
-      0.37 s per layer per step for deepseek-1.3b's 16x128 KV heads at batch 16 x 900 tokens here);
+      a large cost in every layer every step for deepseek-1.3b's 16x128 KV heads at batch 16 x 900 tokens here);
     - rows leaving are compacted in place (`batch_select_indices`: only the rows that move are copied);
     - columns that became padding in every row are dropped by moving s (`drop_left`);
     - rows joining are written into spare rows, left-padded with zeros to the batch's length (`append_rows`).
@@ -40,7 +40,7 @@ class _GrowingKV:
     def _alloc(self, like, rows: int, cols: int, left: int = 0, spare_rows: bool = True) -> tuple:
         """New buffers for `rows` rows (rounded up to 8 with `spare_rows`: room for joining rows) and `cols`
         columns after `left` free ones, with room to grow: amortised, a regrow copies n tokens every n/8 steps
-        (a copy costs about one decode step's attention read: under 2% of decode at 64+ steps apart)."""
+        (a copy costs about one decode step's attention read: a small share of decode at 64+ steps apart)."""
         rows = -(-rows // 8) * 8 if spare_rows else rows
         cap = left + cols + self._room(cols)
         shape = (rows, like.shape[1], cap, like.shape[-1])

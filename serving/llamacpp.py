@@ -2,7 +2,7 @@
 
 The server serves a registry pack's GGUF as is (no conversion; Q4 weights stay Q4) or any GGUF `path`. It
 lives in this process's threads, so it dies with the job, even after a SIGKILL, and binds 127.0.0.1 only.
-Measured here (2 cores): prefill of the 1.5B pack is compute-bound at about 20 tokens/s, so prompt tokens
+Measured here (2 cores): prefill of the 1.5B pack is compute-bound and slow (benchmarks/weights.py), so prompt tokens
 are what a job costs; slots keep their last prompt (`cache_prompt`) and llama.cpp picks the slot whose cached
 prompt shares the longest prefix with a new request, so a reflection round that extends its conversation
 prefills only the new turn. `prefill_tokens` reports what was actually computed.

@@ -2,9 +2,9 @@
 decode attention over a float16 KV cache (EngineTuning.kv_dtype, serving/cpu_attention.py).
 
 Int8 loops. Why: around each torch._int_mm the eager path makes five passes over memory (abs, amax, divide, round,
-cast in; int32 to float, two multiplies, add out), each a new tensor or a full read and write. On a 2-core EPYC they took
-about a third of the int8 matmul time in decode and 40% of it in prefill (benchmarks/decode_profile.py). The C
-loops read the input twice (absmax, then round) and scale the int32 products in place, in one pass.
+cast in; int32 to float, two multiplies, add out), each a new tensor or a full read and write. On a 2-core EPYC
+they took a large share of the int8 matmul time in decode and more of it in prefill (benchmarks/decode_profile.py).
+The C loops read the input twice (absmax, then round) and scale the int32 products in place, in one pass.
 
 The results are bit-equal to the eager ops (kernels.c says how; test in tests/test_models_int8.py), so
 turning this on or off changes no answer.
@@ -14,9 +14,10 @@ turning this on or off changes no answer.
 (serving/paths.py).
 
 Built once per machine and instruction set at first use: gcc -O3 -march=native -fopenmp (ISAS: or AVX2 only) into
-FIXLAB_CACHE/kernels (~0.3 s), named by a hash of the source, the compiler, the flags and the CPU's flags. Loaded after torch, so its OpenMP calls run on the runtime
-torch already loaded (torch/lib/libgomp.so.1: one thread pool). Without gcc, or if the build fails, `available()`
-is False: Int8Linear keeps the eager ops and the KV cache stays float32 (one line on stderr says why).
+FIXLAB_CACHE/kernels (quick), named by a hash of the source, the compiler, the flags and the CPU's flags. Loaded
+after torch, so its OpenMP calls run on the runtime torch already loaded (torch/lib/libgomp.so.1: one thread pool).
+Without gcc, or if the build fails, `available()` is False: Int8Linear keeps the eager ops and the KV cache stays
+float32 (one line on stderr says why).
 """
 from __future__ import annotations
 

@@ -6,10 +6,8 @@ are padding. The int8 matmuls and the attention kernel skipped them, but every o
 adds, rotary, the zeros each skipping projection returns) still ran over the whole block. Here the layers carry only
 the real positions, as one (positions, hidden) block from the first layer to the last; the padded layout exists only
 where attention needs it: the new keys and values written into a cache, and the queries the kernel reads (padding ones
-are never read, cpu_attention.py). Side by side on the 2-core Xeon (benchmarks/results/decode-profile-
-20261129T152034Z-drafts24-before-8916506.json against 20261129T151844Z-drafts24-after-packed.json): 479.9 against
-432.6 ms a draft step at 24 rows; held to AVX2 (FIXLAB_CPU_ISA=avx2: 20261129T175611Z-drafts24-avx2-before-8916506.json
-against 20261129T175902Z-drafts24-avx2-after-packed.json), 706.7 against 553.3 ms.
+are never read, cpu_attention.py). Side by side on the 2-core Xeon (benchmarks/decode_profile.py, before and after):
+a draft step at 24 rows took somewhat less time, and much less held to AVX2 (FIXLAB_CPU_ISA=avx2).
 
 Every position's numbers are those of the padded layers and of its row alone (per-row matmuls and norms, element-wise
 rotary and adds, each query's attention over its own row: tests/test_packed.py), so answers do

@@ -12,7 +12,7 @@ How (first use of a model on a machine, then cached per CPU model and flags, tor
 shapes under FIXLAB_CACHE/paths/):
 1. Matmuls (`calibrate_matmuls`, a few seconds): every path the CPU can run multiplies the model's real shapes
    (one decoder layer's seven matrices, times the layers, plus the output layer) with synthetic weights, at 1 to
-   512 rows. A path already 5x slower than the best at one row is not timed further (on an AVX2-only CPU
+   512 rows. A path already CUT times slower than the best at one row is not timed further (on an AVX2-only CPU
    torch._int_mm is a reference loop: its 32-row figure alone would take seconds).
 2. Runtime (runtime.py `build_local`, only for packs, where llama.cpp can serve the same GGUF): the engine on the
    chosen weights and llama.cpp each decode the same 32 requests and prefill one long prompt; the one that would

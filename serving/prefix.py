@@ -79,8 +79,8 @@ class Reuse:
         a retry) takes no prefill of its own: its kept KV joins the running batch and its last prompt token becomes
         its pending token, so the next decode step gives its first token, from the same kernels over the same columns
         as a prefill of that one token (each row's values depend on its own columns only: tests/test_determinism.py).
-        A prefill of one token took about 0.2 s here (a whole forward, the batch waiting), the extra row a step
-        about 1% of it. False where the cache cannot take it (layers other than full attention): then prefilled."""
+        A prefill of one token is costly (a whole forward, the batch waiting), the extra row a step a small share
+        of it. False where the cache cannot take it (layers other than full attention): then prefilled."""
         if r.out_ids:  # a recovered row: its generated tokens must be fed too
             return False
         cache = self._new_cache()

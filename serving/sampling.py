@@ -1,10 +1,11 @@
 """A sampled row's draws (engine.py's temperature rows): torch.multinomial(probs, 1, generator) with the row's own
 seeded generator, or the same draws from fixlab's compiled loop (kernels.c section 7) where it is checked to be torch's.
 
-Why: a sampled token's multinomial spends most of its time in exponential_, one element at a time (2.7 ms of 3.3 for a
-151,936-token vocabulary on a 2-core Xeon): 10% of a job's decode steps. The compiled draw advances the same MT19937
-stream as torch's CPU generator and finds the same argmax without the logarithm of elements that cannot win, so a
-row's tokens are the ones torch's generator gives (tests/test_sampling.py; make eval's answers: the results files).
+Why: a sampled token's multinomial spends most of its time in exponential_, one element at a time (over a
+151,936-token vocabulary: benchmarks/sampling.py), a noticeable share of a job's decode steps. The compiled draw
+advances the same MT19937 stream as torch's CPU generator and finds the same argmax without the logarithm of elements
+that cannot win, so a row's tokens are the ones torch's generator gives (tests/test_sampling.py; make eval's answers:
+the results files).
 
 `Draws.check()` compares the loop with torch at first use (exponential_ values bit for bit, then multinomial picks);
 where they differ (another torch's generator) or the loop is not built, rows keep a torch.Generator."""

@@ -29,7 +29,8 @@ class EngineTuning:
     int8_kernel: str = field(default="auto", metadata={"neutral": "bit-equal: exact integer products either way"})
     # cpu fp32: decode matmuls as W @ x.T, which MKL runs faster than x @ W.T at a few rows (skinny.py says why)
     skinny_matmul: bool = field(default=True, metadata={"neutral": SPEED})
-    # cpu: SDPA's grouped K/V heads under a padding mask, not K/V repeated per query head (10x for Qwen2.5's 14:2)
+    # cpu: SDPA's grouped K/V heads under a padding mask, not K/V repeated per query head (much faster for
+    # Qwen2.5's 14:2)
     sdpa_gqa: bool = field(default=True, metadata={"neutral": SPEED})
     # cpu: fixlab's batch-invariant fp32 attention (cpu_attention.py, kernels.c), what makes answers repeat
     cpu_attention: bool = True
