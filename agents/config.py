@@ -10,7 +10,7 @@ import hashlib
 import json
 import warnings
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sandboxes.config import SandboxConf
 
@@ -47,12 +47,12 @@ class DraftsConf(StrategyConf):
     # What an answer is: the whole fixed function (function), or one SEARCH/REPLACE edit of the shown code (patch:
     # a fraction of the tokens; agents/patch.py), or one corrected line, the line chosen by a localisation call
     # first (line: agents/lines.py). patch, line: single_shot only (the revise prompts ask for a function).
-    answer_format: str = field(default="function", metadata={"before": "function"})  # runs logged before it
+    answer_format: str = "function"
     # The fix prompt also shows how the buggy code fails the visible tests: one run of the shown code before the
     # first answer, its shaped feedback (expected vs actual) under the tests. A small
     # model that sees only the code often hands it back unchanged; the failing call says where to look. Costs one
     # sandbox run (counted on round 0) and the feedback's prompt tokens per task, no completion tokens.
-    show_failure: bool = field(default=False, metadata={"before": False})
+    show_failure: bool = False
     # An answer known to fail before it runs (a repeat of a tested one, or the bug handed back) is drawn again from
     # the same prompt at CANDIDATE_TEMPERATURE, up to this many times, before it spends the round. candidates=1 only.
     redraws: int = 0
@@ -69,19 +69,19 @@ class DraftsConf(StrategyConf):
     # once a task, greedy; agents/prompts/self_inputs.txt), and the passing answers are grouped on them too, after
     # the examples' own calls (CodeT's input side: the probes next to the examples often miss the inputs where the
     # bug shows). 0 = off.
-    self_inputs: int = field(default=0, metadata={"before": 0})
+    self_inputs: int = 0
     # Whose answers the self-check counts: one round's candidates (round: the round where one passes what the agent
     # sees ends the task, satisfied or unsure), or every answer of the task so far (task, single_shot only:
     # self_check answers in all, any candidates; an answer that passes with too few agreeing is held, not handed
     # in, and the agent keeps looking; a repeat of it is run again as a vote; the buggy code handed back never
     # votes). What a budget that ends before the agent is satisfied does: `held_at_end`.
-    self_check_scope: str = field(default="round", metadata={"before": "round"})
+    self_check_scope: str = "round"
     # self_check_scope=task, a budget that ends before enough answers agree: hold (hand nothing in: the task fails)
     # or hand_in (hand in the best held answer, the first of the last self-check's best group, labelled unsure, as
     # scope round does with an unsure round). Under hand_in the verdict is not monotone in the budget (an answer
     # handed in at budget 4 may give way to a wrong pair that agrees at budget 8), so a trajectory keeps a verdict
     # for every budget (Trajectory.passed_by_budget) and every reader of "passed by budget k" takes it from there.
-    held_at_end: str = field(default="hold", metadata={"before": "hold"})
+    held_at_end: str = "hold"
 
 
 @dataclass
@@ -176,8 +176,7 @@ def round_seed(cfg: AgentConfig, task_id: str, rnd: int, turn: int = 0) -> int:
     return zlib.crc32(f"{cfg.seed}|{task_id}|{cfg.sample}|{rnd}|{turn}".encode()) % (2**31)
 
 
-# Settings no full-size run ever varied: constants beside the code that reads them, each with its reason (runs logged
-# while they were knobs read as before: flows/schema.py RETIRED).
+# Settings no full-size run ever varied: constants beside the code that reads them, each with its reason.
 RESAMPLE_TEMPERATURE = 0.8  # a resampled round's temperature: greedy would only repeat round 0
 TEMPERATURE_STEP = 0.2  # rising: each round this much hotter, so a stuck revision is drawn differently ...
 TEMPERATURE_MAX = 1.0  # ... up to this (hotter answers of a small model stop being code)

@@ -70,8 +70,8 @@ def run_agent(task: Task, model: Model, sandbox: Sandbox, cfg: AgentConfig,
                 attempt.side_runs, ctx.side_runs = attempt.side_runs + ctx.side_runs, 0
                 attempt.seconds = round(time.perf_counter() - t0, 3)
             traj.attempts.append(attempt)
-            if attempt.passed and traj.first_pass_round is None:
-                traj.first_pass_round = rnd
+            if attempt.passed and traj.passed_round is None:
+                traj.passed_round = rnd
             strategy.absorb(state, attempt)
         traj.stop_reason = "cost_limit" if over_budget else stop_reason(traj.attempts, cfg.iters, state.done)
         hand_in_held(traj)
@@ -89,10 +89,10 @@ def truncate(traj: Trajectory, iters: int) -> Trajectory:
     out = copy.deepcopy(traj)
     out.attempts = [a for a in out.attempts if a.round <= iters]
     out.budget = iters
-    if out.held_at_end != "hold":  # its first_pass_round may be a held answer's, handed in at the longer budget
-        out.first_pass_round = next((a.round for a in out.attempts if a.passed), None)
-    elif out.first_pass_round is not None and out.first_pass_round > iters:
-        out.first_pass_round = None
+    if out.held_at_end != "hold":  # its passed_round may be a held answer's, handed in at the longer budget
+        out.passed_round = next((a.round for a in out.attempts if a.passed), None)
+    elif out.passed_round is not None and out.passed_round > iters:
+        out.passed_round = None
     out.stop_reason = stop_reason(out.attempts, iters, traj.stop_reason)
     out.handed_in = None
     hand_in_held(out)
@@ -103,10 +103,10 @@ def truncate(traj: Trajectory, iters: int) -> Trajectory:
 def hand_in_held(traj: Trajectory) -> None:
     """held_at_end=hand_in: a budget that ends with nothing handed in hands in the best held answer, unsure. The
     attempts stay as they were (a longer budget goes on from them); the trajectory says what was handed in."""
-    held = traj.held_answer(traj.budget) if traj.held_at_end == "hand_in" and traj.first_pass_round is None else None
+    held = traj.held_answer(traj.budget) if traj.held_at_end == "hand_in" and traj.passed_round is None else None
     if held is not None:
         traj.handed_in, traj.stop_reason = [held[0], held[1]], "unsure"
-        traj.first_pass_round = held[0] if held[2] else None
+        traj.passed_round = held[0] if held[2] else None
 
 
 def cost_usd(prompt_tokens: int, completion_tokens: int, prices: tuple[float, float]) -> float:

@@ -108,7 +108,6 @@ class Attempt:
     With `candidates` > 1 a round drafts several answers: calls[-1] is the one kept (`candidate` its index),
     `rejected` says what became of the others (call index, decision, visible status when it was run, code, and
     the candidate or round it repeats).
-    Trajectories written before these were fields carry them in a "notes" dict: from_dict moves them over.
     """
 
     round: int
@@ -170,14 +169,6 @@ class Attempt:
     @classmethod
     def from_dict(cls, d: dict) -> "Attempt":
         a = dict(d)
-        # Written before the typed fields: they lived in a free-form "notes" dict. Its "visible"/"verdict"
-        # duplicated the result statuses; the walking skeleton kept the visible run there as "visible_result".
-        notes = a.pop("notes", None) or {}
-        for k in _NOTE_FIELDS:
-            if k in notes and k not in a:
-                a[k] = notes[k]
-        if not a.get("visible_result") and notes.get("visible_result"):
-            a["visible_result"] = notes["visible_result"]
         a["calls"] = [ModelCall(**c) for c in a.get("calls", [])]
         a["result"] = ExecResult.from_dict(a["result"]) if a.get("result") else None
         a["visible_result"] = ExecResult.from_dict(a["visible_result"]) if a.get("visible_result") else None
@@ -196,7 +187,7 @@ class Attempt:
         return self.result is not None and self.result.passed and not self.held
 
 
-_NOTE_FIELDS = ("unchanged", "same_as_round", "same_as_candidate", "problem", "steps", "candidate")
+TRAJECTORY_SCHEMA = 2  # the stored trajectory's shape (to_dict); a file of another is refused, not misread
 
 
 @dataclass
@@ -207,7 +198,7 @@ class Trajectory:
     bug_type: str
     strategy: str
     attempts: list[Attempt] = field(default_factory=list)
-    first_pass_round: int | None = None
+    passed_round: int | None = None  # the round of the answer handed in, when it passed
     error: str | None = None  # the task crashed (harness problem, not a wrong answer)
     seconds: float = 0.0
     budget: int = 0  # iters: feedback rounds allowed after round 0
@@ -216,19 +207,19 @@ class Trajectory:
     agent_key: str = ""  # digest of the agent config minus iters: continuation refuses a mismatched prior
     derived_from: str | None = None  # cut from single_shot's answer stream (flows/stream.py): seconds are apportioned
     # strategy.held_at_end (agents/config.py): "hand_in" hands the best held answer in when the budget ends, and
-    # `handed_in` says which ([round, candidate]); then first_pass_round is that answer's round when it passed
+    # `handed_in` says which ([round, candidate]); then passed_round is that answer's round when it passed
     held_at_end: str = "hold"
     handed_in: list[int] | None = None
 
     @property
     def passed(self) -> bool:
         """The answer handed in at the trajectory's own budget passed the full test."""
-        return self.first_pass_round is not None
+        return self.passed_round is not None
 
     def passed_by_round(self, r: int) -> bool:
         """What a fresh run with budget `r` scores (r <= budget)."""
         if self.held_at_end == "hold":
-            return self.first_pass_round is not None and self.first_pass_round <= r
+            return self.passed_round is not None and self.passed_round <= r
         if any(a.passed for a in self.attempts if a.round <= r):
             return True
         held = self.held_answer(r)
@@ -295,10 +286,14 @@ class Trajectory:
         d["completion_tokens"] = self.completion_tokens
         d["prefill_tokens"] = self.prefill_tokens
         d["suspicious"] = self.suspicious
+        d["schema"] = TRAJECTORY_SCHEMA
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Trajectory":
+        if d.get("schema") != TRAJECTORY_SCHEMA:  # an older shape names its fields otherwise: it would read wrong
+            raise ValueError(f"trajectory of {d.get('task_id', '?')} is schema {d.get('schema', 1)}, this fixlab "
+                             f"reads {TRAJECTORY_SCHEMA}: run the task again")
         attempts = [Attempt.from_dict(a) for a in d.get("attempts", [])]
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names and k != "attempts"}
@@ -306,16 +301,13 @@ class Trajectory:
 
 
 # A task's verdict at each budget 0..n, as trajectories (Trajectory.passed_by_budget), results rows and results files
-# keep it. A budget past the list's end keeps the last verdict, so what older runs kept (the first passing round,
-# None for never) reads as [False] * round + [True], or [False]: `verdicts` turns any stored shape into this one.
+# keep it. A budget past the list's end keeps the last verdict.
 Verdicts = list[bool]
 
 
-def verdicts(stored) -> Verdicts:
-    """A stored outcome as verdicts per budget: a list as it is, a first passing round, or None (never passed)."""
-    if isinstance(stored, list):
-        return [bool(v) for v in stored]
-    return [False] * int(stored) + [True] if stored is not None else [False]
+def verdicts(stored: list) -> Verdicts:
+    """A stored verdict list as verdicts per budget."""
+    return [bool(v) for v in stored]
 
 
 def passed_at(v: Verdicts, k: int | None = None) -> bool:
@@ -335,7 +327,5 @@ def first_pass(v: Verdicts) -> int | None:
 
 
 def row_verdicts(row: dict) -> Verdicts:
-    """A results row's verdicts per budget (rows from before every row kept them: from its first passing round)."""
-    if row.get("passed_by_budget") is not None:
-        return verdicts(row["passed_by_budget"])
-    return verdicts(row.get("first_pass_round") if row.get("passed", row.get("first_pass_round") is not None) else None)
+    """A results row's verdicts per budget."""
+    return verdicts(row["passed_by_budget"])

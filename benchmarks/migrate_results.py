@@ -1,184 +1,182 @@
-"""Give every results file written before flows/results.py its `about` block, once, from what it already holds.
+"""Bring every results file to results schema 2, once; afterwards the readers keep no code for older shapes.
 
-    .venv/bin/python -m benchmarks.migrate_results            # fill in the files that lack the block
-    .venv/bin/python -m benchmarks.migrate_results --check    # exit 1 if a file still lacks it
+    .venv/bin/python -m benchmarks.migrate_results            # rewrite the files still at schema 1
+    .venv/bin/python -m benchmarks.migrate_results --check    # exit 1 if one is left
 
-What each field comes from:
-- kind: the file name's prefix (`fullsize` for the full-size recorder's files); utc: the stamp in the name, else the
-  file's own time field, else the commit that added it; commit: the commit that added the file (`commit_is`
-  says so: the tree that measured was that commit's parent or a working tree beside it).
-- machine: the file's own machine block (`machine` or `meta`). Full-size files recorded none: theirs, their labels,
-  notes and the sweeps a file holds are what flows/report.py's registry said of them at REPORT_REV (read from git,
-  where that registry was the only record), as are each speed table's title and text (the registry's renderers at
-  that commit); each table's columns are its script's TABLE.
-- config: what the file says its figures depend on (a memory job's arguments, with the 1.5B pack's defaults of the
-  day it ran, from the history the registry kept; a profile's model settings).
+Schema 2, against what files held before it:
+- `about.schema` is 2 (files that lacked an `about` block were given theirs in an earlier pass of this script,
+  see its git history).
+- a run's per-task outcomes are `verdicts` (task#sample -> the verdict at each budget), not `first_pass_round`,
+  which held first passing rounds in the oldest files and verdict lists since.
+- a run's params are as the current config writes them: knobs retired since, at the default they had, dropped;
+  the local engine's internal settings (once `model.*` knobs, never answer-changing) dropped; knobs added since,
+  filled in at the default that does what the older run did; the dataset's language and the local file's
+  `{language}` spelling; a local model's path (`serving.*`) as it was (fixlab's engine; int8 weights where
+  `weights` was auto or int8); whole numbers written one way.
+- a run that kept no machine gets the one its file name or command names (`machine_source: file text`) or
+  `unknown`.
+Run once at the commit that added it (the tables it migrates by are the readers' of the commit before); the next
+commit removes it, and flows/results.py MIGRATED names this one.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import dataclasses
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 RESULTS = REPO / "benchmarks" / "results"
-REPORT_REV = "4fe5fc6"  # the last commit whose flows/report.py held the hand registry
+SCHEMA = 2
 
-# The script behind each kind: its TABLE (where the records are, the wildcards' headings, the columns) is the one its
-# new files carry, so old and new files of a kind draw the same table.
-SCRIPTS = {"weights": "weights", "endtoend": "endtoend", "generation": "generation", "generation_gpu": "generation",
-           "sandbox": "sandbox", "decode_profile": "decode_profile", "attention": "attention",
-           "int8_matmul": "int8_matmul", "memory": "memory", "paths": "paths", "drafts": "drafts",
-           "forward": "forward", "sweep_cache": "sweep"}
-RENDERERS = {"weights": "speed_weights", "endtoend": "speed_endtoend", "generation": "speed_generation",
-             "sandbox": "speed_sandbox", "decode_profile": "speed_decode_profile", "attention": "speed_attention",
-             "int8_matmul": "speed_int8_matmul", "memory": "speed_memory", "paths": "speed_paths",
-             "drafts": "speed_drafts", "forward": "speed_forward"}
-OTHER_TEXT = {
-    "generation_gpu": ("On a GPU: fixlab's engine, `generate` and transformers' continuous batching "
-                       "(`benchmarks/gpu_check.sh`)",
-                       "The Qwen2.5-Coder-1.5B architecture with random weights, every request the same number of new "
-                       "tokens (no EOS, so padded `generate` wastes no slots here as it would on real answers). Greedy "
-                       "answers are compared with one-at-a-time `generate` on the first prompts: in bf16 random weights "
-                       "give near-ties that batched kernels flip, so float32 is the exactness check."),
-    "sweep_cache": ("The trajectory cache across a sweep over budgets (`benchmarks/sweep.py`)",
-                    "One job with `iters=3` against the sweep `iters=0,1,2,3 -m` on the same tasks: with the trajectory "
-                    "cache the sweep costs about one job, and every budget's curve equals the single job's."),
-}
-
-
-def old_report():
-    """flows/report.py as it stood at REPORT_REV, loaded as a module of the flows package."""
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{REPORT_REV}:flows/report.py"], check=True,
-                            capture_output=True, text=True).stdout
-    spec = importlib.util.spec_from_loader("flows._report_at_rev", loader=None)
-    mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = "flows"
-    mod.__file__ = str(REPO / "flows" / "report.py")
-    sys.modules[spec.name] = mod
-    exec(compile(source, f"{REPORT_REV}:flows/report.py", "exec"), mod.__dict__)
-    return mod
+# Knobs removed from the records, with the default they had, as run params wrote it. None was ever switched on, so a
+# run logged before the removal that carries one at this value is the same configuration as a run without it
+# (what the readers dropped until schema 2).
+RETIRED = {"model.int8_fuse": "False", "strategy.diagnose": "False", "strategy.edge_case_hint": "False",
+           "strategy.few_shot": "0", "strategy.show_diff": "False",
+           # never varied in a full-size run: now constants beside the code that reads them
+           "strategy.resample_temperature": "0.8", "strategy.temperature_step": "0.2", "strategy.temperature_max": "1.0",
+           "strategy.temperatures": "[0.7, 0.5, 0.3]", "strategy.keep_task_context": "True",
+           "strategy.check_signature": "True", "strategy.syntax_path": "True", "strategy.detect_repeats": "True",
+           "strategy.flag_unchanged": "True", "strategy.feedback_style": "shaped", "strategy.feedback_chars": "1200",
+           "strategy.compute_actual": "True", "strategy.trace_chars": "0", "strategy.stop_after_code": "True",
+           "strategy.candidate_temperature": "0.8", "strategy.function_every": "4", "strategy.self_tests_pass": "0.0",
+           "strategy.repeat_redraw": "True", "strategy.revise_temperature": "0.2",
+           # now the local engine's own settings (serving/tuning.py EngineTuning: the product runs its
+           # defaults). max_prefill_tokens: old runs carry 896 (the 1.5B pack's yaml, make eval's) or 8192 (the record's
+           # default then); one value per key, so a run at 8192 keeps its param and reads as differing here, and then as
+           # the same configuration only because EngineTuning marks the field neutral (flows/neutral.py)
+           "model.attn_implementation": "None", "model.int8_native": "True", "model.int8_kernel": "auto",
+           "model.skinny_matmul": "True", "model.sdpa_gqa": "True", "model.cpu_attention": "True",
+           "model.kv_dtype": "auto", "model.gather_ms": "30.0", "model.max_prefill_tokens": "896",
+           "model.heap_trim": "True", "model.draft_ngram": "3", "model.draft_step_tokens": "128",
+           # one language's hub config since the six languages: dataset.language names it
+           "dataset.hub_config": "python"}
 
 
-def added_by(name: str) -> tuple[str, str]:
-    """(commit, its UTC stamp) of the commit that added benchmarks/results/NAME."""
-    out = subprocess.run(["git", "-C", str(REPO), "log", "--diff-filter=A", "--format=%H %ct", "--",
-                          f"benchmarks/results/{name}"], capture_output=True, text=True).stdout.split()
-    if len(out) < 2:
-        return "", ""
-    import time
-    return out[-2], time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(int(out[-1])))
+# Settings added since runs were logged without them, with what those runs did; and the old spelling of a default
+# that now names the language (dataset.local_fallback's {language}).
+ADDED = {"dataset.language": "python"}
+RESPELT = {"dataset.local_fallback": ("../shared/data/humanevalfix_python.jsonl",
+                                      "../shared/data/humanevalfix_{language}.jsonl")}
 
 
-def utc_of(name: str, data: dict, fallback: str) -> str:
-    m = re.search(r"(\d{8})T(\d{6})Z", name) or re.search(r"(\d{8})-(\d{6})", name)
-    if m:
-        return f"{m.group(1)}T{m.group(2)}Z"
-    for v in (data.get("time_utc"), data.get("utc"), data.get("recorded"), (data.get("meta") or {}).get("time")):
-        if isinstance(v, str) and re.match(r"\d{4}-?\d\d-?\d\d", v):
-            digits = re.sub(r"[^0-9]", "", v)[:14].ljust(14, "0")
-            return f"{digits[:8]}T{digits[8:]}Z"
-    m = re.search(r"(\d{8})", name)
-    return fallback if not m or fallback.startswith(m.group(1)) else f"{m.group(1)}T000000Z"
+def without_retired(params: dict) -> dict:
+    """Run params without the retired knobs that sit at their old default (one set otherwise stays: it differs),
+    with the settings added since filled in as those runs had them. Numbers compare as numbers: a reader may have
+    written 1.0 as "1"."""
+    out = {k: v for k, v in params.items() if k not in RETIRED or not _same(RETIRED[k], str(v))}
+    if any(k.startswith("dataset.") for k in out):  # a run's params (not a bare knob table)
+        for k, v in ADDED.items():
+            out.setdefault(k, v)
+    for k, (old, now) in RESPELT.items():
+        if out.get(k) == old:
+            out[k] = now
+    return out
 
 
-def speed_words(old, kind: str) -> tuple[str, str]:
-    """The title and text the old renderer printed above its table (its registry emptied, so only those remain)."""
-    if kind in OTHER_TEXT:
-        return OTHER_TEXT[kind]
-    registry, old.SPEED = old.SPEED, []
+def _same(a: str, b: str) -> bool:
+    if a == b:
+        return True
     try:
-        lines = getattr(old, RENDERERS[kind])(RESULTS)
-    finally:
-        old.SPEED = registry
-    return lines[0].lstrip("# ").strip(), lines[2]
+        return float(a) == float(b)
+    except ValueError:
+        return False
 
 
-def table_of(kind: str, data: dict) -> dict:
-    sys.path.insert(0, str(REPO / "benchmarks"))  # the scripts import each other by module name
-    script = importlib.import_module(SCRIPTS[kind])
-    t = json.loads(json.dumps(script.TABLE))
-    if kind == "weights":
-        t["columns"] += script.batch_columns(data["rows"])
-    if kind == "paths":
-        t["columns"] += script.width_columns(data["modes"])
-    return t
+# Strategy knobs added after runs were recorded without them, with what those runs did (their `before` value).
+BEFORE = {"strategy.answer_format": "function", "strategy.show_failure": "False", "strategy.self_inputs": "0",
+          "strategy.self_check_scope": "round", "strategy.held_at_end": "hold"}
+BEFORE_STRATEGIES = ("single_shot", "reflection", "portfolio")
 
 
-def machine_of(data: dict) -> dict:
-    m = data.get("machine") or data.get("meta") or {}
-    if isinstance(m, str):
-        return {"cpu": m}
-    if "modes" in data:  # paths: a machine block per mode; the native one is the machine's own
-        return data["modes"].get("native", {}).get("machine", {})
-    return {k: v for k, v in m.items() if k in ("cpu", "cpus", "cores", "threads", "cpu_family", "cpu_flags", "arch",
-                                               "forced", "avx512_vnni", "native_bf16", "gpu", "torch", "python",
-                                               "platform", "mem_total_gib", "transformers")}
+
+def migrate_params(params: dict) -> dict:
+    """A run's params as the current config writes them, by the back-fills the readers made until schema 2: numbers
+    written one way, retired knobs at their old default dropped, knobs added since filled in as the older run did
+    them (flows/schema.py and flows/analysis/records.py before this commit); then every knob of the options the run
+    names that it lacks, at the config's default for them (what a knob's default does is what runs before it did)."""
+    from serving.tuning import EngineTuning
+
+    from flows.analysis.records import config_defaults
+
+    engine = {f"model.{f.name}" for f in dataclasses.fields(EngineTuning)}
+    out = without_retired({k: re.sub(r"^(-?\d+)\.0+$", r"\1", str(v)) for k, v in params.items()})
+    if out.get("strategy.name") in BEFORE_STRATEGIES:
+        for key, before in BEFORE.items():
+            out.setdefault(key, before)
+    if out.get("model.backend") == "transformers" and "serving.runtime" not in out:
+        out["serving.runtime"] = "engine"
+        out.setdefault("serving.weights", "int8" if out.get("model.weights") in ("auto", "int8") else "dtype")
+    out = {k: v for k, v in out.items() if k not in engine}
+    for k, v in config_defaults(out).items():
+        out.setdefault(k, v)
+    return out
 
 
-def memory_config(old, data: dict) -> dict:
-    """The job's overrides with the 1.5B pack's defaults of the day (the registry's history of them)."""
-    args = [a for a in data.get("job_args", []) if not a.startswith(("tracking.", "hydra.", "cache="))]
-    cfg = dict(a.split("=", 1) for a in args if "=" in a)
-    for key, (history, today) in old.CHANGED_DEFAULTS.items():
-        if key not in cfg:
-            cfg[key] = next((v for until, v in history if data.get("utc", "") < until), today)
-    return cfg
+def _verdicts(stored) -> list[bool]:
+    if isinstance(stored, list):
+        return [bool(v) for v in stored]
+    return [False] * int(stored) + [True] if stored is not None else [False]
 
 
-def migrate(name: str, data: dict, old) -> dict:
-    commit, added = added_by(name)
-    sweeps = [(k, s) for k, s in old.SWEEPS.items() if s.file == name]
-    kind = next((k for k, f in old.SPEED if f == name), None)
-    if sweeps or name in old.HARNESS:
-        kind = "fullsize"
-    if kind is None:
-        raise SystemExit(f"migrate_results: {name} is in no table of flows/report.py at {REPORT_REV}: give it an "
-                         "`about` block by hand")
-    block = {"kind": kind, "utc": utc_of(name, data, added), "commit": commit, "dirty": False,
-             "commit_is": "the commit that added the file (recorded before results files named their tree)",
-             "machine": machine_of(data), "config": {}, "command": data.get("command", "")}
-    if kind == "fullsize":
-        name0 = sweeps[0][1].machine if sweeps else "EPYC"
-        block["machine"] = {"name": name0, "cpu": old.MACHINES[name0]}
-        block["title"] = (sweeps[0][1].label if len(sweeps) == 1 else "full-size runs") if sweeps else \
-            "the oracle doubles through a sandbox backend on every task"
-        block["text"] = ""
-        block["sweeps"] = [{k: v for k, v in (("select", {**({"strategy.name": s.strategy} if s.strategy else {}),
-                                                        **({"strategy.candidates": s.candidates} if s.candidates
-                                                           else {})}),
-                                              ("label", s.label), ("wall_note", s.no_wall), ("change", s.change),
-                                              ("machine", s.machine)) if v or k == "select"} for _, s in sweeps]
-        return block
-    block["title"], block["text"] = speed_words(old, kind)
-    block["table"] = table_of(kind, data)
-    if kind == "memory":
-        block["config"] = memory_config(old, data)
-    if kind == "decode_profile":
-        block["config"] = {f"model.{k}": v for k, v in (data.get("model") or {}).items() if k not in old.PROFILE_FIXED}
-    return block
+def _machine_from_text(text: str) -> str | None:
+    low = text.lower()
+    return "AMD EPYC" if "epyc" in low else "Intel Xeon" if "xeon" in low else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file lacks its about block")
-    args = ap.parse_args(argv)
-    lacking = [p for p in sorted(RESULTS.glob("*.json")) if "about" not in json.loads(p.read_text())]
-    if args.check:
-        for p in lacking:
-            print(f"migrate_results: {p.name} has no about block", file=sys.stderr)
-        return 1 if lacking else 0
-    old = old_report() if lacking else None
-    for p in lacking:
+def _run_from_counts(data: dict) -> dict:
+    """The oldest full-size shape, one stopped run with its counts as text, as a run of schema 2 (no verdicts)."""
+    frac = lambda t: dict(zip(("passed", "total"), (int(x) for x in t.split("/"))))  # noqa: E731
+    total = data["total_tasks"]
+    return {"run_id": data["run_id"], "status": "KILLED", "params": {},
+            "overall": {"passed": data["passed"], "total": total},
+            "by_round": [{"passed": p, "total": total} for p in data["passed_by_round"]],
+            "tuning_sample_0_23": frac(data["tuning_sample_Python_0_23"]), "other_tasks": frac(data["rest_Python_24_163"]),
+            "by_bug_type": {b: frac(v) for b, v in data.get("by_bug_type", {}).items()},
+            "cost": {k: data[k] for k in ("prompt_tokens", "prefill_tokens", "completion_tokens", "model_calls")},
+            "machine": data["machine"], "machine_source": "file text", "verdicts": None}
+
+
+def migrate(name: str, data: dict) -> dict:
+    out = dict(data)
+    out["about"] = {**data["about"], "schema": SCHEMA}
+    if "runs" not in data and "passed_by_round" in data:
+        out["runs"] = [_run_from_counts(data)]
+    elif isinstance(data.get("runs"), list) and all(isinstance(r, dict) and "params" in r for r in data["runs"]):
+        guess = _machine_from_text(f"{name} {data.get('command', '')}")
+        runs = []
+        for r in data["runs"]:
+            r = dict(r)
+            r["params"] = migrate_params(r["params"])
+            if "first_pass_round" in r:
+                stored = r.pop("first_pass_round")
+                r["verdicts"] = {t: _verdicts(v) for t, v in stored.items()} if stored else None
+            if not r.get("machine"):
+                r["machine"], r["machine_source"] = (f"{guess} (file text)", "file text") if guess else \
+                    ("unknown", "unknown")
+            runs.append(r)
+        out["runs"] = runs
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if a file is still at an older schema")
+    args = ap.parse_args()
+    old = []
+    for p in sorted(RESULTS.glob("*.json")):
         data = json.loads(p.read_text())
-        p.write_text(json.dumps({"about": migrate(p.name, data, old), **data}, indent=1) + "\n")
-        print(f"migrate_results: {p.name}: {data and 'about block added'}")
-    return 0
+        if data.get("about", {}).get("schema") == SCHEMA:
+            continue
+        old.append(p.name)
+        if not args.check:
+            p.write_text(json.dumps(migrate(p.name, data), indent=1) + "\n")
+    print(f"{len(old)} file(s) {'at an older schema' if args.check else 'migrated to schema 2'}")
+    return 1 if args.check and old else 0
 
 
 if __name__ == "__main__":

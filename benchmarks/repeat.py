@@ -62,11 +62,14 @@ def pair(a: dict, b: dict) -> dict:
             "differing_tasks": [i for i in ids if ta[i] != tb[i]]}
 
 
-def checkout(repo: Path, tasks: int, work: Path, label: str, time_tasks: int = 0) -> dict:
+JOBS = {"default": [], "again": [], "max_batch=4": ["model.max_batch=4"]}
+
+
+def checkout(repo: Path, tasks: int, work: Path, label: str, time_tasks: int = 0, only: tuple = tuple(JOBS)) -> dict:
     print(f"{label}: warming the path cache (one task)", file=sys.stderr, flush=True)
     run_job(repo, 1, [], work / "warm")
     runs = {}
-    jobs = [("default", tasks, []), ("again", tasks, []), ("max_batch=4", tasks, ["model.max_batch=4"])]
+    jobs = [(name, tasks, extra) for name, extra in JOBS.items() if name in only]
     if time_tasks:
         jobs.append((f"{time_tasks} tasks", time_tasks, []))
     for name, n, extra in jobs:
@@ -75,8 +78,9 @@ def checkout(repo: Path, tasks: int, work: Path, label: str, time_tasks: int = 0
         print(f"{label} {name}: {s['passed']}/{s['total']} in {s['wall_s']:.0f} s", file=sys.stderr, flush=True)
     return {"runs": {k: {"summary": v["summary"], "path": v["path"]} for k, v in runs.items()},
             "_default": runs["default"],  # compared with the other checkout's, then dropped
-            "pairs": {"same config, run again": pair(runs["default"], runs["again"]),
-                      "default vs model.max_batch=4": pair(runs["default"], runs["max_batch=4"])}}
+            "pairs": {what: pair(runs["default"], runs[other]) for what, other in
+                      (("same config, run again", "again"), ("default vs model.max_batch=4", "max_batch=4"))
+                      if other in runs}}
 
 
 TABLE = {"rows": "rows", "columns": [["checkout", "checkout"], ["commit", "commit"], ["what", "what"],
@@ -112,6 +116,8 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=30)
     ap.add_argument("--time-tasks", type=int, default=0, help="one more job per checkout on this many tasks, timed")
     ap.add_argument("--before", default=None, help="a checkout of an older commit to run first, side by side")
+    ap.add_argument("--jobs", default=",".join(JOBS),
+                    help=f"which jobs each checkout runs, of {', '.join(JOBS)} (default among them, always)")
     ap.add_argument("--save", action="store_true")
     ap.add_argument("--rewrite", default=None, help="a results file of this script: write its table again")
     a = ap.parse_args()
@@ -121,13 +127,17 @@ def main() -> None:
         d["about"]["table"] = TABLE
         Path(a.rewrite).write_text(json.dumps(d, indent=1) + "\n")
         return
+    only = tuple({"default", *a.jobs.split(",")})
+    if set(only) - set(JOBS):
+        raise SystemExit(f"--jobs {a.jobs}: use some of {', '.join(JOBS)}")
     work = Path(tempfile.mkdtemp(prefix="fixlab-repeat-"))
     out = {}
     if a.before:
-        out["before"] = checkout(Path(a.before).resolve(), a.tasks, work / "before", "before", a.time_tasks)
+        out["before"] = checkout(Path(a.before).resolve(), a.tasks, work / "before", "before", a.time_tasks,
+                                 only)
         out["before"]["commit"] = subprocess.run(["git", "-C", a.before, "rev-parse", "HEAD"], capture_output=True,
                                                  text=True).stdout.strip()
-    out["after"] = checkout(REPO, a.tasks, work / "after", "after", a.time_tasks)
+    out["after"] = checkout(REPO, a.tasks, work / "after", "after", a.time_tasks, only)
     if "before" in out:  # the same job on both checkouts: did the change move any answer?
         out["across"] = {"commit": out["before"]["commit"], "pairs": {
             "make eval's job, before vs after": pair(out["before"]["_default"], out["after"]["_default"])}}

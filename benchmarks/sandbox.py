@@ -148,7 +148,7 @@ def main() -> int:
 
     path = write("sandbox", report, title=TITLE, text=TEXT, table=TABLE, out=args.out / f"sandbox-{stamp()}.json",
                  config={k: str(v) for k, v in vars(args).items()},
-                 machine=describe(platform=platform.platform(), loadavg_before=[round(x, 2) for x in load_before],
+                 machine=describe(platform=platform.platform(), loadavg_at_start=[round(x, 2) for x in load_before],
                                   loadavg_after=[round(x, 2) for x in os.getloadavg()]))
     table = [[""] + [ROWS[key][3] for key in rows]]
     for key, label in (("startup_s", "startup (s)"), ("ending_wall_s", "325 ending programs, wall (s)"),

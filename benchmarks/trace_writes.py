@@ -51,7 +51,7 @@ def trajectory(i: int, rounds: int) -> dict:
                             "stdout": "", "stderr": "Traceback (most recent call last):\n" * 8}}
                 for r in range(rounds)]
     return {"task_id": f"Python/{i}", "sample": 0, "bug_type": "value misuse", "strategy": "single_shot",
-            "budget": rounds - 1, "seconds": 4.0 * rounds, "first_pass_round": None, "attempts": attempts,
+            "budget": rounds - 1, "seconds": 4.0 * rounds, "passed_round": None, "attempts": attempts,
             "prompt_tokens": 1100 * rounds, "completion_tokens": 270 * rounds}
 
 

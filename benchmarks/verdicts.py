@@ -130,7 +130,7 @@ def main() -> int:
     report = {"languages": langs, "workers": args.workers}
     path = write("verdicts", report, title=TITLE, text=TEXT, table=TABLE, out=args.out / f"verdicts-{stamp()}.json",
                  config={k: str(v) for k, v in vars(args).items()},
-                 machine=describe(platform=platform.platform(), loadavg_before=[round(x, 2) for x in load_before],
+                 machine=describe(platform=platform.platform(), loadavg_at_start=[round(x, 2) for x in load_before],
                                   loadavg_after=[round(x, 2) for x in os.getloadavg()]))
     print(path)
     return 0

@@ -124,7 +124,7 @@ def _row_trajectory(row: dict) -> Trajectory:
                                 visible_result=result, calls=calls, seconds=float(a.get("seconds") or 0.0)))
     budget = len(row.get("passed_by_budget") or [0]) - 1
     return Trajectory(task_id=row["task_id"], bug_type=row.get("bug_type") or "", strategy="recorded",
-                      attempts=attempts, first_pass_round=row.get("first_pass_round") if row.get("passed") else None,
+                      attempts=attempts, passed_round=row.get("passed_round") if row.get("passed") else None,
                       seconds=float(row.get("seconds") or 0.0), budget=budget, sample=int(row.get("sample", 0)))
 
 

@@ -21,7 +21,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from agents.types import first_pass, passed_at, row_verdicts, verdicts
+from agents.types import first_pass, passed_at, row_verdicts
 
 from .analysis.records import load_runs  # noqa: F401 - the MLflow reader, re-exported for its callers
 from .core import task_order
@@ -58,7 +58,7 @@ def compare(runs: list[dict]) -> dict:
             "prompt_tokens": sum(row.get("prompt_tokens", 0) for row in rows),
             "completion_tokens": sum(row.get("completion_tokens", 0) for row in rows),
             "wall_s": r["metrics"].get("wall_s") if r["finished"] else None,
-            "first_pass_round": {f"{tid(row)}#{row['sample']}": f for row, f in zip(rows, firsts)},
+            "verdicts": {f"{tid(row)}#{row['sample']}": f for row, f in zip(rows, firsts)},
             # n answers a task (samples=n): each task's passes of them, for pass@k (paired where both have n >= k)
             "samples": len({row["sample"] for row in rows}) or 1,
             "passes_by_task": dict(Counter(tid(row) for row, f in zip(rows, firsts) if passed_at(f))),
@@ -77,17 +77,17 @@ def paired_verdicts(runs: list[dict]) -> list[dict]:
     if len(runs) < 2:
         return []
     base = runs[0]
-    keys = sorted(base["first_pass_round"])
+    keys = sorted(base["verdicts"])
     out = []
     for other in runs[1:]:
         rounds = min(base["iters"], other["iters"]) + 1
         per_round = []
         for k in range(rounds):
-            a = [passed_at(other["first_pass_round"][t], k) for t in keys]
-            b = [passed_at(base["first_pass_round"][t], k) for t in keys]
+            a = [passed_at(other["verdicts"][t], k) for t in keys]
+            b = [passed_at(base["verdicts"][t], k) for t in keys]
             per_round.append(paired(a, b))
-        a_all = [passed_at(other["first_pass_round"][t]) for t in keys]
-        b_all = [passed_at(base["first_pass_round"][t]) for t in keys]
+        a_all = [passed_at(other["verdicts"][t]) for t in keys]
+        b_all = [passed_at(base["verdicts"][t]) for t in keys]
         final = paired(a_all, b_all)
         out.append({"a": other["label"], "b": base["label"], "diff": round(final.diff, 4),
                     "ci95": [round(final.low, 4), round(final.high, 4)], "only_a": final.only_a,
@@ -103,7 +103,7 @@ def paired_verdicts(runs: list[dict]) -> list[dict]:
 def _pass_at_k_pairs(a: dict, b: dict) -> list[dict]:
     """pass@k of A minus B for each k > 1 both runs have n >= k answers for (their shared tasks), paired over tasks."""
     na, nb = a.get("samples", 1), b.get("samples", 1)
-    tasks = sorted({key.split("#")[0] for key in b["first_pass_round"]}, key=task_order)
+    tasks = sorted({key.split("#")[0] for key in b["verdicts"]}, key=task_order)
     if not tasks or "passes_by_task" not in a or "passes_by_task" not in b:
         return []
     pa, pb = ([r["passes_by_task"].get(t, 0) for t in tasks] for r in (a, b))
@@ -130,9 +130,9 @@ def table(result: dict) -> str:
             for x in p.get("pass@k", []):
                 lines.append(f"  pass@{x['k']}: {x['diff'] * 100:+.1f} points (95% paired bootstrap over tasks "
                              f"{x['ci95'][0] * 100:+.1f} to {x['ci95'][1] * 100:+.1f})")
-    keys = sorted(runs[0]["first_pass_round"])
-    fixed_by_some = [k for k in keys if any(passed_at(r["first_pass_round"][k]) for r in runs)]
-    firsts = [[k.split("#")[0], *(first_cell(r["first_pass_round"][k]) for r in runs)]
+    keys = sorted(runs[0]["verdicts"])
+    fixed_by_some = [k for k in keys if any(passed_at(r["verdicts"][k]) for r in runs)]
+    firsts = [[k.split("#")[0], *(first_cell(r["verdicts"][k]) for r in runs)]
               for k in sorted(fixed_by_some, key=lambda k: (task_order(k.split("#")[0]), k))]
     lines += ["", "first passing round per task (- = never; \"at\": the budgets at which it passed, where the verdict is "
               "not monotone), tasks some run fixed:",
@@ -177,21 +177,26 @@ def from_file(spec: str, results: Path | None = None) -> dict:
     file = Path(path) if Path(path).exists() else (results or RESULTS) / path
     if not file.exists():
         raise RecordError(f"--against {spec!r}: no file {path!r} here or in benchmarks/results/; give a results file's path")
-    recs = [r for r in json.loads(file.read_text())["runs"] if r["run_id"].startswith(prefix)]
-    if len(recs) != 1 or "first_pass_round" not in recs[0]:
+    from .analysis.records import read_runs
+    from .results import ResultsError
+
+    try:
+        runs = [r for r in read_runs(file) if r.run_id.startswith(prefix)]
+    except ResultsError as e:
+        raise RecordError(str(e)) from None
+    if len(runs) != 1 or runs[0].outcomes is None:
         raise RecordError(f"{path} has no single run {prefix!r} with per-task outcomes: give a longer run id prefix")
-    r = recs[0]
-    return {"label": f"{name_of(r['params'])} ({r['run_id'][:8]}, {Path(path).name})",
-            "iters": int(r["params"].get("iters", 0)),
-            "first_pass_round": {k: verdicts(v) for k, v in r["first_pass_round"].items()}}  # older files: rounds
+    r = runs[0]
+    return {"label": f"{name_of(r.params)} ({r.run_id[:8]}, {Path(path).name})", "iters": r.iters,
+            "verdicts": r.outcomes}
 
 
 def pair_with_earlier(base: dict, rec: dict) -> dict:
     """A run's record against an earlier one (from_file) as the baseline, on the tasks both have."""
-    keys = set(base["first_pass_round"]) & set(rec["first_pass_round"])
+    keys = set(base["verdicts"]) & set(rec["verdicts"])
     mine = {"label": f"{name_of(rec['params'])} ({rec['run_id'][:8]})", "iters": int(rec["params"].get("iters", 0)),
-            "first_pass_round": {k: rec["first_pass_round"][k] for k in keys}}
-    theirs = dict(base, first_pass_round={k: base["first_pass_round"][k] for k in keys})
+            "verdicts": {k: rec["verdicts"][k] for k in keys}}
+    theirs = dict(base, verdicts={k: base["verdicts"][k] for k in keys})
     return paired_verdicts([theirs, mine])[0]
 
 

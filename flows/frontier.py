@@ -27,13 +27,13 @@ from .analysis.figures import figure, png_bytes, svg_text
 from .analysis.frontier import (ABSENT, AXIS_NAMES, COST_AXES, NOT_A_KNOB, Config, Frontier, Step, configurations, frontier, pair_step,
                                 pareto, steps_along)
 from .analysis.records import (COSTS, REPO, RESULTS, ROUND_COSTS, FrontierError, Record, budgets, commit_of,
-                               config_defaults, cost_by_round, machine_from_text, param_values, record_from_run,
+                               config_defaults, cost_by_round, param_values, record_from_run,
                                records_from_file, records_from_files, records_from_mlflow, run_machine, task_seconds)
 from .analysis.render import html_page, markdown, table_rows, verdict_words
 
 __all__ = ["ABSENT", "AXIS_NAMES", "COST_AXES", "COSTS", "NOT_A_KNOB", "REPO", "RESULTS", "ROUND_COSTS", "Config", "Frontier", "FrontierError",
            "Record", "Step", "budgets", "commit_of", "config_defaults", "configurations", "cost_by_round", "figure",
-           "frontier", "html_page", "log_to_mlflow", "machine_from_text", "main", "markdown", "pair_step",
+           "frontier", "html_page", "log_to_mlflow", "main", "markdown", "pair_step",
            "param_values", "pareto", "png_bytes", "record_from_run", "records_from_file", "records_from_files",
            "records_from_mlflow", "run_machine", "steps_along", "svg_text", "table_rows", "task_seconds",
            "verdict_words"]

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from serving import measures_on_build
 from agents.loop import cost_usd
 from agents.tasks import load_tasks
 from agents.types import Trajectory
@@ -118,12 +117,14 @@ def stopped(e: BaseException) -> bool:
     return False
 
 
-def _model_up_front(settings: JobSettings):
+def _model_up_front(settings: JobSettings, beside=None):
     """Build model and sandbox before any task starts, so a missing key or model is one error up front; None for
-    dask (the model lives in the worker processes, possibly on other machines)."""
+    dask (the model lives in the worker processes, possibly on other machines). `beside`: model_and_sandbox."""
     if settings.runner.name == "dask":
+        if beside:
+            beside()
         return None
-    model, _ = model_and_sandbox(settings)
+    model, _ = model_and_sandbox(settings, beside)
     choice = getattr(model, "choice", None)  # a local model's measured path (serving/paths.py)
     if choice is not None:
         # a recorded parameter: runs that took different paths (different answers) are not one configuration
@@ -197,18 +198,12 @@ def _write_results(tracker: RunTracker, settings: JobSettings, run_id: str, rows
 
 def _tasks_and_model(settings: JobSettings, prefect_too: bool):
     """The tasks and the model, built before the MLflow run opens; with `prefect_too`, Prefect's temporary server
-    (flows/prefect_api.py) started beside the model's build, or after it where the build first times this machine's
-    paths: its start-up on 2 cores would fall on those timings and skew them."""
+    (flows/prefect_api.py) started beside the model's build (serving.build starts it after a build that first times
+    this machine's paths: its start-up on 2 cores would skew those timings)."""
     from .prefect_api import start_prefect_api
 
-    prefect = None if not prefect_too else "after" if measures_on_build(settings.model) else "beside"
-    if prefect == "beside":
-        start_prefect_api()
     tasks = load_tasks(settings.dataset)
-    model = _model_up_front(settings)
-    if prefect == "after":
-        start_prefect_api()
-    return tasks, model
+    return tasks, _model_up_front(settings, beside=start_prefect_api if prefect_too else None)
 
 
 def _status(summary: dict, trajs: list[Trajectory]) -> str:
@@ -262,8 +257,8 @@ def _result_rows(trajs: list[Trajectory]):
     for t in sorted(trajs, key=lambda t: (core.task_order(t.task_id), t.sample)):
         yield {
             "task_id": t.task_id, "sample": t.sample, "bug_type": t.bug_type, "passed": t.passed,
-            "first_pass_round": t.first_pass_round, "error": t.error, "seconds": t.seconds,
-            # the verdict at each budget: what every reader cuts and scores (first_pass_round derives from it)
+            "passed_round": t.passed_round, "error": t.error, "seconds": t.seconds,
+            # the verdict at each budget: what every reader cuts and scores (passed_round derives from it)
             "passed_by_budget": t.passed_by_budget,
             **({"handed_in": t.handed_in} if t.held_at_end != "hold" else {}),
             "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
@@ -330,7 +325,7 @@ class Progress:
             self.last = time.perf_counter()
             self.done += 1
             self.passed += traj.passed
-            verdict = "ERROR" if traj.error else (f"passed@{traj.first_pass_round}" if traj.passed else "failed") \
+            verdict = "ERROR" if traj.error else (f"passed@{traj.passed_round}" if traj.passed else "failed") \
                 + (" (held answer handed in)" if traj.handed_in else "")
             rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
             print(f"[{self.done:>4}/{self.total}] {traj.task_id:<12} {verdict:<9} passes so far {self.passed}"

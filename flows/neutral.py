@@ -1,9 +1,8 @@
 """Result-neutral settings: where a job runs and how fast, never what it answers. Each one says so on its own field
 in the config records (`metadata={"neutral": why}`: agents/models/config.py, sandboxes/config.py, flows/schema.py
 JobConf, whose runner, tracking and nightly fields cover their whole group, and ServingParams for the recorded
-`serving.*` params); this module only derives the flattened keys ("model.threads", "runner.") from them. The local
-engine's internal settings (serving EngineTuning) were once `model.*` knobs: their marks still apply to
-the params of runs logged then (a run at max_prefill_tokens 8192 is the same configuration as one at 896).
+`serving.*` params); this module only derives the flattened keys ("model.threads", "runner.") from them, and
+`config_diff`, the one answer to "do two runs' configurations differ?".
 
 Shared by the trajectory cache key (flows/cache.py), resume's config check (flows/tracking.py), sweep labels
 (flows/sweep.py), the nightly report's config diff (flows/nightly.py) and the frontier's grouping (flows/frontier.py),
@@ -16,14 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import typing
 
 
 @functools.cache
 def neutral_keys() -> dict[str, str]:
     """Every result-neutral flattened key, or group prefix ending in ".", with the reason its field gives."""
-    from serving import EngineTuning
-
     from .schema import GROUPS, NightlyJobConf, ServingParams
 
     out: dict[str, str] = {}
@@ -32,7 +30,6 @@ def neutral_keys() -> dict[str, str]:
             out.update(_marked(record, f"{group}."))
     out.update(_marked(NightlyJobConf, ""))
     out.update(_marked(ServingParams, "serving."))
-    out.update(_marked(EngineTuning, "model."))  # as runs logged them while they were model knobs (schema.py RETIRED)
     return out
 
 
@@ -64,20 +61,29 @@ def without_neutral(group: str, cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if not result_neutral(f"{group}.{k}")}
 
 
+def param_values(params: dict) -> dict[str, str]:
+    """Params as strings, a whole number written one way: the typed config logs `10.0` for a float knob set as 10,
+    and the same setting must not read as a knob that differs."""
+    return {k: re.sub(r"^(-?\d+)\.0+$", r"\1", str(v)) for k, v in params.items()}
+
+
 def config_diff(a: dict[str, str], b: dict[str, str]) -> list[str]:
     """The params (flattened, as runs log them) in which two runs differ in what changes answers: the one question
-    resume, the nightly, a sweep's labels, the report's pairs and the run records ask. No difference: a result-neutral
-    setting; a knob retired since a run, at the default it had; a knob one run predates where the other has it at its
-    default; a local model's path (`serving.*`), which runs from before paths were recorded lack."""
-    from .schema import knob_default, without_retired
+    resume, the nightly, a sweep's labels, the report's pairs and the frontier's configurations ask. A whole number
+    written `10` or `10.0` is one value; a result-neutral setting is no difference; a knob only one run's options
+    have (reflection's history_rounds against single_shot) differs where it is away from its default; the path a
+    local model took (`serving.*`) is an observation, not a setting: it differs only where both runs recorded it."""
+    from .schema import option_default
 
-    a, b = without_retired(a), without_retired(b)
+    a, b = param_values(a), param_values(b)
 
-    def same(k: str) -> bool:
+    def differs(k: str) -> bool:
         va, vb = a.get(k), b.get(k)
-        if va == vb:
-            return True
-        absent, there, params = (va, vb, b) if va is None else (vb, va, a) if vb is None else (1, None, None)
-        return absent is None and (there == knob_default(k, params) or k.startswith("serving."))
+        if va == vb or result_neutral(k):
+            return False
+        if va is None or vb is None:
+            there, params = (vb, b) if va is None else (va, a)
+            return not k.startswith("serving.") and there != option_default(k, params)
+        return True
 
-    return sorted(k for k in set(a) | set(b) if not result_neutral(k) and not same(k))
+    return sorted(k for k in set(a) | set(b) if differs(k))

@@ -108,7 +108,6 @@ def compare(client, current, baseline, tolerance: float, must_pass: list[str]) -
         delta = round(m.get("pass_at_1", 0.0) - b.get("pass_at_1", 0.0), 6)
         cur_tokens = m.get("prompt_tokens", 0) + m.get("completion_tokens", 0)
         base_tokens = b.get("prompt_tokens", 0) + b.get("completion_tokens", 0)
-        # a knob retired since the baseline, at the default it had, is no change (flows/schema.py RETIRED)
         was, now = baseline.data.params, current.data.params
         report.update({
             "baseline": {"run_id": baseline.info.run_id, "run_name": baseline.info.run_name,

@@ -21,7 +21,9 @@ from .analysis.records import FrontierError
 from .markdown import ALPHA, ci, link, minutes, pts, pval, rate, rounds, table, tok, wrap
 from .report_languages import (section_checks, section_languages, section_leaderboard, section_pass_at_k,
                                section_rescores)
-from .results import RESULTS_DIR, ReportError, Run, Sweep, budget_pair, cell, field, load_all, machine_words, pair_runs, records
+from .analysis.records import Run
+from .analysis.sweeps import Sweep, budget_pair, load_all, pair_runs
+from .results import RESULTS_DIR, ReportError, cell, field, machine_words, records
 from .stats import sign_test_p
 
 REPO = Path(__file__).resolve().parent.parent

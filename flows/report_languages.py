@@ -9,7 +9,7 @@ from pathlib import Path
 from sandboxes.languages import NAMES
 
 from .markdown import ALPHA, ci, link, pts, pval, rate, table, wrap
-from .results import Sweep, pair_runs
+from .analysis.sweeps import Sweep, pair_runs
 
 
 def section_languages(sweeps: dict[str, Sweep], cur: dict, results: Path) -> list[str]:

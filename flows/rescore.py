@@ -55,7 +55,7 @@ def judge_answer(task: Task, sample: int, answer: str, sandbox, agent) -> Trajec
                 attempt.result = attempt.visible_result = failed
     traj = Trajectory(task_id=task.task_id, bug_type=task.bug_type, strategy="answers", attempts=[attempt],
                       seconds=attempt.result.duration_s if attempt.result else 0.0, budget=0, sample=sample)
-    traj.first_pass_round = 0 if attempt.passed else None
+    traj.passed_round = 0 if attempt.passed else None
     return traj
 
 
@@ -81,7 +81,7 @@ def judge_trajectory(task: Task, old: Trajectory, sandbox, agent) -> tuple[Traje
         a.result = result
         agreement.append({"round": a.round, "old": was.status, "new": result.status})
     firsts = [a.round for a in new.attempts if a.passed]
-    new.first_pass_round, new.handed_in = (min(firsts) if firsts else None), None
+    new.passed_round, new.handed_in = (min(firsts) if firsts else None), None
     hand_in_held(new)  # held_at_end=hand_in: what the budget hands in, as the loop decides it
     return new, agreement
 

@@ -9,8 +9,7 @@ one line that names it and the nearest valid key (`describe`).
 
 A setting that changes no answer (where a job runs, how fast, what it logs) carries `metadata={"neutral": why}` on
 its field; on a field that holds a group (runner, tracking, nightly) it covers the whole group. flows/neutral.py
-derives the result-neutral keys from these records, with `ServingParams` (a run's recorded path) and `RETIRED`
-(knobs since removed, as old runs logged them).
+derives the result-neutral keys from these records and `ServingParams` (a run's recorded path).
 """
 from __future__ import annotations
 
@@ -79,61 +78,6 @@ class ServingParams:
     # whether the path repeats its answers bit for bit whatever else is in flight (batch size, order, prefix hits,
     # drafts): true for fixlab's engine on its batch-invariant kernels, false for llama.cpp, bf16 and every server
     deterministic: bool | None = field(default=None, metadata={"neutral": "a property of the path, not a setting"})
-
-
-# Knobs removed from the records, with the default they had, as run params wrote it. None was ever switched on, so a
-# run logged before the removal that carries one at this value is the same configuration as a run without it
-# (`without_retired`: the frontier, resume's config check, sweep labels and the nightly diff read old runs through it).
-RETIRED = {"model.int8_fuse": "False", "strategy.diagnose": "False", "strategy.edge_case_hint": "False",
-           "strategy.few_shot": "0", "strategy.show_diff": "False",
-           # never varied in a full-size run: now constants beside the code that reads them
-           "strategy.resample_temperature": "0.8", "strategy.temperature_step": "0.2", "strategy.temperature_max": "1.0",
-           "strategy.temperatures": "[0.7, 0.5, 0.3]", "strategy.keep_task_context": "True",
-           "strategy.check_signature": "True", "strategy.syntax_path": "True", "strategy.detect_repeats": "True",
-           "strategy.flag_unchanged": "True", "strategy.feedback_style": "shaped", "strategy.feedback_chars": "1200",
-           "strategy.compute_actual": "True", "strategy.trace_chars": "0", "strategy.stop_after_code": "True",
-           "strategy.candidate_temperature": "0.8", "strategy.function_every": "4", "strategy.self_tests_pass": "0.0",
-           "strategy.repeat_redraw": "True", "strategy.revise_temperature": "0.2",
-           # now the local engine's own settings (serving/tuning.py EngineTuning: the product runs its
-           # defaults). max_prefill_tokens: old runs carry 896 (the 1.5B pack's yaml, make eval's) or 8192 (the record's
-           # default then); one value per key, so a run at 8192 keeps its param and reads as differing here, and then as
-           # the same configuration only because EngineTuning marks the field neutral (flows/neutral.py)
-           "model.attn_implementation": "None", "model.int8_native": "True", "model.int8_kernel": "auto",
-           "model.skinny_matmul": "True", "model.sdpa_gqa": "True", "model.cpu_attention": "True",
-           "model.kv_dtype": "auto", "model.gather_ms": "30.0", "model.max_prefill_tokens": "896",
-           "model.heap_trim": "True", "model.draft_ngram": "3", "model.draft_step_tokens": "128",
-           # one language's hub config since the six languages: dataset.language names it
-           "dataset.hub_config": "python"}
-
-
-# Settings added since runs were logged without them, with what those runs did; and the old spelling of a default
-# that now names the language (dataset.local_fallback's {language}).
-ADDED = {"dataset.language": "python"}
-RESPELT = {"dataset.local_fallback": ("../shared/data/humanevalfix_python.jsonl",
-                                      "../shared/data/humanevalfix_{language}.jsonl")}
-
-
-def without_retired(params: dict) -> dict:
-    """Run params without the retired knobs that sit at their old default (one set otherwise stays: it differs),
-    with the settings added since filled in as those runs had them. Numbers compare as numbers: a reader may have
-    written 1.0 as "1"."""
-    out = {k: v for k, v in params.items() if k not in RETIRED or not _same(RETIRED[k], str(v))}
-    if any(k.startswith("dataset.") for k in out):  # a run's params (not a bare knob table)
-        for k, v in ADDED.items():
-            out.setdefault(k, v)
-    for k, (old, now) in RESPELT.items():
-        if out.get(k) == old:
-            out[k] = now
-    return out
-
-
-def _same(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    try:
-        return float(a) == float(b)
-    except ValueError:
-        return False
 
 
 @dataclass
@@ -306,20 +250,9 @@ def group_record(group: str, data: Any) -> type:
     return records[data[key]]
 
 
-def strategy_knobs(name: str | None) -> dict[str, str]:
-    """A strategy's knobs added after runs were recorded without them, with what those runs did (the field's
-    `before` metadata), as run params write it: {"strategy.answer_format": "function"}."""
-    from agents.config import STRATEGY_CONFS
-
-    record = STRATEGY_CONFS.get(name or "")
-    return {f"strategy.{f.name}": str(f.metadata["before"]) for f in dataclasses.fields(record) if "before" in f.metadata} \
-        if record else {}
-
-
-def knob_default(key: str, params: dict[str, str]) -> str | None:
+def option_default(key: str, params: dict[str, str]) -> str | None:
     """A flattened key's default ("strategy.self_tests" -> "0") for the group options `params` names, as run params
-    write it; None when it has none. A run made before a knob existed lacks its param: resuming it with the knob at
-    its default is the same config (new knobs default to the behaviour before them)."""
+    write it; None when those options have no such knob (react has no `candidates`) or it has no scalar default."""
     group, _, name = key.partition(".")
     nested = {f.name: f.default_factory for f in dataclasses.fields(JobConf) if f.default_factory is not dataclasses.MISSING}
     if group in GROUPS:
@@ -401,15 +334,6 @@ def describe(e: BaseException, prefix: str = "", source: str | None = None) -> s
     full = f"{prefix}.{full}" if prefix and not full.startswith(prefix + ".") else full
     key = full.rsplit(".", 1)[-1]
     if re.search(r"Key '[^']+' (?:not in|is not in struct)", str(cause) + text):
-        if full in RETIRED:
-            from serving import EngineTuning
-
-            if full.startswith("model.") and key in {f.name for f in dataclasses.fields(EngineTuning)}:
-                return (f"{full} is not a knob any more: the local engine decides it (serving/tuning.py "
-                        f"EngineTuning, which tests and benchmarks may set; a run logged with it at {RETIRED[full]} "
-                        f"reads as the same configuration){where}")
-            return (f"{full} is not a knob any more: it is fixed at {RETIRED[full]} (never varied in a full-size run; "
-                    f"the constant beside the code that reads it: grep its name in capitals){where}")
         return f"unknown key {full}: {_nearest(record, key)}{where}"[:400]
     lines = [l for l in (str(cause) + "\n" + text).splitlines() if l.strip() and not l.startswith("In '")]
     msg = lines[0] if lines else text

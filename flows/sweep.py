@@ -20,8 +20,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from .mark_killed import OpenRun
-from .neutral import result_neutral
-from .schema import TrackingConf, typed, without_retired
+from .neutral import config_diff
+from .schema import TrackingConf, typed
 from .stream import stream_plan
 from .tracking import PARENT_ENV, RunTracker, git_state
 
@@ -134,12 +134,13 @@ def _default(config, group: str | None, key: str, fallback):
 
 def job_labels(children) -> dict[str, str]:
     """run id -> what sets this job apart, e.g. "model=canonical" or "strategy=reflection iters=3"."""
-    # a knob retired since a run, at the default it had, is no difference (flows/schema.py RETIRED)
-    params = {r.info.run_id: without_retired(r.data.params) for r in children}
+    params = {r.info.run_id: dict(r.data.params) for r in children}
     keys = sorted({k for p in params.values() for k in p})
     differ = [k for k in keys if len({p.get(k) for p in params.values()}) > 1]
     # what changes answers names a job; a sweep over speed knobs alone (model.threads=1,2) is named by them
-    varying = [k for k in differ if not result_neutral(k)] or \
+    first = next(iter(params.values()), {})
+    answer_changing = {k for p in params.values() for k in config_diff(first, p)}
+    varying = [k for k in differ if k in answer_changing] or \
         [k for k in differ if not k.startswith(("tracking.", "resume", "cache_dir"))]
     groups: dict[str, list[str]] = {}
     for k in varying:

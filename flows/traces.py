@@ -10,7 +10,7 @@ from contextlib import contextmanager, suppress
 
 
 def verdict(t: dict) -> str:
-    return "error" if t.get("error") else ("passed" if t.get("first_pass_round") is not None else "failed")
+    return "error" if t.get("error") else ("passed" if t.get("passed_round") is not None else "failed")
 
 
 def flush_traces() -> None:
@@ -101,7 +101,7 @@ def log_trace(client, experiment_id: str, run_id: str, traj: dict, end_ns: int |
     start_ns = end_ns - _ns(traj.get("seconds"))
     v = verdict(traj)
     tags = {"task_id": traj["task_id"], "sample": str(traj.get("sample", 0)), "bug_type": traj["bug_type"],
-            "verdict": v, "first_pass_round": str(traj.get("first_pass_round")), "strategy": traj.get("strategy", "")}
+            "verdict": v, "passed_round": str(traj.get("passed_round")), "strategy": traj.get("strategy", "")}
     with _spans_in_one_write():
         return _log_trace(client, experiment_id, run_id, traj, start_ns, end_ns, tags, v)
 
@@ -121,7 +121,7 @@ def _log_trace(client, experiment_id, run_id, traj, start_ns, end_ns, tags, v) -
         cursor, n = _log_round(client, tid, root.span_id, a, cursor, end_ns)
         spans += n
     client.end_trace(tid, end_time_ns=end_ns, status="ERROR" if traj.get("error") else "OK",
-                     outputs={"verdict": v, "first_pass_round": traj.get("first_pass_round"),
+                     outputs={"verdict": v, "passed_round": traj.get("passed_round"),
                               "stop_reason": traj.get("stop_reason"), "handed_in": traj.get("handed_in"),
                               "error": traj.get("error"), "prompt_tokens": traj.get("prompt_tokens", 0),
                               "completion_tokens": traj.get("completion_tokens", 0)})

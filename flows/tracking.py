@@ -238,7 +238,7 @@ class RunTracker:
     def log_results_table(self, trajs: list[dict]) -> None:
         """One row per task (and sample): what a person sorts and filters in the run's Artifacts view."""
         rows = sorted(trajs, key=lambda t: (task_order(t["task_id"]), t.get("sample", 0)))
-        cols = {"task_id": [], "sample": [], "bug_type": [], "verdict": [], "first_pass_round": [],
+        cols = {"task_id": [], "sample": [], "bug_type": [], "verdict": [], "passed_round": [],
                 "rounds": [], "prompt_tokens": [], "completion_tokens": [], "seconds": []}
         for t in rows:
             cols["task_id"].append(t["task_id"])
@@ -246,7 +246,7 @@ class RunTracker:
             cols["bug_type"].append(t["bug_type"])
             cols["verdict"].append(verdict(t))
             # -1 = never passed (the table viewer shows None as an empty cell that sorts badly)
-            cols["first_pass_round"].append(-1 if t.get("first_pass_round") is None else t["first_pass_round"])
+            cols["passed_round"].append(-1 if t.get("passed_round") is None else t["passed_round"])
             cols["rounds"].append(len(t.get("attempts", [])))
             cols["prompt_tokens"].append(t.get("prompt_tokens", 0))
             cols["completion_tokens"].append(t.get("completion_tokens", 0))

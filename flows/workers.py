@@ -35,15 +35,29 @@ def _once(key: list, make):
         return _held[k]
 
 
-def model_and_sandbox(settings: JobSettings) -> tuple:
+def model_and_sandbox(settings: JobSettings, beside=None) -> tuple:
+    """This process's model and sandbox for the settings, built once; `beside` (the job's Prefect server) is started
+    beside the build, as serving.build orders it, or at once where they are built already or built elsewhere."""
+    started = []
+
+    def start_beside():
+        started.append(beside())
+
     def make():
         sandbox = make_sandbox(settings.sandbox)
         # a model that runs here is the serving stack's to build; the others (an API, a test double) agents.models'
-        model = serving.build(settings.model) if serving.serves(settings.model) else \
-            build_model(settings.model, dataset=settings.dataset)
+        if serving.serves(settings.model):
+            model = serving.build(settings.model, beside=start_beside if beside else None)
+        else:
+            if beside:
+                start_beside()
+            model = build_model(settings.model, dataset=settings.dataset)
         print(f"fixlab: process {os.getpid()} loaded model {settings.model.name}", file=sys.stderr, flush=True)
         return model, sandbox
-    return _once(["context", _record(settings.model), _record(settings.sandbox), _record(settings.dataset)], make)
+    held = _once(["context", _record(settings.model), _record(settings.sandbox), _record(settings.dataset)], make)
+    if beside and not started:
+        beside()
+    return held
 
 
 def trajectory_cache(settings: JobSettings) -> TrajectoryCache | None:

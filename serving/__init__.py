@@ -16,6 +16,7 @@ huge pages on large CPU tensors (heap.py `use_huge_pages`), which torch reads at
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from agents.models.base import Generation, GenRequest, Model, ModelUnavailable
 from agents.models.config import LlamaCppModelConf, TransformersModelConf
@@ -36,12 +37,25 @@ def serves(conf) -> bool:
     return isinstance(conf, (TransformersModelConf, LlamaCppModelConf))
 
 
-def build(conf: TransformersModelConf | LlamaCppModelConf, tuning: EngineTuning | None = None) -> Model:
+def build(conf: TransformersModelConf | LlamaCppModelConf, tuning: EngineTuning | None = None,
+          beside: Callable[[], None] | None = None) -> Model:
     """The model a config serves through: the one entry the job calls for a model that runs here. transformers:
     fixlab's engine, transformers' own batching (kept.py) or, for a registry pack, llama.cpp, as configured or
     measured here (runtime.py; prints the path line and remembers the path for `recorded_path`); llamacpp: llama.cpp
     embedded in the job. A missing pip extra is one line naming it. `tuning`: the engine's internal settings for a
-    transformers config (None: the defaults, what every job runs; tests and benchmarks set others)."""
+    transformers config (None: the defaults, what every job runs; tests and benchmarks set others). `beside`: work
+    the caller starts beside the build (the job's Prefect server), called at once, or after the build where it
+    first times this machine's paths, so that nothing shares the CPU with those timings."""
+    timing = beside is not None and _measures_on_build(conf)
+    if beside is not None and not timing:
+        beside()
+    model = _build(conf, tuning)
+    if timing:
+        beside()
+    return model
+
+
+def _build(conf: TransformersModelConf | LlamaCppModelConf, tuning: EngineTuning | None) -> Model:
     from agents.models.base import require_extra
 
     if isinstance(conf, TransformersModelConf):
@@ -72,10 +86,9 @@ def recorded_path(conf: TransformersModelConf) -> dict | None:
     return recorded(conf)
 
 
-def measures_on_build(conf) -> bool:
+def _measures_on_build(conf) -> bool:
     """Whether building this config here would first time this machine's paths (a local CPU model whose measured path
-    is not cached yet): the job then builds it before starting anything beside it (flows/job.py), so that nothing
-    else takes the CPU while the paths are timed. False for anything else, or when it cannot tell."""
+    is not cached yet). False for anything else, or when it cannot tell."""
     if not isinstance(conf, TransformersModelConf):
         return False
     try:
@@ -134,4 +147,4 @@ def huge_pages() -> dict:
 
 
 __all__ = ["NUMERICS", "EngineTuning", "Generation", "GenRequest", "Model", "ModelUnavailable", "auto_dtype", "build", "huge_pages",
-           "cache_root", "cpu_info", "describe_machine", "isa_family", "measures_on_build", "recorded_path"]
+           "cache_root", "cpu_info", "describe_machine", "isa_family", "recorded_path"]

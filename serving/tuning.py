@@ -4,10 +4,8 @@ None of them was ever set away from its default in a run config but the prefill 
 for a reason now derived per model (`prefill_tokens`): what the measured path decides is not a user's knob, so the
 product always runs with `EngineTuning()`; TransformersModel (hf.py) and the builders
 (runtime.py `build_local`, `serving.build`) take one so that tests and benchmarks can still compare them (a
-float32 KV cache against float16, int8_kernel=torch against fixlab, SDPA against cpu_attention). Once each was a
-`model.<field>` in conf/model/*.yaml: runs logged then carry them as `model.<field>` params, and flows/schema.py
-RETIRED reads those at their defaults as the same configuration. A field that changes no answer says so
-(`metadata={"neutral": why}`), which flows/neutral.py applies to those old params.
+float32 KV cache against float16, int8_kernel=torch against fixlab, SDPA against cpu_attention). A field that
+changes no answer says so (`metadata={"neutral": why}`).
 Importing this module loads no torch.
 """
 from __future__ import annotations

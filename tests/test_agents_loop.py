@@ -56,7 +56,7 @@ def test_reflection_every_branch_then_a_fix():
     traj, model = run(outputs, strategy="reflection", iters=5)
     assert [a.decision for a in traj.attempts] == ["no_code", "syntax_error", "syntax_error", "tested", "repeat", "tested"]
     assert [a.result is not None for a in traj.attempts] == [False, False, False, True, False, True]
-    assert traj.first_pass_round == 5 and traj.stop_reason == "solved"
+    assert traj.passed_round == 5 and traj.stop_reason == "solved"
     reqs = model.requests
     assert "no Python code" in last_user(reqs[1])
     assert "SyntaxError" in last_user(reqs[2])
@@ -74,12 +74,12 @@ def test_repeat_of_an_earlier_candidate_is_not_run_and_is_named():
     assert [a.decision for a in traj.attempts] == ["tested", "repeat", "tested"]
     assert traj.attempts[1].same_as_round == 0
     assert "same code as your attempt in round 0" in last_user(model.requests[2])
-    assert traj.first_pass_round == 2
+    assert traj.passed_round == 2
 
 
 def test_fix_on_round_two_stops_there():
     traj, model = run([fenced(WRONG_A), fenced(WRONG_B), fenced(FIX), fenced(WRONG_A)], strategy="reflection", iters=3)
-    assert traj.first_pass_round == 2 and len(model.requests) == 3 and traj.stop_reason == "solved"
+    assert traj.passed_round == 2 and len(model.requests) == 3 and traj.stop_reason == "solved"
     assert [traj.passed_by_round(r) for r in range(4)] == [False, False, True, True]
     assert "Your fix did not work" in last_user(model.requests[1])
 
@@ -91,12 +91,12 @@ def test_single_shot_rounds_are_independent():
     assert all(r.messages == first for r in model.requests)  # fresh prompt, no feedback
     assert [r.temperature for r in model.requests] == [0.0, 0.8, 0.8, 0.8]
     assert len({r.seed for r in model.requests}) == 4
-    assert traj.first_pass_round == 3
+    assert traj.passed_round == 3
 
 
 def test_portfolio_takes_turns_between_fresh_drafts_and_revisions():
     traj, model = run([fenced(WRONG_A), fenced(WRONG_B), fenced(WRONG_C), fenced(FIX)], strategy="portfolio", iters=3)
-    assert traj.first_pass_round == 3 and [a.decision for a in traj.attempts] == ["tested"] * 4
+    assert traj.passed_round == 3 and [a.decision for a in traj.attempts] == ["tested"] * 4
     opening = model.requests[0].messages
     r1, r2, r3 = model.requests[1:]
     assert r1.messages[:len(opening)] == opening and "Your fix did not work" in last_user(r1)
@@ -179,7 +179,7 @@ def test_protocols_show_and_score_what_they_should():
     a = traj.attempts[0]
     assert a.visible_result.passed and not a.result.passed  # both verdicts recorded: the overfitting gap
     assert a.visible_result.status == "passed" and a.result.status == "failed"
-    assert traj.stop_reason == "solved" and traj.first_pass_round is None and len(traj.attempts) == 1
+    assert traj.stop_reason == "solved" and traj.passed_round is None and len(traj.attempts) == 1
 
 
 # ---------------------------------------------------------------- the budget invariant
@@ -204,16 +204,16 @@ def test_budget_does_not_change_rounds_and_continuation_equals_fresh(strategy, k
     kw = dict(strategy=strategy, temperature_schedule="rising", temperature=0.1, **knobs)
     long, m3 = run(SCRIPT, iters=3, **kw)
     short, m1 = run(SCRIPT, iters=1, **kw)
-    assert long.first_pass_round == 3 and short.first_pass_round is None
+    assert long.passed_round == 3 and short.passed_round is None
     assert requests(m1) == requests(m3)[:2]  # same prompts, seeds, temperatures
     assert view(short) == view(long)[:2]
     assert view(truncate(long, 1)) == view(short) and truncate(long, 1).budget == 1
-    assert truncate(long, 1).first_pass_round is None and truncate(long, 1).stop_reason == "budget"
+    assert truncate(long, 1).passed_round is None and truncate(long, 1).stop_reason == "budget"
     # continue the short one: only the missing rounds are asked for, and the result equals the fresh long run
     more = ScriptedModel(SCRIPT[2:])
     cont = run_agent(task(2), more, sandbox(), agent(iters=3, **kw), prior=short)
     assert requests(more) == requests(m3)[2:]
-    assert view(cont) == view(long) and cont.first_pass_round == 3 and cont.budget == 3
+    assert view(cont) == view(long) and cont.passed_round == 3 and cont.budget == 3
     # a prior made before the last round's feedback was kept: it is computed when continuing
     old = truncate(short, 1)
     old.attempts[-1].feedback = None
@@ -225,7 +225,7 @@ def test_continuing_a_finished_or_longer_prior_runs_nothing():
     solved, _ = run([fenced(FIX)], strategy="reflection", iters=1)
     none = ScriptedModel([])
     again = run_agent(task(2), none, sandbox(), agent(strategy="reflection", iters=3), prior=solved)
-    assert none.requests == [] and again.first_pass_round == 0 and again.budget == 3
+    assert none.requests == [] and again.passed_round == 0 and again.budget == 3
     long, _ = run(SCRIPT, strategy="reflection", iters=3)
     cut = run_agent(task(2), none, sandbox(), agent(strategy="reflection", iters=2), prior=long)
     assert none.requests == [] and view(cut) == view(long)[:3]
@@ -249,31 +249,24 @@ def test_trajectory_round_trips_through_json():
     assert back.stop_reason == traj.stop_reason and back.agent_key == traj.agent_key
 
 
-def test_trajectory_written_with_notes_loads_into_the_typed_fields():
+def test_a_trajectory_of_an_older_shape_is_refused_in_one_line_and_a_current_one_round_trips():
+    """An older trajectory names its fields otherwise (its verdict lived elsewhere): read as this shape it would
+    score a passed task as failed, so it is refused, and the store and the cache run that task again."""
     from agents.types import Trajectory
 
-    steps = [{"turn": 0, "action": "run_tests", "format": "text", "decision": "repeat", "same_as_round": 0}]
-    run_ = {"status": "failed", "exit_code": 1, "duration_s": 0.1, "stdout": "", "stderr": "AssertionError"}
-    old = {"task_id": "Python/2", "bug_type": "value_misuse", "strategy": "react", "budget": 1, "attempts": [
-        {"round": 0, "decision": "tested", "code": BUGGY, "result": run_, "calls": [],
-         "notes": {"visible": "failed", "verdict": "failed"}},
-        {"round": 1, "decision": "repeat", "code": BUGGY, "result": None, "calls": [],
-         "notes": {"unchanged": True, "same_as_round": 0, "problem": "x", "steps": steps, "candidate": 2}},
-        # the walking skeleton kept the visible run in notes
-        {"round": 2, "decision": "tested", "code": BUGGY, "result": run_, "calls": [],
-         "notes": {"visible_result": run_, "visible": "failed", "verdict": "failed"}}]}
-    a0, a1, a2 = Trajectory.from_dict(old).attempts
-    assert (a1.unchanged, a1.same_as_round, a1.problem, a1.steps, a1.candidate) == (True, 0, "x", steps, 2)
-    assert (a0.unchanged, a0.same_as_round, a0.problem, a0.steps, a0.candidate) == (False, None, None, [], None)
-    assert a0.result.status == "failed" and a2.visible_result.status == "failed" and not hasattr(a0, "notes")
-    assert "notes" not in Trajectory.from_dict(old).to_dict()["attempts"][1]
+    traj, _ = run([fenced(WRONG_A), fenced(FIX)], strategy="reflection", iters=1)
+    d = traj.to_dict()
+    assert d["schema"] == 2 and Trajectory.from_dict(d).to_dict() == d and Trajectory.from_dict(d).passed
+    old = {k: v for k, v in d.items() if k != "schema"}
+    with pytest.raises(ValueError, match=r"trajectory of Python/\d+ is schema 1, this fixlab reads 2: run the task again"):
+        Trajectory.from_dict(old)
 
 
 def test_a_repeat_is_told_again_what_the_tests_showed():
     # The unchanged bug twice: the second answer is not run, and its prompt restates the first run's
     # failing call (a small model given only "unchanged, fix it" hands the same code back again).
     traj, model = run([fenced(BUGGY), fenced(BUGGY), fenced(FIX)], strategy="reflection", iters=2)
-    assert [a.decision for a in traj.attempts] == ["tested", "repeat", "tested"] and traj.first_pass_round == 2
+    assert [a.decision for a in traj.attempts] == ["tested", "repeat", "tested"] and traj.passed_round == 2
     repeat_prompt = last_user(model.requests[2])
     assert "original buggy code, unchanged" in repeat_prompt
     assert "`truncate_number(3.5)` returned 1.5, but the expected value is 0.5." in repeat_prompt
@@ -290,7 +283,7 @@ def test_rewrite_when_stuck_starts_over_without_the_buggy_body():
     traj, model = run([fenced(BUGGY), fenced(WRONG_A), fenced(WRONG_A), fenced(FIX)], strategy="reflection",
                       iters=3, rewrite_when_stuck=True)
     assert [a.decision for a in traj.attempts] == ["tested", "tested", "repeat", "tested"]
-    assert traj.first_pass_round == 3
+    assert traj.passed_round == 3
     fresh = model.requests[1].messages
     assert [m["role"] for m in fresh] == ["system", "user"]
     assert "from scratch" in fresh[1]["content"] and SIG.strip() in fresh[1]["content"]
@@ -342,7 +335,7 @@ def test_candidates_keep_the_first_that_passes_and_count_every_run(strategy):
     # round 1: the second candidate passes and is kept; the third is never read
     assert r1.passed and r1.candidate == 1 and r1.calls[-1].output == fenced(FIX)
     assert [(x["call"], x["decision"]) for x in r1.rejected] == [(0, "tested"), (2, "not_read")]
-    assert r1.sandbox_runs == 2 and traj.first_pass_round == 1 and traj.model_calls == 6
+    assert r1.sandbox_runs == 2 and traj.passed_round == 1 and traj.model_calls == 6
     # the first candidate keeps the round's temperature; the others are sampled, each with its own seed
     temps = sorted((r.seed, r.temperature) for r in model.requests)
     assert len({s for s, _ in temps}) == 6
@@ -382,12 +375,12 @@ def test_sweep_runs_each_task_ahead_to_its_largest_budget_once(tmp_path):
     job0 = repair(task(2), 0, agent(iters=0, **kw), first, sandbox(), cache, run_ahead=3)
     assert len(first.requests) == 4 and cache.get(task(2), 0).budget == 3
     fresh0, _ = run(SCRIPT, iters=0, **kw)
-    assert view(job0) == view(fresh0) and job0.budget == 0 and job0.first_pass_round is None
+    assert view(job0) == view(fresh0) and job0.budget == 0 and job0.passed_round is None
     for iters in (1, 2, 3):
         none = ScriptedModel([])
         job = repair(task(2), 0, agent(iters=iters, **kw), none, sandbox(), cache, run_ahead=3)
         fresh, _ = run(SCRIPT, iters=iters, **kw)
-        assert none.requests == [] and view(job) == view(fresh) and job.first_pass_round == fresh.first_pass_round
+        assert none.requests == [] and view(job) == view(fresh) and job.passed_round == fresh.passed_round
     # without a cache there is nothing to run ahead for: the job runs its own budget
     alone = ScriptedModel(SCRIPT)
     repair(task(2), 0, agent(iters=1, **kw), alone, sandbox(), None, run_ahead=3)
@@ -407,7 +400,7 @@ def test_redraws_replace_answers_known_to_fail_before_they_spend_the_round():
     # round 0 hands the bug back: drawn again at once (not run), the new answer passes in round 0
     traj, model = run([fenced(BUGGY), fenced(FIX)], strategy="reflection", iters=2, redraws=2)
     a = traj.attempts[0]
-    assert traj.first_pass_round == 0 and len(traj.attempts) == 1 and len(model.requests) == 2
+    assert traj.passed_round == 0 and len(traj.attempts) == 1 and len(model.requests) == 2
     assert model.requests[1].messages == model.requests[0].messages  # same prompt, another draw
     assert model.requests[1].temperature == 0.8 and model.requests[1].seed != model.requests[0].seed
     assert a.candidate == 1 and a.calls[-1].output == fenced(FIX) and a.sandbox_runs == 1
@@ -418,7 +411,7 @@ def test_redraws_replace_answers_known_to_fail_before_they_spend_the_round():
                       iters=2, redraws=1)
     r1 = traj.attempts[1]
     assert r1.decision == "tested" and r1.code.strip() == WRONG_B.strip() and r1.rejected[0]["same_as"] == 0
-    assert traj.first_pass_round == 2 and len(model.requests) == 4
+    assert traj.passed_round == 2 and len(model.requests) == 4
     # redraws used up: the round is a repeat as without them, with every draw counted
     traj, model = run([fenced(WRONG_A)] * 3, strategy="reflection", iters=1, redraws=1)
     assert traj.attempts[1].decision == "repeat" and len(traj.attempts[1].calls) == 2

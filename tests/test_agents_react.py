@@ -42,7 +42,7 @@ def steps(traj):
 def test_text_actions_test_then_submit():
     traj, model = run([act("run_tests", WRONG_A), act("submit", FIX)], iters=3)
     assert [a.decision for a in traj.attempts] == ["tested", "submitted"]
-    assert traj.first_pass_round == 1 and traj.stop_reason == "submitted"
+    assert traj.passed_round == 1 and traj.stop_reason == "submitted"
     obs = model.requests[1].messages[-1]
     assert obs["role"] == "user" and obs["content"].startswith("Observation:\nThe tests failed.")
     assert "returned 0.5 - 1.0" not in obs["content"] and "`truncate_number(3.5)` returned -0.5" in obs["content"]
@@ -54,7 +54,7 @@ def test_text_actions_test_then_submit():
 def test_a_visible_pass_ends_the_task():
     traj, model = run([act("run_tests", FIX), act("submit", FIX)], iters=3)
     assert [a.decision for a in traj.attempts] == ["tested"] and traj.stop_reason == "solved"
-    assert len(model.requests) == 1 and traj.first_pass_round == 0
+    assert len(model.requests) == 1 and traj.passed_round == 0
 
 
 def test_thoughts_bad_code_and_repeats_cost_turns_not_rounds(monkeypatch):
@@ -67,7 +67,7 @@ def test_thoughts_bad_code_and_repeats_cost_turns_not_rounds(monkeypatch):
     traj, model = run(outputs, iters=3)
     assert steps(traj) == [(None, "no_action"), ("run_tests", "syntax_error"), ("run_tests", "tested"),
                            ("run_tests", "repeat"), ("run_tests", "tested")]
-    assert [a.round for a in traj.attempts] == [0, 1] and traj.first_pass_round == 1
+    assert [a.round for a in traj.attempts] == [0, 1] and traj.passed_round == 1
     assert "No action found" in model.requests[1].messages[-1]["content"]
     assert "SyntaxError" in model.requests[2].messages[-1]["content"]
     assert "already ran this same code" in model.requests[4].messages[-1]["content"]
@@ -81,7 +81,7 @@ def test_a_repeat_is_dropped_and_the_next_turn_drawn_hotter():
     traj, model = run(outputs, iters=3, temperature_schedule="rising")  # REPEAT_REDRAW is on
     assert steps(traj) == [("run_tests", "tested"), ("run_tests", "repeat"), ("run_tests", "repeat"),
                            ("run_tests", "tested")]
-    assert traj.first_pass_round == 1 and traj.attempts[1].steps[0]["dropped"]
+    assert traj.passed_round == 1 and traj.attempts[1].steps[0]["dropped"]
     # the repeats leave no trace: turns 2 and 3 see exactly the conversation turn 1 saw
     assert model.requests[2].messages == model.requests[1].messages == model.requests[3].messages
     assert not any("already ran" in m["content"] for m in model.requests[3].messages)
@@ -101,7 +101,7 @@ def test_rewrite_when_stuck_restarts_the_conversation_without_the_buggy_body():
     traj, model = run(outputs, iters=3, temperature_schedule="rising", rewrite_when_stuck=True)
     assert steps(traj) == [("run_tests", "tested"), ("run_tests", "tested"), ("run_tests", "repeat"),
                            ("run_tests", "tested")]
-    assert [a.round for a in traj.attempts] == [0, 1, 2] and traj.first_pass_round == 2
+    assert [a.round for a in traj.attempts] == [0, 1, 2] and traj.passed_round == 2
     for req, failed in ((model.requests[1], "returned 1.5"), (model.requests[3], "returned -0.5")):
         assert [m["role"] for m in req.messages] == ["system", "user"]
         fresh = req.messages[1]["content"]
@@ -128,7 +128,7 @@ def test_a_model_that_never_submits_runs_out_of_turns():
 def test_round_budget_counts_sandbox_runs():
     traj, model = run([act("run_tests", WRONG_A), act("run_tests", WRONG_B), act("run_tests", FIX)], iters=1)
     assert [a.decision for a in traj.attempts] == ["tested", "tested"] and traj.stop_reason == "budget"
-    assert len(model.requests) == 2 and traj.first_pass_round is None
+    assert len(model.requests) == 2 and traj.passed_round is None
 
 
 def test_submit_without_code_or_before_any_test():
@@ -142,7 +142,7 @@ def test_submit_without_code_or_before_any_test():
 
 def test_native_tool_calls_parsed_from_text():
     traj, model = run([tool("run_tests", WRONG_A), tool("submit", FIX)], tool_format="native", iters=2)
-    assert [a.decision for a in traj.attempts] == ["tested", "submitted"] and traj.first_pass_round == 1
+    assert [a.decision for a in traj.attempts] == ["tested", "submitted"] and traj.passed_round == 1
     req = model.requests[1]
     assert [t["function"]["name"] for t in req.tools] == ["run_tests", "submit"]
     assert req.messages[-1]["role"] == "tool" and "The tests failed." in req.messages[-1]["content"]
@@ -192,7 +192,7 @@ def test_react_budget_invariant_and_continuation():
               act("run_tests", SIG + "    return number % 2.0\n"), act("submit", FIX)]
     long, m3 = run(script, iters=3)
     short, m1 = run(script, iters=1)
-    assert long.first_pass_round == 3 and [a.decision for a in long.attempts] == ["tested"] * 3 + ["submitted"]
+    assert long.passed_round == 3 and [a.decision for a in long.attempts] == ["tested"] * 3 + ["submitted"]
     assert requests(m1) == requests(m3)[:3] and view(short) == view(long)[:2]
     assert view(truncate(long, 1)) == view(short)
     more = ScriptedModel(script[3:])

@@ -11,7 +11,8 @@ from flows.compare import compare, load_runs, table
 
 
 def row(task: str, first: int | None, decisions: list[str]) -> dict:
-    return {"task_id": task, "sample": 0, "passed": first is not None, "first_pass_round": first, "error": None,
+    return {"task_id": task, "sample": 0, "passed": first is not None, "passed_round": first, "error": None,
+            "passed_by_budget": [first is not None and r >= first for r in range(max(len(decisions), 1 + (first or 0)))],
             "prompt_tokens": 100, "completion_tokens": 10,
             "attempts": [{"round": r, "decision": d} for r, d in enumerate(decisions)]}
 
@@ -77,8 +78,10 @@ def test_a_run_pairs_against_one_recorded_in_an_earlier_results_file(tmp_path):
         client.set_terminated(run.info.run_id, "FINISHED")
         ids.append(run.info.run_id)
     old = tmp_path / "old.json"
-    old.write_text(json.dumps({"runs": [fullsize.from_mlflow(r) for r in load_runs(client, ids[:1])]}))
-    assert fullsize.from_mlflow(load_runs(client, ids[:1])[0])["first_pass_round"] == {
+    from flows.results import write
+
+    write("fullsize", {"runs": [fullsize.from_mlflow(r) for r in load_runs(client, ids[:1])]}, title="t", out=old)
+    assert fullsize.from_mlflow(load_runs(client, ids[:1])[0])["verdicts"] == {
         "Python/0#0": [True], "Python/1#0": [False], "Python/2#0": [False], "Python/3#0": [False]}
 
     base = pairing.from_file(f"{old}:{ids[0][:8]}")

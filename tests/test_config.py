@@ -45,8 +45,7 @@ def test_every_option_composes_and_its_yaml_holds_only_what_differs_from_its_rec
     (["strategy=reflection", "strategy.rewrite_when_stuck=3"],
      "strategy.rewrite_when_stuck must be true or false, got 3"),
     (["strategy=reflection", "strategy.history_rounds=abc"], "strategy.history_rounds must be an integer, got 'abc'"),
-    (["strategy=reflection", "strategy.temperature_step=0.3"], "strategy.temperature_step is not a knob any more"),
-    (["model.max_prefill_tokens=2048"], "model.max_prefill_tokens is not a knob any more: the local engine decides it"),
+    (["strategy=reflection", "strategy.temperature_stop=0.3"], "unknown key strategy.temperature_stop: did you mean temperature_schedule?"),
     (["strategy.redraws=1,true", "-m"], "strategy.redraws must be an integer, got True"),  # a later value of a sweep
     (["model=nope"], "model=nope is unknown: use one of answers, buggy, canonical"),
     (["iters=-1"], "iters must be an integer >= 0, got -1"),

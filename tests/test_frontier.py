@@ -22,6 +22,17 @@ from flows import frontier as fl
 from flows.stats import wilson
 
 FIXTURE = REPO / "tests" / "fixtures" / "fullsize-frontier-toy.json"
+
+
+def results_doc(runs: list, utc: str = "20261126T000000Z", **top) -> str:
+    """A results file of schema 2 holding `runs` (flows/results.py about(); the fields its reader checks)."""
+    return json.dumps({"about": {"schema": 2, "kind": "fullsize", "utc": utc, "machine": {}, "title": "t"}, **top,
+                       "runs": [{"machine": "unknown", **r} for r in runs]})
+
+
+def rounds(first):
+    """Verdicts per budget of a task whose first passing round is `first` (None: never passed)."""
+    return [False] * first + [True] if first is not None else [False]
 A, B, C, D, E = ("single_shot iters=0", "single_shot iters=1", "single_shot candidates=2 iters=1", "reflection iters=1",
                  "reflection iters=3")
 
@@ -139,7 +150,7 @@ def test_reruns_partial_runs_unpaired_runs_and_mixes(tmp_path, capsys):
     doc = json.loads(FIXTURE.read_text())
     rerun = json.loads(json.dumps(doc["runs"][1]))  # B run again, recorded earlier: it missed T9
     rerun["run_id"] = "f" * 32
-    rerun["first_pass_round"]["Python/9#0"] = None
+    rerun["verdicts"]["Python/9#0"] = [False]
     rerun["overall"]["passed"] = 9
     partial = json.loads(json.dumps(doc["runs"][4]))  # E stopped half-way: 10 of 20 tasks
     partial["run_id"] = "9" * 32
@@ -147,14 +158,15 @@ def test_reruns_partial_runs_unpaired_runs_and_mixes(tmp_path, capsys):
     unpaired = json.loads(json.dumps(doc["runs"][3]))  # D with knob changed, recorded before outcomes were kept
     unpaired["run_id"] = "8" * 32
     unpaired["params"]["strategy.history_rounds"] = "2"
-    for key in ("first_pass_round", "task_seconds", "machine", "machine_source"):
+    for key in ("verdicts", "task_seconds", "machine_source"):
         del unpaired[key]
+    unpaired["machine"] = "Intel Xeon (file text)"  # what the migration gave runs that kept no machine
     grid = json.loads(json.dumps(doc["runs"][0]))  # a second point of A's run (one run, a grid of points)
     grid["params"]["strategy.candidates"] = "2"
     grid["cost"]["completion_tokens"] = 4000  # twice A's, for the same 4 tasks: beaten by A
     older = tmp_path / "fullsize-older.json"
-    older.write_text(json.dumps({"command": "rerun on a 2-core Xeon", "recorded": "2026-01-01T00:00:00Z",
-                                 "runs": [rerun, partial, unpaired, grid]}))
+    older.write_text(results_doc([rerun, partial, unpaired, grid], command="rerun on a 2-core Xeon",
+                                 recorded="2026-01-01T00:00:00Z"))
     records = fl.records_from_file(FIXTURE) + fl.records_from_file(older, order=1)
     fr = fl.frontier(records)
     assert fr.config(B).run_id == "b" * 32 and fr.config(B).passed == 10  # the newest record of B
@@ -201,8 +213,8 @@ def _log_fixture_as_sweep(client, tmp_path) -> tuple[str, list[str]]:
             client.log_param(rid, k, v)
         for k, v in r["cost"].items():
             client.log_metric(rid, k, v)
-        rows = [{"task_id": key.split("#")[0], "sample": 0, "passed": first is not None, "first_pass_round": first,
-                 "seconds": r["task_seconds"] / 20, "attempts": []} for key, first in r["first_pass_round"].items()]
+        rows = [{"task_id": key.split("#")[0], "sample": 0, "passed": v[-1], "passed_by_budget": v,
+                 "seconds": r["task_seconds"] / 20, "attempts": []} for key, v in r["verdicts"].items()]
         client.log_text(rid, "".join(json.dumps(x) + "\n" for x in rows), "results.jsonl")
         client.set_terminated(rid, "FINISHED")
         ids.append(rid)
@@ -243,7 +255,7 @@ def test_frontier_from_a_sweep_in_mlflow_is_the_one_from_results_files_and_is_lo
 
     rec = from_mlflow(load_runs(client, [ids[1]])[0])
     assert rec["task_seconds"] == 180.0 and rec["machine"] == "Toy CPU, 2 cores" and rec["machine_source"] == "tag"
-    (tmp_path / "rec.json").write_text(json.dumps({"recorded": "x", "runs": [rec]}))
+    (tmp_path / "rec.json").write_text(results_doc([rec], recorded="x"))
     again = fl.records_from_file(tmp_path / "rec.json")[0]
     assert (again.seconds, again.machine, again.passed) == (9.0, "Toy CPU, 2 cores", 10)
 
@@ -254,7 +266,8 @@ def test_a_run_with_per_round_costs_holds_every_smaller_budget(tmp_path):
     from flows.frontier import budgets, cost_by_round, records_from_file
 
     def row(task, first, rounds, derived=False):
-        return {"task_id": task, "first_pass_round": first, "passed": first is not None, "seconds": 6.0 * rounds,
+        return {"task_id": task, "passed_by_budget": [False] * 3 if first is None else [k >= first for k in range(3)],
+                "passed": first is not None, "seconds": 6.0 * rounds,
                 "derived_from": "stream" if derived else None,
                 "attempts": [{"round": k, "prompt_tokens": 100, "completion_tokens": 10 * (k + 1), "model_calls": 1,
                               "sandbox_runs": 1, "seconds": 6.0} for k in range(rounds)]}
@@ -268,9 +281,9 @@ def test_a_run_with_per_round_costs_holds_every_smaller_budget(tmp_path):
     assert cost_by_round([{**rows[0], "attempts": [{"round": 0}]}], 0) is None  # rows from before per-round costs
     rec = {"run_id": "r" * 32, "params": {"model.name": "m", "strategy.name": "single_shot", "iters": "2"},
            "overall": {"passed": 2, "total": 3}, "cost": {"completion_tokens": 130},
-           "first_pass_round": {"T/0#0": 0, "T/1#0": 2, "T/2#0": None}, "cost_by_round": cost}
+           "verdicts": {"T/0#0": rounds(0), "T/1#0": rounds(2), "T/2#0": rounds(None)}, "cost_by_round": cost}
     path = tmp_path / "fullsize-grid.json"
-    path.write_text(json.dumps({"command": "x", "recorded": "2026-11-26T00:00:00Z", "runs": [rec]}))
+    path.write_text(results_doc([rec], command="x", recorded="2026-11-26T00:00:00Z"))
     recs = records_from_file(path)
     assert [(r.params["iters"], r.passed, round(r.cost["completion_tokens"], 2)) for r in recs] == \
         [("0", 1, 10.0), ("1", 1, 23.33), ("2", 2, 43.33)]
@@ -313,28 +326,26 @@ def test_a_verdict_per_budget_is_cut_and_counted_as_it_is(tmp_path):
     per-round verdicts read those, not a first passing round."""
     from flows.compare import first_cell, paired_verdicts
     from flows.frontier import records_from_file
-    from agents.types import verdicts
-    from flows.results import Run, pair_runs
+    from flows.analysis.records import Run
+    from flows.analysis.sweeps import pair_runs
 
-    outcomes = {"T/0#0": [True, True, False], "T/1#0": 1, "T/2#0": None}
+    outcomes = {"T/0#0": [True, True, False], "T/1#0": [False, True], "T/2#0": [False]}
     cost = [{"completion_tokens": 30 * (k + 1), "task_seconds": 10.0 * (k + 1)} for k in range(3)]
     rec = {"run_id": "h" * 32, "params": {"model.name": "m", "strategy.name": "single_shot", "iters": "2",
                                           "strategy.held_at_end": "hand_in"},
-           "overall": {"passed": 1, "total": 3}, "cost": {"completion_tokens": 90}, "first_pass_round": outcomes,
+           "overall": {"passed": 1, "total": 3}, "cost": {"completion_tokens": 90}, "verdicts": outcomes,
            "cost_by_round": cost}
     path = tmp_path / "fullsize-hand-in.json"
-    path.write_text(json.dumps({"command": "x", "recorded": "2026-11-28T00:00:00Z", "runs": [rec]}))
+    path.write_text(results_doc([rec], command="x", recorded="2026-11-28T00:00:00Z"))
     assert [(r.params["iters"], r.passed) for r in records_from_file(path)] == [("0", 1), ("1", 2), ("2", 1)]
-    # the file holds an older file's shapes too (a first passing round, None): read, every one is verdicts per budget
-    outcomes = {k: verdicts(v) for k, v in outcomes.items()}
-    assert outcomes == {"T/0#0": [True, True, False], "T/1#0": [False, True], "T/2#0": [False]}
+    # a list shorter than the budget keeps its last verdict
     run = Run("h" * 32, 2, [1, 2, 1], 3, outcomes, {}, cost_by_round=cost)
     assert run.cut(1).outcomes == {"T/0#0": [True, True], "T/1#0": [False, True], "T/2#0": [False]}
     never = Run("n" * 32, 2, [0, 0, 0], 3, {k: [False] for k in outcomes}, {})
     pr = pair_runs(run, never)
     assert (pr.result.only_a, [p.only_a for p in pr.per_round]) == (1, [1, 2, 1])
-    mine = {"label": "hand_in", "iters": 2, "first_pass_round": outcomes}
-    base = {"label": "none", "iters": 2, "first_pass_round": {k: [False] for k in outcomes}}
+    mine = {"label": "hand_in", "iters": 2, "verdicts": outcomes}
+    base = {"label": "none", "iters": 2, "verdicts": {k: [False] for k in outcomes}}
     verdict = paired_verdicts([base, mine])[0]
     assert verdict["only_a"] == 1 and [r["only_a"] for r in verdict["by_round"]] == [1, 2, 1]
     assert [first_cell(outcomes[k]) for k in sorted(outcomes)] == ["at 0-1", "1", "-"]
@@ -390,10 +401,10 @@ def test_a_rerun_in_a_file_the_job_wrote_itself_is_newer_than_an_older_hand_run_
     doc = json.loads(FIXTURE.read_text())
     rerun = json.loads(json.dumps(doc["runs"][1]))  # B again, by a later engine: it missed T9
     rerun["run_id"] = "f" * 32
-    rerun["first_pass_round"]["Python/9#0"] = None
+    rerun["verdicts"]["Python/9#0"] = [False]
     rerun["overall"]["passed"] = 9
     later = tmp_path / "fullsize-toy-coder-single_shot-iters1-29991231T235959Z.json"
-    later.write_text(json.dumps({"about": {"kind": "fullsize", "utc": "29991231T235959Z"}, "runs": [rerun]}))
+    later.write_text(results_doc([rerun], utc="29991231T235959Z"))
     fr = fl.frontier(fl.records_from_file(later) + fl.records_from_file(FIXTURE, order=1))
     assert fr.config(B).run_id == "f" * 32 and fr.config(B).passed == 9
     assert any(n.startswith(f"{B}: 2 runs of this configuration; used ffffffff") for n in fr.notes)

@@ -37,7 +37,7 @@ def test_canonical_all_pass_and_buggy_all_fail_through_whole_path(evaluate):
         rows = [json.loads(l) for l in open(results)]
         assert len(rows) == 164
         assert sum(row["passed"] for row in rows) == (164 if name == "canonical" else 0)
-        assert {"task_id", "bug_type", "passed", "first_pass_round", "attempts", "seconds"} <= set(rows[0])
+        assert {"task_id", "bug_type", "passed", "passed_round", "attempts", "seconds"} <= set(rows[0])
     # Looping buggy programs end at their timeout instead of hanging the run.
     rows = [json.loads(l) for l in open(evaluate.tmp / "buggy" / "results.jsonl")]
     statuses = {row["task_id"]: row["attempts"][0]["status"] for row in rows}

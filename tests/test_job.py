@@ -63,7 +63,8 @@ def test_the_job_writes_its_own_results_file_which_the_analysis_reads(tmp_path, 
     from flows import compare
     from flows.analysis.records import records_from_file
     from flows.job import run_job
-    from flows.results import _run, read
+    from flows.analysis.records import read_runs
+    from flows.results import read
     from flows.tracking import RunTracker
     from flows.workers import close_all, repair_in_process
 
@@ -93,16 +94,17 @@ def test_the_job_writes_its_own_results_file_which_the_analysis_reads(tmp_path, 
     rec = doc["runs"][0]
     assert rec["status"] == "FINISHED" and rec["overall"]["passed"] == rec["overall"]["total"] == 4
     assert [r["passed"] for r in rec["by_round"]] == [4, 4] and rec["per_task_mean"]["model_calls"] == 1.0
-    assert rec["first_pass_round"] == {f"Python/{i}#0": [True, True] for i in range(4)}
+    assert rec["verdicts"] == {f"Python/{i}#0": [True, True] for i in range(4)}
     assert rec["cost_by_round"] and rec["task_seconds"] is not None and rec["machine_source"] == "job"
     # where its time went (flows/usage.py): the oracle model has no engine, so wall, CPU and memory only
     usage = rec["usage"]
     assert usage == mine["usage"] and 0 < usage["wall_s"] and usage["peak_rss_gib"] > 0 and "engine" not in usage
     assert 0 <= usage.get("machine_cpu_pct", 0) <= 100 * usage["cores"] + 1
-    # the frontier's reader: one record per budget; the report's: a run it can cut
+    # the one reader: the run, which the report cuts, and its records, one per budget, which the frontier reads
     recs = records_from_file(path)
     assert [(r.params["iters"], r.passed, r.total) for r in recs] == [("0", 4, 4), ("1", 4, 4)]
-    run = _run(0, rec)
+    [run] = read_runs(path)
+    assert run.by_round == [x["passed"] for x in rec["by_round"]] and doc["about"]["schema"] == 2
     assert run.cut(0).passed == 4 and all(passed_at(v) for v in run.outcomes.values())
     # attached to the MLflow run
     client = RunTracker(settings.tracking).client
@@ -121,33 +123,42 @@ def test_the_job_writes_its_own_results_file_which_the_analysis_reads(tmp_path, 
 
 @needs_data
 def test_prefects_server_starts_beside_the_model_unless_the_build_times_this_machines_paths(tmp_path, monkeypatch):
-    """The temporary server's start-up (12-25 s on 2 cores) overlaps the model's build, except when the build first
-    times the matmul paths: then nothing may share the CPU with those timings, and the server starts after."""
+    """The temporary server's start-up overlaps the model's build, except when the build first times the matmul
+    paths: then nothing may share the CPU with those timings, and serving.build starts it after. A model built
+    elsewhere (a test double here) or already held: at once."""
     import flows.job as job
     import flows.prefect_api as api
     import flows.prefect_flow as flow
+    import flows.workers as workers
+    import serving
+    from agents.models.config import TransformersModelConf
     from flows.workers import close_all, repair_in_process
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     order = []
+    for measures, want in ((False, ["server", "model"]), (True, ["model", "server"])):
+        monkeypatch.setattr(serving, "_measures_on_build", lambda conf, m=measures: m)
+        monkeypatch.setattr(serving, "_build", lambda conf, tuning: order.append("model"))
+        order.clear()
+        serving.build(TransformersModelConf(name="m", model="m"), beside=lambda: order.append("server"))
+        assert order == want, measures
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(api, "start_prefect_api", lambda: order.append("server"))
-    build = job._model_up_front
-    monkeypatch.setattr(job, "_model_up_front", lambda s: (order.append("model"), build(s))[1])
+    build = workers.build_model
+    monkeypatch.setattr(workers, "build_model", lambda *a, **k: (order.append("model"), build(*a, **k))[1])
 
     def in_order(jobs, settings, done):
         for task, sample in jobs:
             done((task, sample), repair_in_process(task, sample, settings))
     monkeypatch.setattr(flow, "run_jobs", in_order)
-    for measures, want in ((False, ["server", "model"]), (True, ["model", "server"])):
-        monkeypatch.setattr(job, "measures_on_build", lambda conf, m=measures: m)
-        order.clear()
-        try:
-            job.run_job(job_settings("model=canonical", "dataset.limit=1", "iters=0", "offline=true",
-                                     f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
-                                     f"tracking.artifacts={tmp_path}/artifacts"))
-        finally:
-            close_all()
-        assert order == want, measures
+    order.clear()
+    try:
+        job.run_job(job_settings("model=canonical", "dataset.limit=1", "iters=0", "offline=true",
+                                 f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+                                 f"tracking.artifacts={tmp_path}/artifacts"))
+    finally:
+        close_all()
+    assert order == ["server", "model"]
 
 
 def test_a_run_stopped_while_an_error_unwinds_it_is_killed_not_failed(tmp_path, monkeypatch):

@@ -187,14 +187,18 @@ def test_importing_serving_loads_no_torch():
         f"{m} from {' <- '.join(reversed(w)).replace(f'{REPO}/', '') or 'outside fixlab'}" for m, w in loaded.items())
 
 
-def test_the_architecture_walk_names_only_files_that_exist():
-    """docs/ARCHITECTURE.md is the walk a newcomer follows through one job: every path it names must exist (a file
-    moved or renamed without the page is a wrong turn)."""
+def test_the_architecture_walk_is_fifteen_files_that_exist():
+    """docs/ARCHITECTURE.md is the walk a newcomer follows through one job: fifteen files or fewer from the command to
+    the sandbox's verdict, each one existing, and every other path it names existing too (a file moved or renamed
+    without the page is a wrong turn)."""
     import re
 
     text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    walk = text.split("## The walk", 1)[1].split("\n## ", 1)[0]
+    steps = re.findall(r"^\d+\. `([\w./-]+)`", walk, flags=re.M)
+    assert 0 < len(steps) <= 15 and steps[0] == "flows/evaluate.py" and steps[-1] == "sandboxes/verdict.py", steps
+    assert len(set(steps)) == len(steps) and all((REPO / p).is_file() for p in steps), steps
     named = {p for p in re.findall(r"`([\w./-]+\.(?:py|c|yaml|md))`", text) if "/" in p}
-    assert len(named) > 30
     assert sorted(p for p in named if not (REPO / p).exists()) == []
 
 

@@ -116,8 +116,8 @@ def test_child_run_tags_bug_type_metrics_and_results_table(sweep):
                                                       str(sweep["tmp"] / "buggy"))).read_text())
     rows = [dict(zip(table["columns"], r)) for r in table["data"]]
     assert [r["task_id"] for r in rows] == ["Python/0", "Python/1", "Python/2", "Python/3"]
-    assert {"bug_type", "verdict", "first_pass_round", "prompt_tokens", "completion_tokens", "seconds"} <= set(rows[0])
-    assert {r["verdict"] for r in rows} == {"failed"} and {r["first_pass_round"] for r in rows} == {-1}
+    assert {"bug_type", "verdict", "passed_round", "prompt_tokens", "completion_tokens", "seconds"} <= set(rows[0])
+    assert {r["verdict"] for r in rows} == {"failed"} and {r["passed_round"] for r in rows} == {-1}
     results = {json.loads(l)["task_id"]: json.loads(l)
                for l in open(client.download_artifacts(run.info.run_id, "results.jsonl", str(sweep["tmp"] / "b2")))}
     assert all(r["bug_type"] == results[r["task_id"]]["bug_type"] for r in rows)

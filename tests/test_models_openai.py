@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from agents.models.base import GenRequest, ModelUnavailable  # noqa: E402
 from agents.models.config import OpenAIModelConf, TransformersModelConf  # noqa: E402
-from agents.models.openai_backend import OpenAIError, OpenAIModel  # noqa: E402
+from agents.models.openai_backend import OpenAIError, OpenAIModel, OpenAIUnreachable  # noqa: E402
 from conftest import REPO, free_port, job_settings  # noqa: E402
 
 
@@ -171,6 +171,30 @@ def test_client_errors_fail_at_once_and_retries_are_bounded(scripted, monkeypatc
     with pytest.raises(OpenAIError, match="after 3 attempts .*HTTP 500: boom"):
         m.generate(GenRequest(messages=bug()))
     assert len(sc.seen) == 3
+
+
+def test_a_refused_first_call_fails_at_once_and_a_server_that_answered_once_is_retried(scripted):
+    """Nothing listening where no call of this model ever got through: one line at once (retrying only delays it).
+    A server that answered before and then refuses (a restart) is retried as any transport error."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    m = OpenAIModel(OpenAIModelConf(name="x", base_url=f"http://127.0.0.1:{port}/v1", model="m", backoff_s=0.5,
+                                    max_retries=6))
+    t0 = time.monotonic()
+    with pytest.raises(OpenAIUnreachable, match=r"refused the connection: is the server up\? \(start it, or "
+                                                  r"fix model.base_url\)"):
+        m.generate(GenRequest(messages=bug()))
+    assert time.monotonic() - t0 < 2 and m.stats["retries"] == 0
+    url, sc = scripted([(200, {}, OK, 0)])
+    m = OpenAIModel(OpenAIModelConf(name="x", base_url=url, model="m", backoff_s=0.01, max_retries=2))
+    m.generate(GenRequest(messages=bug()))
+    m.base_url = f"http://127.0.0.1:{port}/v1"  # the same model, its server gone since
+    with pytest.raises(OpenAIUnreachable, match="after 3 attempts"):
+        m.generate(GenRequest(messages=bug()))
+    assert m.stats["retries"] == 2
 
 
 def test_timeout_is_retried(scripted):

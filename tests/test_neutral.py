@@ -1,6 +1,6 @@
 """Result-neutral settings, marked on the config records' fields: speed knobs keep the trajectory cache key,
 answer-changing ones do not, and every user of the derived keys agrees (cache, sweep labels, resume, nightly,
-frontier). Retired knobs at their old default read as absent in old runs."""
+frontier), through one config_diff."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,8 @@ from agents.config import AgentConfig, SingleShotConf
 from agents.models.config import TransformersModelConf
 from flows.cache import TrajectoryCache
 from flows.neutral import neutral_keys, result_neutral
-from flows.schema import GROUPS, RETIRED, without_retired
+from flows.neutral import config_diff
+from flows.schema import GROUPS
 from sandboxes.config import LocalSandboxConf
 
 MODEL = {"name": "m", "pack": "qwen1.5b-coder-q4", "dtype": "float32"}
@@ -72,8 +73,7 @@ def test_neutral_keys_come_from_the_records():
     keys = neutral_keys()
     # the groups marked on the job record's fields, the job's own, each backend's, and the recorded serving path
     for k in ("runner.", "tracking.", "nightly.", "resume", "cache", "cache_dir", "sweep_ahead", "sweep_ahead_to",
-              "sweep_stream", "offline", "model.threads", "model.max_batch", "model.int8_native", "model.int8_kernel",
-              "model.slots", "model.max_concurrency", "model.delay_s", "sandbox.workers", "sandbox.mode",
+              "sweep_stream", "offline", "model.threads", "model.max_batch", "model.slots", "model.max_concurrency", "model.delay_s", "sandbox.workers", "sandbox.mode",
               "sandbox.uid_base", "sandbox.cgroup_parent", "serving.int8_kernel"):
         assert k in keys and keys[k], k
     assert result_neutral("tracking.uri") and result_neutral("nightly.tolerance")
@@ -90,47 +90,30 @@ def test_neutral_keys_come_from_the_records():
         assert [f"{group}.{n}" for n, m in marks.items() if len(m) > 1] == []
 
 
-def test_retired_knobs_at_their_old_default_read_as_absent():
-    from flows.frontier import param_values
+def test_config_diff_is_the_one_question_and_reads_no_older_shape():
     from flows.sweep import job_labels
 
-    old = {"strategy.name": "reflection", "strategy.diagnose": "False", "strategy.few_shot": "0",
-           "strategy.show_diff": "False", "strategy.edge_case_hint": "False", "model.int8_fuse": "False"}
-    assert without_retired(old) == {"strategy.name": "reflection"}
-    assert param_values(old) == {"strategy.name": "reflection", "strategy.answer_format": "function",
-                                 "strategy.show_failure": "False", "strategy.self_check_scope": "round",
-                                 "strategy.self_inputs": "0", "strategy.held_at_end": "hold"}
-    assert {"model.int8_fuse", "strategy.diagnose", "strategy.edge_case_hint", "strategy.few_shot",
-            "strategy.show_diff", "strategy.feedback_style", "strategy.candidate_temperature"} <= set(RETIRED)
-    # a run logged while they were knobs, at their defaults, reads as the same configuration as one after
-    then = {"strategy.name": "reflection", "strategy.feedback_style": "shaped", "strategy.temperatures": "[0.7, 0.5, 0.3]",
-            "strategy.candidate_temperature": "0.8", "strategy.stop_after_code": "True"}
-    assert without_retired(then) == {"strategy.name": "reflection"}
-    # switched on (no run did): a difference that stays
-    assert without_retired({"strategy.few_shot": "2"}) == {"strategy.few_shot": "2"}
-    # the engine's own settings, model knobs until #51 (serving EngineTuning): a run at their defaults is the
-    # same configuration; the old runs at a prefill width of 8192 keep the param, which is result-neutral
-    engine_then = {"model.name": "qwen1.5b-coder-q4", "model.kv_dtype": "auto", "model.gather_ms": "30",
-                   "model.attn_implementation": "None", "model.cpu_attention": "True", "model.int8_native": "True",
-                   "model.max_prefill_tokens": "896", "model.draft_step_tokens": "128"}
-    assert without_retired(engine_then) == {"model.name": "qwen1.5b-coder-q4"}
-    assert without_retired({"model.max_prefill_tokens": "8192"}) == {"model.max_prefill_tokens": "8192"}
-    assert result_neutral("model.max_prefill_tokens") and result_neutral("model.gather_ms")
-    assert without_retired({"model.kv_dtype": "float32"}) == {"model.kv_dtype": "float32"}  # changes answers
-    # for every retired knob, the record no longer has it
-    from flows.schema import knob_default
-    for k in RETIRED:
-        assert knob_default(k, {"model.backend": "transformers", "strategy.name": "reflection"}) is None, k
+    a = {"strategy.name": "reflection", "iters": "1", "model.threads": "2", "sandbox.timeout_s": "10"}
+    # speed knobs are no difference, a whole number is one value, an answer-changing knob is
+    assert config_diff(a, {**a, "model.threads": "4", "sandbox.timeout_s": "10.0"}) == []
+    assert config_diff(a, {**a, "iters": "2"}) == ["iters"]
+    # a knob only one run's options have: no difference at its default, one away from it; a knob no option has any
+    # more differs whatever its value (results files were migrated once to drop them: results schema 2)
+    ss = {"strategy.name": "single_shot", "iters": "1"}
+    assert config_diff(a, {**a, "strategy.history_rounds": "1"}) == []
+    assert config_diff(a, {**a, "strategy.history_rounds": "3"}) == ["strategy.history_rounds"]
+    assert config_diff(ss, {**ss, "strategy.self_tests": "4"}) == ["strategy.self_tests"]
+    assert config_diff(a, {**a, "strategy.few_shot": "0"}) == ["strategy.few_shot"]
 
     def run(rid, **params):
         return SimpleNamespace(info=SimpleNamespace(run_id=rid, run_name=rid), data=SimpleNamespace(params=params))
 
-    jobs = [run("a", **{"strategy.name": "reflection", "strategy.few_shot": "0", "iters": "1"}),
-            run("b", **{"strategy.name": "reflection", "iters": "2"})]
+    jobs = [run("a", **{"strategy.name": "reflection", "model.threads": "1", "iters": "1"}),
+            run("b", **{"strategy.name": "reflection", "model.threads": "2", "iters": "2"})]
     assert job_labels(jobs) == {"a": "iters=1", "b": "iters=2"}
 
 
-def test_nightly_diff_skips_neutral_and_retired_keys(monkeypatch):
+def test_nightly_diff_skips_neutral_keys(monkeypatch):
     import flows.nightly as nightly
 
     monkeypatch.setattr(nightly, "_results", lambda client, run_id: {"Python/0": {"passed": True, "error": None}})
@@ -139,17 +122,9 @@ def test_nightly_diff_skips_neutral_and_retired_keys(monkeypatch):
         return SimpleNamespace(info=SimpleNamespace(run_id=rid, run_name=rid, start_time=0),
                                data=SimpleNamespace(params=params, metrics={"pass_at_1": 1.0}, tags={}))
 
-    base = run("b", **{"iters": "1", "strategy.few_shot": "0", "model.threads": "2", "nightly.tolerance": "0.02"})
+    base = run("b", **{"iters": "1", "model.threads": "2", "nightly.tolerance": "0.02"})
     cur = run("c", **{"iters": "2", "model.threads": "4", "nightly.tolerance": "0.05"})
     report = nightly.compare(None, cur, base, 0.02, [])
     assert report["config_changes"] == {"iters": ["1", "2"]}
 
 
-def test_a_run_from_before_a_knob_groups_with_newer_runs_at_what_it_did():
-    """strategy.answer_format came after many recorded runs: they wrote whole functions, so they are the same
-    configuration as a newer run logging answer_format=function, and never the same as a patch run."""
-    from flows.frontier import param_values
-
-    old = {"strategy.name": "single_shot", "strategy.candidates": "1"}
-    assert param_values(old) == param_values({**old, "strategy.answer_format": "function"})
-    assert param_values(old) != param_values({**old, "strategy.answer_format": "patch"})

@@ -59,7 +59,7 @@ def test_single_shot_with_patches_asks_for_an_edit_and_runs_the_patched_function
     fix = block("return number % 1.0 + 1.0\n", "return number % 1.0\n").replace(CLOSE + "\n", "")  # cut at the stop
     model = ScriptedModel([wrong, missing, fix])
     traj = run_agent(t, model, sandbox(), agent("single_shot", iters=2, answer_format="patch"))
-    assert traj.error is None and traj.passed and traj.first_pass_round == 2
+    assert traj.error is None and traj.passed and traj.passed_round == 2
     assert [a.decision for a in traj.attempts] == ["tested", "no_code", "tested"]
     assert traj.attempts[1].feedback.startswith("malformed patch: the SEARCH text is not in the code")
     req = model.requests[0]
@@ -111,7 +111,7 @@ def test_single_shot_with_line_answers_locates_first_then_fixes_the_ranked_lines
     model = ScriptedModel(["```python\nbalance += op\nif balance == 0:\n```",  # the localisation call
                            "```python\nbalance -= op\n```", "```python\n    if balance < 0:\n```"])
     traj = run_agent(t, model, sandbox(), agent("single_shot", iters=3, answer_format="line"))
-    assert traj.error is None and traj.passed and traj.first_pass_round == 1
+    assert traj.error is None and traj.passed and traj.passed_round == 1
     assert [len(a.calls) for a in traj.attempts] == [2, 1]  # round 0 holds the localisation call: its tokens count
     asked = [r.messages[-1]["content"].split("```python\n")[-1].split("\n")[0] for r in model.requests[1:]]
     assert asked == ["balance += op", "if balance == 0:"] and all(r.temperature == 0 for r in model.requests)
@@ -125,7 +125,7 @@ def test_whole_function_answers_come_first_and_the_lines_they_changed_lead_the_r
             "        if balance <= 0:\n            return True\n    return False\n```"
     model = ScriptedModel([wrong, "```python\nbalance += op\n```", "```python\nif balance < 0:\n```"])
     traj = run_agent(t, model, sandbox(), agent("single_shot", iters=3, answer_format="line"))  # FUNCTION_EVERY 4
-    assert traj.passed and traj.first_pass_round == 1 and [a.line for a in traj.attempts] == [None, 9]
+    assert traj.passed and traj.passed_round == 1 and [a.line for a in traj.attempts] == [None, 9]
     code = t.buggy_code.strip("\n").split("\n")
     assert code[traj.attempts[1].located[0] - 1].strip() == "if balance == 0:"  # what answer 0 changed, first
     assert code[traj.attempts[1].located[1] - 1].strip() == "balance += op"  # then what the localisation quoted

@@ -51,8 +51,8 @@ def test_check_fails_on_a_changed_figure_names_the_fix_and_the_fix_works(tmp_pat
     data = json.loads(path.read_text())
     last = max(data["runs"], key=lambda r: int(r["params"]["iters"]))
     rounds = int(last["params"]["iters"])
-    task = next(k for k, v in last["first_pass_round"].items() if v is None)
-    last["first_pass_round"][task] = rounds
+    task = next(k for k, v in last["verdicts"].items() if not any(v))
+    last["verdicts"][task] = [False] * rounds + [True]
     last["by_round"][rounds]["passed"] += 1
     path.write_text(json.dumps(data))
     capsys.readouterr()
@@ -71,7 +71,21 @@ def test_a_results_file_that_does_not_describe_itself_stops_the_report_with_one_
     (results / "weights-29991231T000000Z.json").write_text('{"rows": []}')
     assert report.main(["--check", *args]) == 2
     err = capsys.readouterr().err.strip()
-    assert "weights-29991231T000000Z.json" in err and "migrate_results" in err and len(err.splitlines()) == 1
+    assert "weights-29991231T000000Z.json" in err and "write()" in err and len(err.splitlines()) == 1
+
+
+def test_a_results_file_of_an_older_schema_is_refused_in_one_line_naming_the_migration(tmp_path, capsys):
+    from flows.results import MIGRATED
+
+    results, args = _copy_tree(tmp_path)
+    path = results / "fullsize-react-epyc-fp32-20261126.json"
+    data = json.loads(path.read_text())
+    del data["about"]["schema"]
+    path.write_text(json.dumps(data))
+    assert report.main(["--check", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and path.name in err and "results schema 1, this fixlab reads 2" in err
+    assert f"git show {MIGRATED}:benchmarks/migrate_results.py" in err
 
 
 def test_a_new_results_file_appears_in_the_document_without_code(tmp_path, monkeypatch):
@@ -115,7 +129,7 @@ def test_a_damaged_results_file_is_one_line_naming_it(tmp_path, capsys, damage):
     else:
         data = json.loads(path.read_text())
         if "runs" in data:
-            del data["runs"][-1]["by_round"]
+            del data["runs"][-1]["overall"]
         else:
             del data["about"]["kind"]
         path.write_text(json.dumps(data))

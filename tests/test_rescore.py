@@ -88,7 +88,7 @@ def test_a_recorded_run_is_judged_again_and_a_wrong_stored_verdict_shows(evaluat
     path = sorted(store.glob("*.json"))[0]
     traj = json.loads(path.read_text())
     traj["attempts"][0]["result"]["status"] = "passed"
-    traj["first_pass_round"] = 0
+    traj["passed_round"] = 0
     path.write_text(json.dumps(traj))
     again = rescore(old)["agreement"]
     assert again["attempts_differ"] == [f"{traj['task_id']}#0 round 0: passed -> failed"]

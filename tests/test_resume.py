@@ -118,16 +118,17 @@ def test_resume_with_other_settings_is_one_line_error(tmp_path):
     # ... the model may not.
     with pytest.raises(ConfigError, match=r"config differs from that run's at model.name \('canonical' there, 'buggy' now\)"):
         RunTracker(tracking).start("r", {**cfg, "model": {"name": "buggy"}}, {}, resume_run_id=run_id)
-    # A knob added after the run was made (its param absent there) resumes at its default, not at another value.
+    # A knob the run's params lack resumes at its default, not at another value.
     ss = {**cfg, "strategy": {"name": "single_shot", "candidates": 1}}
     old = RunTracker(tracking).start("r", ss, {})
     grown = {**ss, "strategy": {**ss["strategy"], "self_tests": 0}}
     assert RunTracker(tracking).start("r", grown, {}, resume_run_id=old) == old
     with pytest.raises(ConfigError, match=r"at strategy.self_tests \(None there, '4' now\)"):
         RunTracker(tracking).start("r", {**ss, "strategy": {**ss["strategy"], "self_tests": 4}}, {}, resume_run_id=old)
-    # A knob retired since the run was made (flows/schema.py RETIRED), there at its old default: the same config.
-    before = RunTracker(tracking).start("r", {**ss, "strategy": {**ss["strategy"], "few_shot": 0}}, {})
-    assert RunTracker(tracking).start("r", ss, {}, resume_run_id=before) == before
+    # A whole number logged as 10 or 10.0 is one value.
+    timed = {**ss, "sandbox": {"timeout_s": 10}}
+    logged = RunTracker(tracking).start("r", timed, {})
+    assert RunTracker(tracking).start("r", {**ss, "sandbox": {"timeout_s": 10.0}}, {}, resume_run_id=logged) == logged
 
 
 def _children(pid: int) -> set[int]:

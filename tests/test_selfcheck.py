@@ -52,7 +52,7 @@ def test_the_agreeing_group_is_kept_and_the_agent_is_satisfied():
     a = traj.attempts[0]
     assert a.candidate == 1 and a.code.strip() == FIX.strip()  # the pair that agrees beats the first passing answer
     assert a.self_check["groups"] == [[1, 2], [0]] and a.self_check["satisfied"] and a.self_check["runs"] == 3
-    assert traj.stop_reason == "solved" and traj.first_pass_round == 0  # and the verdict agrees
+    assert traj.stop_reason == "solved" and traj.passed_round == 0  # and the verdict agrees
     assert a.sandbox_runs == 3 + 3  # every visible run and every probe run is counted
 
 
@@ -61,7 +61,7 @@ def test_without_agreement_the_agent_stops_unsure():
     a = traj.attempts[0]
     assert a.self_check["groups"] == [[0], [1]] and not a.self_check["satisfied"]
     assert a.passed_visible and a.unsure and traj.stop_reason == "unsure"
-    assert traj.first_pass_round is None  # the earliest of the tied answers was kept: it overfits
+    assert traj.passed_round is None  # the earliest of the tied answers was kept: it overfits
 
 
 def test_off_or_under_protocol_tests_the_first_passing_answer_is_kept_without_probes():
@@ -98,7 +98,7 @@ def test_the_record_reads_back_what_the_same_answers_scored_without_the_self_che
     picked = run([fenced(OVERFIT), fenced(FIX), fenced(FIX_TOO)])  # the check keeps FIX: passes; the first overfits
     unsure = run([fenced(OVERFIT), fenced(FIX), fenced(WRONG)])  # no agreement: OVERFIT kept, unsure
     trajs = [json.loads(json.dumps(t.to_dict(), default=str)) for t in (picked, unsure)]
-    hid = [t["first_pass_round"] is not None for t in trajs]
+    hid = [t["passed_round"] is not None for t in trajs]
     vis = [fullsize.passed_what_it_saw(t) for t in trajs]
     off = fullsize.without_self_check(trajs, hid, vis)
     assert hid == [True, False] and off["hidden_passed"] == 0 and off["satisfied"] == 2
@@ -112,14 +112,14 @@ def test_own_assertions_outvote_a_pair_of_answers_that_agree_on_an_overfit():
     a = traj.attempts[0]
     assert a.code.strip() == FIX.strip() and a.candidate == 2
     assert a.self_check["own_tests"] == 4 and a.self_check["own_passed"] == [3, 0]  # the wrong one fails FIX too
-    assert a.self_check["groups"] == [[2], [0, 1]] and a.self_check["satisfied"] and traj.first_pass_round == 0
+    assert a.self_check["groups"] == [[2], [0, 1]] and a.self_check["satisfied"] and traj.passed_round == 0
     assert traj.model_calls == 4 and a.calls[0].output == OWN and a.calls[0].temperature == 0.0  # its tokens count
     asked = a.calls[0].messages[-1]["content"]
     assert "1.33" not in asked and "truncate_number(3.5)" in asked  # what the agent sees, never the full test
     # without them the overfit pair is kept and believed
     plain = run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(FIX)], self_check=1)
     assert plain.attempts[0].candidate == 0 and plain.attempts[0].self_check["satisfied"]
-    assert plain.first_pass_round is None and plain.stop_reason == "solved"
+    assert plain.passed_round is None and plain.stop_reason == "solved"
 
 
 def test_an_answer_that_passes_none_of_its_own_assertions_leaves_the_agent_unsure():
@@ -143,7 +143,7 @@ def test_the_record_reads_back_what_agreement_alone_would_have_kept():
     right = run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(FIX), OWN], self_check=1, self_tests=6)
     unsure = run([fenced(OVERFIT), fenced(OVERFIT_TOO), fenced(WRONG), OWN], self_check=1, self_tests=6)
     trajs = [json.loads(json.dumps(t.to_dict(), default=str)) for t in (right, unsure)]
-    hid = [t["first_pass_round"] is not None for t in trajs]
+    hid = [t["passed_round"] is not None for t in trajs]
     off = fullsize.without_own_tests(trajs, hid, 1)
     # agreement alone keeps the overfit pair both times and believes it; the own tests kept FIX, and doubted the pair
     assert hid == [True, False] and off["hidden_passed"] == 0 and off["satisfied"] == 2
@@ -161,7 +161,7 @@ def test_the_share_of_own_assertions_to_pass_moves_the_label_never_the_answer(mo
     strict, half = at(0.75), at(0.5)
     for traj in (strict, half):
         assert traj.attempts[0].candidate == 2 and traj.attempts[0].self_check["own_passed"] == [3, 0]
-        assert traj.first_pass_round == 0
+        assert traj.passed_round == 0
     assert strict.stop_reason == "unsure" and half.stop_reason == "solved"
     trajs = [json.loads(json.dumps(strict.to_dict(), default=str))]
     hid = [True]
@@ -181,16 +181,16 @@ def test_across_rounds_an_unsure_pass_is_held_and_a_later_agreeing_answer_is_han
     assert [x.held for x in a] == [True, True, False, False] and not any(x.passed for x in a[:2])
     assert a[1].result.passed  # the full test passes FIX, but it is not handed in before anyone agrees with it
     assert a[3].self_check["groups"] == [[[1, 0], [3, 0]], [[0, 0]]] and a[3].self_check["satisfied"]
-    assert traj.first_pass_round == 3 and traj.stop_reason == "solved"
+    assert traj.passed_round == 3 and traj.stop_reason == "solved"
     assert a[3].sandbox_runs == 1 + 1 and a[3].self_check["runs"] == 1  # its run, and only its own probe run
 
 
 def test_across_rounds_a_repeat_of_a_held_answer_is_run_again_as_a_vote():
     traj = across([fenced(FIX), fenced(WRONG), fenced(FIX)])
-    assert [x.decision for x in traj.attempts] == ["tested"] * 3 and traj.first_pass_round == 2
+    assert [x.decision for x in traj.attempts] == ["tested"] * 3 and traj.passed_round == 2
     # a repeat of a failed answer is still not run again
     traj = across([fenced(WRONG), fenced(WRONG), fenced(FIX), fenced(FIX)])
-    assert [x.decision for x in traj.attempts] == ["tested", "repeat", "tested", "tested"] and traj.first_pass_round == 3
+    assert [x.decision for x in traj.attempts] == ["tested", "repeat", "tested", "tested"] and traj.passed_round == 3
 
 
 def test_across_rounds_a_budget_that_ends_unsure_hands_nothing_in_and_cuts_like_a_fresh_run():
@@ -198,9 +198,9 @@ def test_across_rounds_a_budget_that_ends_unsure_hands_nothing_in_and_cuts_like_
 
     long = across([fenced(FIX), fenced(WRONG), fenced(FIX_TOO)], iters=2)
     short = across([fenced(FIX), fenced(WRONG)], iters=1)
-    assert long.first_pass_round == 2 and short.first_pass_round is None and short.stop_reason == "budget"
+    assert long.passed_round == 2 and short.passed_round is None and short.stop_reason == "budget"
     cut = truncate(long, 1)
-    assert (cut.first_pass_round, cut.stop_reason) == (short.first_pass_round, short.stop_reason)
+    assert (cut.passed_round, cut.stop_reason) == (short.passed_round, short.stop_reason)
     assert across([fenced(FIX)], iters=0).stop_reason == "unsure"  # it held a pass nobody agreed with
 
 
@@ -210,13 +210,13 @@ def test_held_at_end_hand_in_hands_the_best_held_answer_in_unsure():
     held = across([fenced(FIX), fenced(WRONG)], iters=1)
     handed = across([fenced(FIX), fenced(WRONG)], iters=1, held_at_end="hand_in")
     assert not held.passed and held.handed_in is None and held.stop_reason == "budget"
-    assert handed.passed and handed.handed_in == [0, 0] and handed.first_pass_round == 0
+    assert handed.passed and handed.handed_in == [0, 0] and handed.passed_round == 0
     assert handed.stop_reason == "unsure"  # never counted as satisfied: the overfit gap sees it as unsure
     same = lambda t: [(a.code, a.decision, a.self_check, a.result.status) for a in t.attempts]  # noqa: E731
     assert same(handed) == same(held)
     # a held wrong answer is handed in too, and fails
     wrong = across([fenced(OVERFIT), fenced(WRONG)], iters=1, held_at_end="hand_in")
-    assert wrong.handed_in == [0, 0] and not wrong.passed and wrong.first_pass_round is None
+    assert wrong.handed_in == [0, 0] and not wrong.passed and wrong.passed_round is None
     # nothing held (no answer passed what the agent saw): nothing to hand in
     none = across([fenced(WRONG), fenced(SIG + "    return -1.0\n")], iters=1, held_at_end="hand_in")
     assert none.handed_in is None and not none.passed and none.stop_reason == "budget"
@@ -227,14 +227,14 @@ def test_held_at_end_hand_in_verdicts_are_per_budget_and_a_cut_budget_equals_a_f
     are handed in, satisfied. Each budget cut from the long run (truncate) and each continued from a shorter one
     (prior=) equals a fresh run with that budget, and the outcome keeps the verdict of every budget."""
     from agents.loop import truncate
-    from agents.types import cut, passed_at, row_verdicts, verdicts
+    from agents.types import cut, passed_at, row_verdicts
     from flows.job import _result_rows
 
     outputs = [fenced(FIX), fenced(OVERFIT), fenced(OVERFIT_TOO)]
     long = across(outputs, iters=2, held_at_end="hand_in")
     assert long.attempts[2].self_check["satisfied"] and not long.passed and long.stop_reason == "solved"
     assert [long.passed_by_round(k) for k in range(3)] == [True, True, False] and long.passed_by_budget == [True, True, False]
-    seen = lambda t: (t.passed, t.first_pass_round, t.handed_in, t.stop_reason, t.budget, t.passed_by_budget)  # noqa: E731
+    seen = lambda t: (t.passed, t.passed_round, t.handed_in, t.stop_reason, t.budget, t.passed_by_budget)  # noqa: E731
     for k in range(3):
         fresh = across(outputs[:k + 1], iters=k, held_at_end="hand_in")
         assert seen(truncate(long, k)) == seen(fresh), k
@@ -249,12 +249,9 @@ def test_held_at_end_hand_in_verdicts_are_per_budget_and_a_cut_budget_equals_a_f
     row = next(_result_rows([long]))
     assert row["passed_by_budget"] == [True, True, False] and row_verdicts(row) == [True, True, False]
     assert [passed_at(row_verdicts(row), k) for k in (0, 1, 2, None)] == [True, True, False, False]
-    # hold: monotone, the same record; a row from before rows kept verdicts reads from its first passing round
+    # hold: monotone, the same record
     held = next(_result_rows([across(outputs, iters=2)]))
     assert held["passed_by_budget"] == [False, False, False] and row_verdicts(held) == [False, False, False]
-    old = {"first_pass_round": 1, "passed": True}
-    assert row_verdicts(old) == verdicts(1) == [False, True] and [passed_at(row_verdicts(old), k) for k in (0, 1, 5)] \
-        == [False, True, True]
 
 
 def test_held_at_end_is_checked():
@@ -270,7 +267,7 @@ def test_across_rounds_a_resumed_run_counts_the_earlier_rounds_votes():
     prior = run_agent(task(2), ScriptedModel([fenced(FIX), fenced(WRONG)]), sandbox(), cfg)
     cont = run_agent(task(2), ScriptedModel([fenced(FIX_TOO)]), sandbox(), tuned(cfg, iters=3), prior=prior)
     fresh = across([fenced(FIX), fenced(WRONG), fenced(FIX_TOO)])
-    assert cont.first_pass_round == fresh.first_pass_round == 2
+    assert cont.passed_round == fresh.passed_round == 2
     assert cont.attempts[2].self_check["groups"] == fresh.attempts[2].self_check["groups"]
 
 
@@ -283,7 +280,7 @@ def test_across_rounds_the_buggy_code_handed_back_never_votes():
                                                 self_check_scope="task", iters=3))
     a = traj.attempts
     assert a[0].unchanged and a[0].held and a[1].decision == "repeat"  # not run again, no vote
-    assert a[2].held and a[3].self_check["satisfied"] and traj.first_pass_round == 3
+    assert a[2].held and a[3].self_check["satisfied"] and traj.passed_round == 3
     assert a[3].self_check["groups"] == [[[2, 0], [3, 0]]]
 
 
@@ -291,7 +288,7 @@ def test_across_rounds_the_overfit_gap_counts_only_what_was_handed_in():
     fullsize = _fullsize()
     trajs = [json.loads(json.dumps(across(o, iters=i).to_dict(), default=str))
              for o, i in (([fenced(FIX), fenced(WRONG)], 1), ([fenced(OVERFIT), fenced(OVERFIT_TOO)], 1))]
-    hid = [t["first_pass_round"] is not None for t in trajs]
+    hid = [t["passed_round"] is not None for t in trajs]
     sat = [fullsize.passed_what_it_saw(t) and t.get("stop_reason") == "solved" for t in trajs]
     assert hid == [False, False] and sat == [False, True]  # held FIX is not handed in; the agreeing overfit pair is
     off = fullsize.without_self_check(trajs, hid, [True, True])
@@ -336,10 +333,10 @@ def test_two_different_answers_that_agree_next_to_the_examples_are_split_by_the_
     alone hands NEAR_TOO in, and the full test fails it; on the model's input 12.5 they differ, so both are held."""
     plain = across([fenced(NEAR), fenced(NEAR_TOO)], iters=1)
     assert plain.attempts[1].self_check["satisfied"] and plain.stop_reason == "solved"
-    assert plain.first_pass_round is None  # satisfied and wrong: what the overfit gap counts
+    assert plain.passed_round is None  # satisfied and wrong: what the overfit gap counts
     mine = across([fenced(NEAR), INPUTS, fenced(NEAR_TOO)], iters=1, self_inputs=4)
     a = mine.attempts
-    assert [x.held for x in a] == [True, True] and mine.stop_reason == "unsure" and mine.first_pass_round is None
+    assert [x.held for x in a] == [True, True] and mine.stop_reason == "unsure" and mine.passed_round is None
     assert a[1].self_check["own_inputs"] == 2 and a[1].self_check["groups"] == [[[0, 0]], [[1, 0]]]
     assert a[1].self_check["probes"] == plain.attempts[1].self_check["probes"] + 2
     asked = a[0].calls[0].messages[-1]["content"]  # written once, on the first pass; its tokens count
@@ -347,7 +344,7 @@ def test_two_different_answers_that_agree_next_to_the_examples_are_split_by_the_
     assert "123.456" not in asked and "truncate_number(3.5)" in asked  # what the agent sees, never the full test
     # a right answer after them agrees with neither, and one more right answer completes its group
     fixed = across([fenced(NEAR), INPUTS, fenced(NEAR_TOO), fenced(FIX), fenced(FIX_TOO)], iters=3, self_inputs=4)
-    assert fixed.first_pass_round == 3 and fixed.stop_reason == "solved"
+    assert fixed.passed_round == 3 and fixed.stop_reason == "solved"
 
 
 def test_own_inputs_make_a_point_run_alone_not_cut_from_a_stream():

@@ -82,8 +82,8 @@ def test_every_point_cut_from_the_stream_equals_the_point_run_alone(seed, knobs)
             assert got.derived_from == "stream: 4 answers a round, 2 rounds"
         # what the frontier reads: outcome and cost
         ref = got or alone
-        assert (ref.first_pass_round, ref.completion_tokens, ref.model_calls) == \
-               (alone.first_pass_round, alone.completion_tokens, alone.model_calls)
+        assert (ref.passed_round, ref.completion_tokens, ref.model_calls) == \
+               (alone.passed_round, alone.completion_tokens, alone.model_calls)
 
 
 @needs_data
@@ -100,7 +100,7 @@ def test_a_pass_late_in_the_stream_is_found_at_every_grouping():
             traj = cut(stream, 4, task(2), cfg, sandbox())
             alone = run_agent(task(2), SeededAnswersModel(fix_weight=0 if seed % 2 else 1), sandbox(), cfg)
             assert _same(traj) == _same(alone)
-            seen.add((k, traj.first_pass_round))
+            seen.add((k, traj.passed_round))
     # the same answer p passes at round p with one candidate and at round p // 2 with two: both occurred
     assert {(1, 5), (2, 2)} <= seen or {(1, 3), (2, 1)} <= seen, seen
 
@@ -145,7 +145,7 @@ def test_recorded_answers_serve_only_what_was_recorded():
 
 def _rows(run, run_id, dest):
     path = MlflowClient(run.tracking_uri).download_artifacts(run_id, "results.jsonl", str(dest))
-    return {r["task_id"]: (r["first_pass_round"], r["completion_tokens"],
+    return {r["task_id"]: (r["passed_round"], r["completion_tokens"],
                            [(a["round"], a["decision"], a["code"], a["status"]) for a in r["attempts"]])
             for r in map(json.loads, open(path))}
 

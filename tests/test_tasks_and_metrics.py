@@ -68,7 +68,7 @@ def test_pass_at_k_is_the_share_of_k_answer_draws_with_a_pass_and_its_interval_r
 def test_trajectory_round_trips_through_json():
     t = Trajectory(task_id="Python/1", bug_type="value misuse", strategy="reflection", budget=2,
                    attempts=[Attempt(round=0, decision="syntax_error", code="def f(:"), Attempt(round=1, decision="tested")],
-                   first_pass_round=1)
+                   passed_round=1)
     back = Trajectory.from_dict(json.loads(json.dumps(t.to_dict())))
     assert back == t
     assert [back.passed_by_round(r) for r in range(3)] == [False, True, True]

@@ -107,7 +107,7 @@ def test_reflection_revises_from_the_trace(monkeypatch):
     model = ScriptedModel([fenced(wrong), fenced(sig + "    return number % 1.0\n")])
     monkeypatch.setattr(feedback_module, "TRACE_CHARS", 700)
     traj = run_agent(task(2), model, sandbox(), agent("reflection", iters=1))
-    assert traj.passed and traj.first_pass_round == 1
+    assert traj.passed and traj.passed_round == 1
     revision = model.requests[1].messages[-1]["content"]
     assert "How `truncate_number(3.5)` ran in your code (2 steps" in revision
     assert "whole = int(number)" in revision and "# whole = 3" in revision and "It returned 1.5." in revision

@@ -62,6 +62,7 @@ class OpenAIModel:
         self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=min(10.0, self.timeout_s)),
                                     limits=httpx.Limits(max_connections=int(cfg.max_concurrency) + 2))
         self.stats = {"requests": 0, "retries": 0}
+        self._reached = False  # whether any call has reached the server
 
     def _next_key(self) -> str | None:
         if self._keys is None:
@@ -107,8 +108,13 @@ class OpenAIModel:
                     r = self._client.post(url, json=body, headers=headers)
                 except (httpx.TimeoutException, httpx.TransportError) as e:
                     last = f"{type(e).__name__}: {e}"
+                    if isinstance(e, httpx.ConnectError) and not self._reached and "refused" in str(e).lower():
+                        # nothing listens there and nothing ever did for this job: retrying only delays the one line
+                        raise OpenAIUnreachable(f"{url} refused the connection: is the server up? (start it, or fix "
+                                                "model.base_url)") from None
                 else:
                     if r.status_code == 200:
+                        self._reached = True
                         return self._parse(r, request, time.perf_counter() - t0)
                     last = f"HTTP {r.status_code}: {_error_text(r)}"
                     if r.status_code not in RETRY_STATUS:

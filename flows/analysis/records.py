@@ -1,7 +1,7 @@
-"""Finished runs as records: the results files jobs write when they end and job runs read back from MLflow,
-each turned into one `Record` per budget it holds, with the back-fills that let old runs compare with new ones
-(whole numbers written one way, retired knobs dropped, a strategy knob's `before` value, a local model's path) and
-the defaults of the config it ran (`Record.defaults`, what a configuration's label is the difference from)."""
+"""The one reader of finished runs: the results files jobs write when they end (`read_runs`: each run as a `Run`)
+and job runs read back from MLflow, each turned into one `Record` per budget it holds, with the defaults of the
+config it ran (`Record.defaults`, what a configuration's label is the difference from). Passes per budget are
+counted here, from the verdicts, and nowhere else."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,9 +12,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agents.types import cut, passed_at, row_verdicts, verdicts
+from agents.types import cut, passed_at, row_verdicts
 
-from ..schema import CONF_DIR, GROUPS, JobConf, strategy_knobs, without_retired
+from ..neutral import param_values
+from ..results import ResultsError, read
+from ..schema import CONF_DIR, GROUPS, JobConf
 
 REPO = Path(__file__).resolve().parent.parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -22,8 +24,7 @@ COSTS = ("prompt_tokens", "completion_tokens", "model_calls", "sandbox_runs")
 ROUND_COSTS = ("prompt_tokens", "completion_tokens", "model_calls", "sandbox_runs")
 
 
-class FrontierError(ValueError):
-    """Input the frontier cannot be drawn from; the message is one line that names the fix."""
+FrontierError = ResultsError  # input the frontier cannot be drawn from: one line that names the fix
 
 
 @dataclass
@@ -64,24 +65,6 @@ def _as_param(v) -> str:
     """A value as run params write it (flows/tracking.py flatten), a whole number written one way."""
     s = json.dumps(v) if isinstance(v, (list, tuple)) else str(v)
     return re.sub(r"^(-?\d+)\.0+$", r"\1", s)
-
-
-def param_values(params: dict) -> dict[str, str]:
-    """Params as strings, a whole number written one way: the typed config logs `10.0` where older runs logged `10`,
-    and the same setting must not read as a knob that differs. A knob retired since the run, at the default it had,
-    is dropped (flows/schema.py RETIRED): the same configuration as a newer run without it. A local model's run from
-    before the path was recorded (serving/paths.py) took fixlab's engine, with int8 weights where `weights`
-    was auto or int8 (all of them ran on CPUs): filled in, so that such a run is never pooled with a run that took
-    another path."""
-    out = without_retired({k: re.sub(r"^(-?\d+)\.0+$", r"\1", str(v)) for k, v in params.items()})
-    # a run from before a strategy knob existed did what the knob's `before` value does (agents/config.py field
-    # metadata): filled in, so the older run groups with newer ones that log it
-    for key, before in strategy_knobs(out.get("strategy.name")).items():
-        out.setdefault(key, before)
-    if out.get("model.backend") == "transformers" and "serving.runtime" not in out:
-        out["serving.runtime"] = "engine"
-        out.setdefault("serving.weights", "int8" if out.get("model.weights") in ("auto", "int8") else "dtype")
-    return out
 
 
 def _fields(record: type, prefix: str) -> dict[str, str]:
@@ -151,12 +134,6 @@ def _default_choices() -> dict[str, str]:
 
 # ---------------------------------------------------------------------------------------------------- reading
 
-def machine_from_text(text: str) -> str | None:
-    """Older results files keep no machine: their file name or command text may name its kind (EPYC / Xeon)."""
-    low = text.lower()
-    return "AMD EPYC" if "epyc" in low else "Intel Xeon" if "xeon" in low else None
-
-
 def task_seconds(rows: list[dict]) -> float | None:
     """The sum of the tasks' own seconds (a cut trajectory's are its rounds'); None if any task lacks them."""
     secs = [r.get("seconds") for r in rows]
@@ -205,47 +182,92 @@ def run_machine(run) -> tuple[str, str]:
     return (tag, "tag") if tag else (machine_name(), "recorder")
 
 
-def _per_task_cost(rec: dict, total: int) -> dict[str, float]:
-    if rec.get("cost") and total:
-        return {k: rec["cost"][k] / total for k in COSTS if k in rec["cost"]}
-    return {k: float(v) for k, v in (rec.get("per_task_mean") or {}).items() if k in COSTS}
+def _per_task_cost(cost: dict, total: int) -> dict[str, float]:
+    return {k: cost[k] / total for k in COSTS if k in cost} if total else {}
 
 
-def records_from_file(path: Path, order: int = 0) -> list[Record]:
-    """The runs of a results file (the shape flows/analysis/run_record.py writes)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-        runs = doc["runs"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise FrontierError(f"{path}: not a results file with a 'runs' list ({type(e).__name__}); give files that "
-                            "a job wrote when it ended") from None
-    guess = machine_from_text(f"{Path(path).name} {doc.get('command', '')}")
+@dataclass
+class Run:
+    """One run of a results file, as the one reader reads it (`read_runs`); its budgets' records: `records()`."""
+    run_id: str
+    iters: int
+    by_round: list[int]  # tasks passed after each round: counted from the verdicts where the file keeps them
+    total: int
+    outcomes: dict | None  # task#sample -> the verdict at each budget (agents/types.py Verdicts); None: not kept
+    cost: dict  # the run's totals (tokens, model calls, sandbox runs, wall_s)
+    tuning: tuple[int, int] | None = None  # (passed, total) on Python/0-23
+    other: tuple[int, int] | None = None
+    by_bug: dict | None = None
+    overfit: dict | None = None
+    index: int = 0  # position in the file's runs (its `paired` list is each run against the first)
+    params: dict | None = None
+    cost_by_round: list | None = None
+    status: str = "FINISHED"
+    machine: str = "unknown"
+    machine_source: str = "unknown"
+    commit: str | None = None
+    task_seconds: float | None = None
+    source: str = ""  # the results file's name
+    recorded: str = ""  # when the file was written (ISO)
+
+    passed = property(lambda self: self.by_round[-1])
+    short = property(lambda self: self.run_id[:8])
+
+    def cut(self, iters: int) -> "Run":
+        """This run as a budget-`iters` run would have been (round r never depends on the budget: agents/loop.py)."""
+        if self.outcomes is None or not self.cost_by_round or not 0 <= iters <= self.iters:
+            raise ResultsError(f"run {self.short} cannot be cut to iters={iters}: it keeps no per-round outcomes; "
+                               "run it again (a job's results file keeps them)")
+        cost = {k: v for k, v in self.cost_by_round[iters].items() if k != "task_seconds"}
+        return dataclasses.replace(self, iters=iters, by_round=self.by_round[:iters + 1], cost=cost, overfit=None,
+                                   outcomes={t: cut(v, iters) for t, v in self.outcomes.items()})
+
+    def records(self, order: int = 0) -> list[Record]:
+        """This run as one Record per budget it holds."""
+        params = param_values(self.params or {})
+        rec = Record(
+            run_id=self.run_id, source=self.source, recorded=self.recorded, order=order * 1000 + self.index,
+            params=params, status=self.status, passed=self.passed, total=self.total,
+            cost=_per_task_cost(self.cost, self.total), outcomes=self.outcomes,
+            seconds=round(self.task_seconds / self.total, 3) if self.task_seconds is not None and self.total else None,
+            machine=self.machine, machine_source=self.machine_source, commit=self.commit,
+            defaults=config_defaults(params))
+        return budgets(rec, self.cost_by_round)
+
+
+def read_runs(path: Path, doc: dict | None = None) -> list[Run]:
+    """The runs of a results file (the shape flows/analysis/run_record.py writes), checked to be of this schema."""
+    path = Path(path)
+    doc = read(path) if doc is None else doc
+    if not isinstance(doc.get("runs"), list):
+        raise ResultsError(f"{path.name}: not a results file with a 'runs' list; give files that a job wrote when it "
+                           "ended")
     out = []
-    for i, r in enumerate(runs):
+    for i, r in enumerate(doc["runs"]):
         try:
-            total = int(r["overall"]["total"])
-            secs = r.get("task_seconds")
-            machine, src = (r["machine"], r.get("machine_source", "recorded")) if r.get("machine") else \
-                (f"{guess} (file text)", "file text") if guess else ("unknown", "unknown")
-            params = param_values(r["params"])
-            rec = Record(
-                run_id=r["run_id"], source=Path(path).name, recorded=_recorded(doc), order=order * 1000 + i,
-                params=params, status=r.get("status", "FINISHED"),
-                passed=int(r["overall"]["passed"]), total=total, cost=_per_task_cost(r, total),
-                outcomes=_verdicts(r.get("first_pass_round")),
-                seconds=round(secs / total, 3) if secs is not None and total else None, machine=machine,
-                machine_source=src, commit=commit_of(r.get("git_commit"), r.get("git_dirty")),
-                defaults=config_defaults(params))
-            out += budgets(rec, r.get("cost_by_round"))
-        except (KeyError, TypeError, ValueError) as e:
-            raise FrontierError(f"{path}: run {i} lacks {e} (run_id, params, overall); record it with "
-                                "a job wrote when it ended") from None
+            out.append(_run(i, r, path.name, _recorded(doc)))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ResultsError(f"{path.name}: run {i} lacks what a run keeps ({type(e).__name__}: {e}); record it "
+                               "again (a job's results file keeps it)") from None
     return out
 
 
-def _verdicts(stored: dict | None) -> dict[str, list[bool]] | None:
-    """A results file's per-task outcomes (first passing rounds in older files) as verdicts per budget."""
-    return {t: verdicts(v) for t, v in stored.items()} if stored else None
+def _run(i: int, r: dict, source: str, recorded: str) -> Run:
+    f = lambda d: (d["passed"], d["total"]) if d else None  # noqa: E731
+    outcomes = r.get("verdicts")
+    iters = int(r["params"].get("iters", len(r.get("by_round") or [0]) - 1))
+    by_round = [sum(passed_at(v, k) for v in outcomes.values()) for k in range(iters + 1)] if outcomes else \
+        [x["passed"] for x in r["by_round"]] if r.get("by_round") else [int(r["overall"]["passed"])]
+    return Run(r["run_id"], iters, by_round, int(r["overall"]["total"]), outcomes, r.get("cost", {}),
+               f(r.get("tuning_sample_0_23")), f(r.get("other_tasks")),
+               {b: f(v) for b, v in r.get("by_bug_type", {}).items()}, r.get("overfit_gap"), i, r["params"],
+               r.get("cost_by_round"), r.get("status", "FINISHED"), r["machine"], r.get("machine_source", "recorded"),
+               commit_of(r.get("git_commit"), r.get("git_dirty")), r.get("task_seconds"), source, recorded)
+
+
+def records_from_file(path: Path, order: int = 0) -> list[Record]:
+    """The records of a results file's runs, one per run and budget."""
+    return [rec for run in read_runs(path) for rec in run.records(order)]
 
 
 def budgets(rec: Record, cost_by_round: list[dict] | None) -> list[Record]:

@@ -6,8 +6,8 @@ Per run: pass@1 after each round with its 95% Wilson interval, the same on the t
 prompts and knobs were shaped) and on the other 140 tasks apart, pass@1 by bug type, cost (tokens sent and
 prefilled, completion tokens, model calls, sandbox runs, answers cut at max_new_tokens, suspicious passes) and wall
 time, the tasks' own seconds cut to the budget (`task_seconds`, what `python -m flows.frontier` compares), each
-smaller budget's cost (`cost_by_round`), every task's verdict at each budget (`first_pass_round`: the name older
-files gave it), and under docs/hidden the overfit gap with its read-backs.
+smaller budget's cost (`cost_by_round`), every task's verdict at each budget (`verdicts`), and under docs/hidden the overfit
+gap with its read-backs.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def run_record(run_id: str, status: str, params: dict, rows: list[dict], cost: d
         "cost_by_round": cost_by_round(rows, iters),
         # what a later session needs to pair a new run against this one (no trajectories): each task's verdict at
         # each budget 0..iters
-        "first_pass_round": {f"{r['task_id']}#{r.get('sample', 0)}": row_verdicts(r) for r in rows},
+        "verdicts": {f"{r['task_id']}#{r.get('sample', 0)}": row_verdicts(r) for r in rows},
     }
     if cost.get("pass@k"):  # n answers a task: pass@k for each k <= n, with its bootstrap interval over tasks
         out["pass_at_k"] = {str(k): {"value": v, "ci95": cost.get("pass@k_ci95", {}).get(k)}
@@ -101,7 +101,7 @@ def overfit_gap(params: dict, trajs: list[dict]) -> dict | None:
     vis = [passed_what_it_saw(t) for t in trajs]
     sat = [v and t.get("stop_reason") != "unsure" and (t.get("stop_reason") == "solved" or not any(
         (a.get("self_check") or {}).get("held") for a in t["attempts"])) for v, t in zip(vis, trajs)]
-    hid = [t["first_pass_round"] is not None for t in trajs]
+    hid = [t["passed_round"] is not None for t in trajs]
     gap = paired(sat, hid)
     out = {"visible_passed": sum(vis), "satisfied": sum(sat), "hidden_passed": sum(hid), "total": len(trajs),
            "gap": round(gap.diff, 4), "ci95": [round(gap.low, 4), round(gap.high, 4)], "visible_only": gap.only_a,
@@ -140,7 +140,7 @@ def without_self_check(trajs: list[dict], hid: list[bool], vis: list[bool]) -> d
         # the first round whose answer passed what the agent saw (self_check_scope=task goes on past it when unsure)
         last = next((a for a in t["attempts"] if a.get("self_check")), None)
         if last is None:
-            return t["first_pass_round"] is not None
+            return t["passed_round"] is not None
         ran = [r["call"] for r in last["rejected"] if r.get("status") == "passed"] + [last["candidate"]]
         return candidate_verdict(last, min(ran))
 
