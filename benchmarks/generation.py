@@ -48,7 +48,7 @@ from serving.cores import usable_cores  # noqa: E402
 from serving.engine import BatchEngine  # noqa: E402
 from serving.hf import resolve_device, resolve_dtype  # noqa: E402
 from serving.machine import describe  # noqa: E402
-from serving.skinny import use_skinny_matmul  # noqa: E402
+from serving.skinny_matmul import use_skinny_matmul  # noqa: E402
 
 CONFIGS = ROOT / "benchmarks" / "configs"
 
@@ -158,12 +158,12 @@ def hf_continuous(model, prompts, new_tokens, device, one_at_a_time=False):
 
 
 def kept_run(kind, model, tok, prompts, new_tokens, batch, max_context, decode_ids=True):
-    """What fixlab serves through on a GPU (serving/kept.py): transformers' continuous batching or its static
+    """What fixlab serves through on a GPU (serving/hf_batching.py): transformers' continuous batching or its static
     cache (compiled on a GPU), fed from `batch` threads at once as a job's workers feed it. Every batch width is run
     once untimed first (a static cache compiles per width)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from serving.kept import ContinuousServer, StaticServer
+    from serving.hf_batching import ContinuousServer, StaticServer
 
     kw = dict(eos_ids=set(), pad_id=0, max_context=max_context, max_batch=batch)
     srv = ContinuousServer(model, tok, **kw) if kind == "continuous" else StaticServer(model, tok, gather_ms=200, **kw)
@@ -399,7 +399,7 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = the cores we may use)")
     ap.add_argument("--hf-cb", action="store_true", help="also time transformers' generate_batch")
     ap.add_argument("--kept", action="store_true", help="also time fixlab's servers on transformers' static cache "
-                    "(+ compile on a GPU) and continuous batching (serving/kept.py), at every --batches width")
+                    "(+ compile on a GPU) and continuous batching (serving/hf_batching.py), at every --batches width")
     ap.add_argument("--vllm", action="store_true", help="also time vLLM's offline engine, where it is installed")
     ap.add_argument("--hf-batched", action="store_true", help="also time transformers generate on each batch as "
                     "one left-padded batch")

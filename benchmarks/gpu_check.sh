@@ -3,7 +3,7 @@
 # minutes): the Qwen2.5-Coder-1.5B architecture with random weights on CUDA, new tokens per second at 1, 32 and 128
 # concurrent requests, warm, side by side in one results file:
 #   fixlab's engine; plain `generate` (each batch left-padded); transformers' continuous batching (`generate_batch`);
-#   fixlab's two servers on kept libraries (serving/kept.py: static cache + torch.compile, continuous
+#   fixlab's two servers on kept libraries (serving/hf_batching.py: static cache + torch.compile, continuous
 #   batching), which `runtime: auto` races on a GPU; and vLLM's offline engine where vLLM is installed.
 # Greedy agreement with one-at-a-time `generate` is in each row (bf16 near-ties on random weights may flip a token).
 # The results file is saved after every row, so a lease that ends early keeps what was measured.

@@ -27,7 +27,7 @@ from serving import cache_root
 from agents.types import Task, Trajectory
 from sandboxes.config import SandboxConf
 
-from .neutral import without_neutral
+from .result_neutral import without_neutral
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENTS = REPO_ROOT / "agents"

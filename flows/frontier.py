@@ -12,7 +12,7 @@ also to a file), JSON (--json), a picture (--out: PNG, and an HTML page beside i
 on an MLflow run (the sweep's parent when given one, else a new run tagged fixlab.kind=frontier; --no-mlflow skips).
 
 What the frontier is, how configurations are named and grouped and how its steps are tested:
-flows/analysis/frontier.py (records: flows/analysis/records.py; the table and page: render.py; the picture:
+flows/analysis/pareto.py (records: flows/analysis/records.py; the table and page: render.py; the picture:
 figures.py). This module is the command and the MLflow logging; it re-exports the analysis' names.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from .analysis.figures import figure, png_bytes, svg_text
-from .analysis.frontier import (ABSENT, AXIS_NAMES, COST_AXES, NOT_A_KNOB, Config, Frontier, Step, configurations, frontier, pair_step,
+from .analysis.pareto import (ABSENT, AXIS_NAMES, COST_AXES, NOT_A_KNOB, Config, Frontier, Step, configurations, frontier, pair_step,
                                 pareto, steps_along)
 from .analysis.records import (COSTS, REPO, RESULTS, ROUND_COSTS, FrontierError, Record, budgets, commit_of,
                                config_defaults, cost_by_round, param_values, record_from_run,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agents.types import passed_at
 
-from .analysis.frontier import configurations
+from .analysis.pareto import configurations
 from .analysis.records import RESULTS, FrontierError, Record, price_per_task, records_from_files
 from .markdown import ci, rate, table
 from .stats import paired

@@ -28,7 +28,7 @@ from prefect import flow
 from .config import ConfigError, settings_from
 from .core import task_order
 from .markdown import table
-from .neutral import config_diff
+from .result_neutral import config_diff
 from .schema import CONF_DIR, NightlyConf, describe, typed
 from .tracking import RunTracker
 FLOW_NAME = "fixlab-nightly"

@@ -46,7 +46,7 @@ def differs(a: Run, b: Run) -> str:
     """What changes answers between two runs' resolved configs: result-neutral settings left out, and a knob one run
     lacks counted equal to the other's default (a run from before the knob did what its default does)."""
     from .analysis.records import param_values
-    from .neutral import config_diff
+    from .result_neutral import config_diff
 
     pa, pb = param_values(a.params or {}), param_values(b.params or {})
     keys = [k for k in config_diff(pa, pb)
@@ -335,7 +335,7 @@ def section_speed(files: dict) -> list[str]:
 
 # --- the documents --------------------------------------------------------------------------------------------
 def frontier_of(results: Path, protocol: str = FRONTIER_PROTOCOL):
-    from .analysis.frontier import frontier
+    from .analysis.pareto import frontier
     from .analysis.records import records_from_files
 
     return frontier(records_from_files(sorted(results.glob("fullsize-*.json"))), model=FRONTIER_MODEL,

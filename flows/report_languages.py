@@ -3,13 +3,13 @@ table (make eval's config, and another, in each language with the paired verdict
 by the test doubles per language and backend, and the leaderboard (flows/leaderboard.py's rows)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from sandboxes.languages import NAMES
 
 from .markdown import ALPHA, ci, link, pts, pval, rate, table, wrap
 from .analysis.sweeps import Sweep, pair_runs
+from .results import read
 
 
 def section_languages(sweeps: dict[str, Sweep], cur: dict, results: Path) -> list[str]:
@@ -22,7 +22,7 @@ def section_languages(sweeps: dict[str, Sweep], cur: dict, results: Path) -> lis
     langs = [lang for lang in NAMES if all(lang in spec["configs"][n] for n in names)]
     ref = ref_about = None
     if spec.get("reference"):  # the authors' own figures, as published, beside ours (a results file of kind reference)
-        doc = json.loads((results / spec["reference"]).read_text())
+        doc = read(results / spec["reference"])
         ref, ref_about = doc["models"][0], doc["about"]
     body = []
     for lang in langs:
@@ -37,7 +37,6 @@ def section_languages(sweeps: dict[str, Sweep], cur: dict, results: Path) -> lis
                            f"p {pval(p.p_value)}: "
                            f"{'no verdict' if p.p_value >= ALPHA else 'better' if p.diff > 0 else 'worse'}")
         files = " / ".join(link(sweeps[spec["configs"][n][lang]].file) for n in names)
-        first = spec["configs"][names[0]][lang]
 
         def cost(run, key):
             wall = run.cost.get("wall_s")  # a resumed job's covers only its last part

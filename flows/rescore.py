@@ -34,6 +34,7 @@ from agents.types import Attempt, Task, Trajectory
 
 from .answers import FORMATS, RescoreError, Source, answers_for, code_of, read_file, read_run
 from .config import ConfigError
+from .results import read
 
 USAGE = ("usage: python -m flows.rescore RUN_ID [overrides]  |  python -m flows.rescore --answers FILE "
          "[--format auto|bigcode|evalplus|fixlab] [overrides]")
@@ -275,7 +276,7 @@ def _link(tracker, summary: dict, source: Source, agreement: dict | None) -> Non
     rid = tracker.run_id
     results = Path(summary.get("results_file") or "")
     if results.is_file():  # the results file says what it judged again, and how the verdicts agreed
-        data = json.loads(results.read_text())
+        data = read(results)
         data["runs"][0]["rescore"] = {"source": source.label, "format": source.kind, "agreement": agreement}
         results.write_text(json.dumps(data, indent=1) + "\n")
     try:

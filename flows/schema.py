@@ -8,7 +8,7 @@ and holds only what differs from it. A wrong key or type, in a yaml file, on the
 one line that names it and the nearest valid key (`describe`).
 
 A setting that changes no answer (where a job runs, how fast, what it logs) carries `metadata={"neutral": why}` on
-its field; on a field that holds a group (runner, tracking, nightly) it covers the whole group. flows/neutral.py
+its field; on a field that holds a group (runner, tracking, nightly) it covers the whole group. flows/result_neutral.py
 derives the result-neutral keys from these records and `ServingParams` (a run's recorded path).
 """
 from __future__ import annotations

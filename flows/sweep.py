@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from .mark_killed import OpenRun
-from .neutral import config_diff
+from .result_neutral import config_diff
 from .schema import TrackingConf, typed
 from .stream import stream_plan
 from .tracking import PARENT_ENV, RunTracker, git_state

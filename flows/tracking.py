@@ -23,7 +23,7 @@ from typing import Iterable
 
 from .config import ConfigError
 from .core import safe_name, task_order
-from .neutral import config_diff
+from .result_neutral import config_diff
 from .schema import TrackingConf
 from .traces import flush_traces, log_trace, logged_trace_keys, verdict
 from .tracking_store import (DRIVERS, MLRUNS, STORE_LOCK_POLL_S, STORE_LOCK_WAIT_S, artifact_root, brief_store_waits,

@@ -1,7 +1,7 @@
 """The sandbox's typed settings, one record per backend: the only place their defaults are defined.
 conf/sandbox/<name>.yaml picks a record as its schema (flows/schema.py) and holds only what differs from it.
 A setting that changes no verdict (how programs are started, not what they may do) says so on its field:
-`metadata={"neutral": why}` (flows/neutral.py). A new backend adds its record here (deriving from SandboxConf), its
+`metadata={"neutral": why}` (flows/result_neutral.py). A new backend adds its record here (deriving from SandboxConf), its
 entry in SANDBOX_CONFS and its case in sandboxes/__init__.py make_sandbox."""
 from __future__ import annotations
 

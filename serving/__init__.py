@@ -40,7 +40,7 @@ def serves(conf) -> bool:
 def build(conf: TransformersModelConf | LlamaCppModelConf, tuning: EngineTuning | None = None,
           beside: Callable[[], None] | None = None) -> Model:
     """The model a config serves through: the one entry the job calls for a model that runs here. transformers:
-    fixlab's engine, transformers' own batching (kept.py) or, for a registry pack, llama.cpp, as configured or
+    fixlab's engine, transformers' own batching (hf_batching.py) or, for a registry pack, llama.cpp, as configured or
     measured here (runtime.py; prints the path line and remembers the path for `recorded_path`); llamacpp: llama.cpp
     embedded in the job. A missing pip extra is one line naming it. `tuning`: the engine's internal settings for a
     transformers config (None: the defaults, what every job runs; tests and benchmarks set others). `beside`: work

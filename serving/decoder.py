@@ -1,4 +1,4 @@
-"""A step's decoder layers as one compiled call (kernels.c section 8): what packed.py's Python loop does for each
+"""A step's decoder layers as one compiled call (kernels.c section 8): what unpadded.py's Python loop does for each
 layer of a CPU float32 Qwen2 or Llama model with int8 projections, for the real positions of a decode step, a draft
 step or the prefill of rows whose kept KV the cache already holds (a prefix hit).
 
@@ -11,7 +11,7 @@ Every value is the one the loop gives (tests/test_decoder.py). The loop's two to
 (`x.pow(2).mean(-1)`) and SiLU, are done as torch does them: its float sum's order and its own Sleef exp, taken from
 libtorch. Which vector width and which exp this torch uses on this CPU is found at first use by comparing with torch
 (`_torch_order`); where nothing matches, or a step falls outside what the C loop does (another model, a kernel plan
-other than fixlab's, a float32 cache), `forward` returns None and packed.py runs its loop.
+other than fixlab's, a float32 cache), `forward` returns None and unpadded.py runs its loop.
 """
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ class Stack:
         if st is False:
             try:
                 st = cls._build(model)
-            except Exception:  # anything unexpected in a model's layout: packed.py's loop serves it
+            except Exception:  # anything unexpected in a model's layout: unpadded.py's loop serves it
                 log.warning("compiled decoder layers unavailable", exc_info=True)
                 st = None
             model.__dict__["_fixlab_decoder"] = st
@@ -201,7 +201,7 @@ class Stack:
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache,
                 index: torch.Tensor | None) -> torch.Tensor | None:
-        """packed.forward's result (the last hidden states at the real positions, the cache's new columns written),
+        """unpadded.forward's result (the last hidden states at the real positions, the cache's new columns written),
         or None, having changed nothing, where this step is not one the C loop does."""
         from transformers.masking_utils import create_causal_mask
 
@@ -286,7 +286,7 @@ _lock = threading.Lock()
 
 
 def forward(model, ids, mask, pos, cache, index):
-    """packed.forward through the compiled layers, or None where they do not apply (see Stack.forward)."""
+    """unpadded.forward through the compiled layers, or None where they do not apply (see Stack.forward)."""
     with _lock:
         st = Stack.of(model)
     return None if st is None else st.forward(ids, mask, pos, cache, index)

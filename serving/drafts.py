@@ -7,7 +7,7 @@ step costs what its real tokens cost (padding positions of rows with shorter dra
 is as long as the match it follows earns (PER_MATCHED; benchmarks/drafts.py sets the rules side by side). Rejected
 columns stay in the cache, masked out, until they are HOLES_SHARE of the held tokens; then the
 cache is rebuilt without them. `Generation.draft_tokens` / `draft_accepted` count them. The decoder layers of a draft
-step carry its real positions only (packed.py).
+step carry its real positions only (unpadded.py).
 `Drafts` is a mixin of BatchEngine: its methods run on the engine's batch state (rows, mask, positions, cache, stats)."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from . import packed
+from . import unpadded
 from .int8 import only_rows, reuse_output
 from .kvcache import _set_kv
 from .native import argmax
@@ -149,11 +149,11 @@ class Drafts:
 
     def _real_logits(self, feed: torch.Tensor, pos: torch.Tensor, only: torch.Tensor | None) -> torch.Tensor:
         """Logits of a draft step's real positions only, (positions, vocab) in row order: the decoder's hidden
-        states (over the real positions alone where packed.py runs the model), then the output layer on the real
+        states (over the real positions alone where unpadded.py runs the model), then the output layer on the real
         positions (a full (rows, K+1, vocab) float tensor is tens of MB a step at 32 rows). Models whose logits are
         more than the output layer of the last hidden state (scaled, soft-capped...) take the whole forward."""
         if self._packs:
-            h = packed.forward(self.model, feed, self._mask, pos, self._cache, only)
+            h = unpadded.forward(self.model, feed, self._mask, pos, self._cache, only)
             return self.model.lm_head(h).float()
         with only_rows(feed.numel(), only):
             if type(self.model).__name__ not in PLAIN_HEAD:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from agents.models.base import Generation, GenRequest, RequestError, cut_at_stop, too_long  # noqa: F401 (re-exported)
-from . import decoder, packed
+from . import decoder, unpadded
 from .admission import Admission, _first_line
 from .batching import gather
 from .drafts import Drafts
@@ -98,7 +98,7 @@ class BatchEngine(Admission, Drafts, Reuse):
         self._name = name
         # state of the running batch (touched only by the worker thread)
         self._rows: list[_Row] = []
-        self._packs = packed.can_pack(model)  # draft steps' decoder layers over their real positions (packed.py)
+        self._packs = unpadded.can_pack(model)  # draft steps' decoder layers over their real positions (unpadded.py)
         self._cache = None
         self._mask: torch.Tensor | None = None  # [B, T] 1 = real token
         self._pos: torch.Tensor | None = None  # [B] position id of the next token fed
@@ -248,10 +248,10 @@ class BatchEngine(Admission, Drafts, Reuse):
         return out.logits[:, -1, :].float()
 
     def _decode_forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
-        """A decode step's logits (rows, vocab): where packed.py runs the model, its layers (one compiled call where
+        """A decode step's logits (rows, vocab): where unpadded.py runs the model, its layers (one compiled call where
         decoder.py applies) and then the output layer, the values transformers' forward gives; else that forward."""
         if self._packs:
-            return self._head(packed.forward(self.model, ids, mask, pos, cache, None)).float()
+            return self._head(unpadded.forward(self.model, ids, mask, pos, cache, None)).float()
         return self._forward(ids, mask, pos, cache)
 
     def _prefill_forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache,

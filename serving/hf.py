@@ -28,7 +28,7 @@ from .tuning import EngineTuning, prefill_tokens  # noqa: E402
 
 class TransformersModel:
     def __init__(self, cfg: TransformersModelConf, runtime: str = "engine", tuning: EngineTuning | None = None):
-        """`runtime`: what batches the requests: fixlab's engine (engine.py) or transformers' own (kept.py:
+        """`runtime`: what batches the requests: fixlab's engine (engine.py) or transformers' own (hf_batching.py:
         continuous, static); runtime.py decides it. `tuning`: the engine's internal settings (tuning.py; None = its
         defaults, what the product runs: tests and benchmarks set others)."""
         import torch
@@ -91,7 +91,7 @@ class TransformersModel:
     def use_runtime(self, runtime: str) -> None:
         """Serve through `runtime` (engine | continuous | static) from now on, on the weights already loaded (the
         GPU race times each in turn); what served before is closed."""
-        from .kept import KEPT_RUNTIMES, ContinuousServer, StaticServer
+        from .hf_batching import KEPT_RUNTIMES, ContinuousServer, StaticServer
 
         cfg, tuning = self.cfg, self.tuning
         if runtime not in ("engine",) + KEPT_RUNTIMES:
@@ -160,7 +160,7 @@ class TransformersModel:
             read_embedding_rows(self.model)
         self.packed_linears = 0
         if self.choice.runtime != "engine":
-            return  # transformers' own batching (kept.py) runs its own attention and torch's linears
+            return  # transformers' own batching (hf_batching.py) runs its own attention and torch's linears
         if self.device.type == "cpu" and self.dtype == torch.float32 and native_kernels():
             # what stays float32 (the lm_head beside int8 weights, or every linear): one chain per output, the same
             # at any number of rows (f32.py); BLAS's sums depend on the batch
@@ -169,7 +169,7 @@ class TransformersModel:
             self.packed_linears = pack_float_linears(self.model)
         if self.device.type == "cpu" and self.dtype == torch.float32 and self.tuning.skinny_matmul:
             # fp32 only: oneDNN's bf16 kernels are already fast for a few rows (skinny was slower there)
-            from .skinny import use_skinny_matmul
+            from .skinny_matmul import use_skinny_matmul
 
             use_skinny_matmul(self.model)
         if self.device.type == "cpu" and self.tuning.sdpa_gqa:
@@ -250,7 +250,7 @@ class TransformersModel:
         from transformers import GenerationConfig
 
         from agents.models.base import answer_budget
-        from .kept import finish
+        from .hf_batching import finish
 
         n = len(ids)
         max_new = answer_budget(request, n, self.max_context)

@@ -54,7 +54,7 @@ class Choice:
     weights: str  # int8 | dtype
     dtype: str  # float32 | bfloat16: the dtype of everything that is not an int8 matmul
     int8: dict | None  # the Int8Plan's fields (weights int8)
-    runtime: str = "engine"  # engine | llamacpp | continuous | static (transformers' own batching: kept.py)
+    runtime: str = "engine"  # engine | llamacpp | continuous | static (transformers' own batching: hf_batching.py)
     reason: str = ""
     matmul_ms: dict = field(default_factory=dict)  # path -> {rows: ms of a decode step's matmuls}
     decode_tok_s: dict = field(default_factory=dict)  # runtime -> decode tokens/s of 32 real requests (step 2)
@@ -154,7 +154,7 @@ def _linears(path: str, shapes: list[tuple[int, int]], copies: int) -> list[list
     import torch
 
     from . import native
-    from .skinny import _skinny_linear
+    from .skinny_matmul import _skinny_linear
     from .int8 import Int8Linear, Int8Plan
 
     out = []

@@ -124,7 +124,7 @@ def _build_local(cfg: TransformersModelConf, tuning: EngineTuning):
     from .devices import BadModelConfig
     from .hf import TransformersModel
 
-    from .kept import KEPT_RUNTIMES
+    from .hf_batching import KEPT_RUNTIMES
 
     runtime = str(cfg.runtime or "auto").strip().lower()
     if runtime not in ("auto", "engine", "llamacpp") + KEPT_RUNTIMES:
@@ -174,14 +174,14 @@ def _on_gpu(cfg: TransformersModelConf) -> bool:
 
 
 def _kept_race(cfg: TransformersModelConf, tuning: EngineTuning):
-    """On a GPU, `runtime: auto` serves through the faster of transformers' two batched paths (kept.py), timed on the
+    """On a GPU, `runtime: auto` serves through the faster of transformers' two batched paths (hf_batching.py), timed on the
     loaded model at `max_batch` real requests, each path warm (a first pass compiles; the second is the figure), then
     cached per GPU, model shapes and settings. fixlab's engine is not raced there: it lost to both on a GPU
     (benchmarks/gpu_check.sh's results files)."""
     import torch
 
     from .hf import TransformersModel
-    from .kept import KEPT_RUNTIMES
+    from .hf_batching import KEPT_RUNTIMES
 
     model = TransformersModel(cfg, runtime=KEPT_RUNTIMES[0], tuning=tuning)
     gpu = torch.cuda.get_device_name(model.device)

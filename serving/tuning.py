@@ -25,7 +25,7 @@ class EngineTuning:
     int8_native: bool = field(default=True, metadata={"neutral": "bit-equal: compiled loops or eager ops"})
     # which kernel multiplies int8 weights: auto = measured here per number of rows (paths.py); torch | fixlab: forced
     int8_kernel: str = field(default="auto", metadata={"neutral": "bit-equal: exact integer products either way"})
-    # cpu fp32: decode matmuls as W @ x.T, which MKL runs faster than x @ W.T at a few rows (skinny.py says why)
+    # cpu fp32: decode matmuls as W @ x.T, which MKL runs faster than x @ W.T at a few rows (skinny_matmul.py says why)
     skinny_matmul: bool = field(default=True, metadata={"neutral": SPEED})
     # cpu: SDPA's grouped K/V heads under a padding mask, not K/V repeated per query head (much faster for
     # Qwen2.5's 14:2)

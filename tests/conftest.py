@@ -30,7 +30,7 @@ LONGEST_FIRST = ("test_repeat_real.py", "test_repeat_nightly.py", "test_resume.p
                  "test_stream.py", "test_models_packs.py", "test_concurrency.py", "test_harness_e2e.py", "test_languages_agents.py",
                  "test_dask.py", "test_lang_java.py", "test_lang_rust.py", "test_lang_go.py",
                  "test_sweep_cache.py", "test_models_llamacpp.py", "test_nightly.py", "test_mlflow_sweep.py",
-                 "test_sandbox_attacks.py", "test_mlflow_postgres.py", "test_kept_runtimes.py", "test_trace.py",
+                 "test_sandbox_attacks.py", "test_mlflow_postgres.py", "test_hf_batching.py", "test_trace.py",
                  "test_real_model.py", "test_agents_real_model.py", "test_report.py")
 
 

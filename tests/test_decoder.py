@@ -1,4 +1,4 @@
-"""A step's decoder layers as one compiled call (serving/decoder.py) give what packed.py's Python loop gives:
+"""A step's decoder layers as one compiled call (serving/decoder.py) give what unpadded.py's Python loop gives:
 the hidden states and the cache's new keys and values, bit for bit, for a decode step and a draft step, Qwen2 and
 Llama, so the engine's answers do not move (issue #52). And torch's own variance and SiLU, which the C loop does
 itself, are matched at these widths on this CPU."""
@@ -36,7 +36,7 @@ def _prefilled(model, lengths: list[int]):
     from transformers import DynamicCache
 
     from serving.kvcache import _GrowingLayer
-    from serving.packed import loop
+    from serving.unpadded import loop
 
     T = max(lengths)
     ids = torch.randint(0, 512, (len(lengths), T))
@@ -67,7 +67,7 @@ def _clone(cache):
 @pytest.mark.parametrize("feed", [1, 3])
 def test_compiled_layers_give_the_loops_hidden_states_and_cache_bit_for_bit(arch, feed):
     from serving import decoder
-    from serving.packed import loop
+    from serving.unpadded import loop
 
     model = _model(arch, 128, 256)
     cache, mask = _prefilled(model, [9, 4, 13, 1, 7])
@@ -115,7 +115,7 @@ def test_a_variance_in_another_order_is_caught():
 
 
 def test_the_engine_answers_the_same_with_the_compiled_layers_as_with_the_loop(tmp_path, monkeypatch):
-    """Decode steps, draft steps and prefix-hit prefills through the compiled layers, and through packed.py's loop:
+    """Decode steps, draft steps and prefix-hit prefills through the compiled layers, and through unpadded.py's loop:
     every answer the same, the first turn and the follow-ups that hit the prefix store."""
     from serving import decoder
     from tests.test_determinism import follow_ups, load, requests, together

@@ -356,7 +356,7 @@ def test_a_configurations_label_is_its_difference_from_the_defaults_whatever_els
     """Each full-size results file loaded alone labels its configurations as it does among all the others: a label
     names what a configuration sets away from its strategy's and model's defaults, not what the other loaded runs
     happen to set (issue #51: "single_shot iters=0" once named two different configurations)."""
-    from flows.analysis.frontier import configurations
+    from flows.analysis.pareto import configurations
     from flows.analysis.records import records_from_file
 
     files = sorted((REPO / "benchmarks" / "results").glob("fullsize-*.json"))

@@ -235,3 +235,18 @@ def test_no_production_file_is_over_500_lines_but_the_kernels():
            for p in sorted((REPO / pkg).rglob(kind))
            if (n := len(p.read_text().splitlines())) > 500 and p.name != "kernels.c"]
     assert not big, "\n".join(big)
+
+
+def test_the_strategy_knob_table_is_the_strategies_records():
+    """agents/README.md's knob table names every strategy knob the records have, and no knob they lack (a knob
+    retired or renamed without the table, or added without a line, is caught here)."""
+    import dataclasses
+    import re
+
+    from agents.config import STRATEGY_CONFS
+
+    text = (REPO / "agents" / "README.md").read_text()
+    table = text.split("## Strategy knobs", 1)[1].split("\n\n", 1)[0]
+    named = {m for m in re.findall(r"^\| ([a-z_]+) \|", table, flags=re.M) if m != "knob"}
+    knobs = {f.name for r in STRATEGY_CONFS.values() for f in dataclasses.fields(r)} - {"name"}
+    assert named == knobs, (sorted(named - knobs), sorted(knobs - named))

@@ -271,7 +271,7 @@ def test_the_prefill_width_is_derived_from_the_mlp_width(tiny):
 
 
 def test_skinny_matmul_matches_linear():
-    from serving.skinny import _SKINNY_MAX_ROWS, use_skinny_matmul
+    from serving.skinny_matmul import _SKINNY_MAX_ROWS, use_skinny_matmul
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(48, 96), torch.nn.Linear(96, 40, bias=False))

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 from agents.config import AgentConfig, SingleShotConf
 from agents.models.config import TransformersModelConf
 from flows.cache import TrajectoryCache
-from flows.neutral import neutral_keys, result_neutral
-from flows.neutral import config_diff
+from flows.result_neutral import neutral_keys, result_neutral
+from flows.result_neutral import config_diff
 from flows.schema import GROUPS
 from sandboxes.config import LocalSandboxConf
 

@@ -2,7 +2,7 @@
 conf/model/<name>.yaml picks a record as its schema (flows/schema.py) and holds only what differs from it:
 which weights, and the runtime knobs a model was measured faster with. The local engine's internal settings are not
 here: serving/tuning.py EngineTuning. A knob that changes no answer (where a job
-runs and how fast) says so on its field: `metadata={"neutral": why}` (flows/neutral.py derives the list from it)."""
+runs and how fast) says so on its field: `metadata={"neutral": why}` (flows/result_neutral.py derives the list from it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,7 +45,7 @@ class TransformersModelConf(ModelConf):
     # would flip tokens first; [] quantizes it too (faster decode, other numerics)
     int8_skip: list[str] = field(default_factory=lambda: ["lm_head"])
     # engine = fixlab's engine; llamacpp = llama.cpp on a pack's GGUF; continuous / static = transformers' continuous
-    # batching / static cache (+ torch.compile on a GPU; serving/kept.py); auto = measured here: on a GPU the
+    # batching / static cache (+ torch.compile on a GPU; serving/hf_batching.py); auto = measured here: on a GPU the
     # faster of continuous and static, on a CPU the engine (or, for a pack, llama.cpp where it is faster and the
     # engine's answers would not repeat)
     runtime: str = "engine"

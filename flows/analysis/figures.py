@@ -1,5 +1,5 @@
 """The frontier's picture (matplotlib, drawn off screen): pass@1 with its interval against cost per task, as a figure,
-PNG bytes or SVG text. Each function reads a Frontier's fields (flows/analysis/frontier.py)."""
+PNG bytes or SVG text. Each function reads a Frontier's fields (flows/analysis/pareto.py)."""
 from __future__ import annotations
 
 import io

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agents.types import cut, passed_at, row_verdicts
 
-from ..neutral import param_values
+from ..result_neutral import param_values
 from ..results import ResultsError, read
 from ..schema import CONF_DIR, GROUPS, JobConf
 

@@ -1,4 +1,4 @@
-"""The frontier (flows/analysis/frontier.py's Frontier) as text: the markdown table with its verdicts and notes, the
+"""The frontier (flows/analysis/pareto.py's Frontier) as text: the markdown table with its verdicts and notes, the
 paragraph that says it in words, and the self-contained HTML page the MLflow UI shows (the picture inline as SVG:
 flows/analysis/figures.py). Each function reads a Frontier's fields (its configs: Config, its steps: Step)."""
 from __future__ import annotations

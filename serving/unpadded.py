@@ -10,7 +10,7 @@ are never read, cpu_attention.py). Side by side on the 2-core Xeon (benchmarks/d
 a draft step at 24 rows took somewhat less time, and much less held to AVX2 (FIXLAB_CPU_ISA=avx2).
 
 Every position's numbers are those of the padded layers and of its row alone (per-row matmuls and norms, element-wise
-rotary and adds, each query's attention over its own row: tests/test_packed.py), so answers do
+rotary and adds, each query's attention over its own row: tests/test_unpadded.py), so answers do
 not move.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A step's decoder layers over its real positions only (serving/packed.py) give each real position the numbers
+"""A step's decoder layers over its real positions only (serving/unpadded.py) give each real position the numbers
 the padded layers give it, and those a row fed alone gets: hidden states and the
 keys and values written to the cache, bit for bit, so the engine's answers do not move (issue #52)."""
 from __future__ import annotations
@@ -34,7 +34,7 @@ def _padded_forward(model, ids, mask, only):
 
 
 def _packed(model, ids, mask, only):
-    from serving.packed import forward
+    from serving.unpadded import forward
 
     cache = _cache(model.config)
     with torch.inference_mode():
@@ -48,7 +48,7 @@ def test_packed_layers_give_each_real_position_its_padded_and_alone_numbers(arch
     from serving.cpu_attention import use_grouped_attention
     from serving.fused import use_fused_ops
     from serving.int8 import quantize_int8
-    from serving.packed import can_pack
+    from serving.unpadded import can_pack
     from tests.tiny_models import tiny_qwen2
 
     config = tiny_qwen2(hidden_size=128, intermediate_size=256) if arch == "qwen2" else LlamaConfig(

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 from agents.types import passed_at
 
-from ..neutral import result_neutral
+from ..result_neutral import result_neutral
 from ..stats import paired, wilson
 from .records import FrontierError, Record, price_per_task
 

@@ -1,4 +1,4 @@
-"""transformers' own batched serving (serving/kept.py), what a GPU serves through, run here on the CPU with a
+"""transformers' own batched serving (serving/hf_batching.py), what a GPU serves through, run here on the CPU with a
 tiny real Qwen2: what users rely on is that concurrent requests through continuous batching or the static cache get
 what transformers' one-at-a-time `generate` gives them (greedy tokens, stop strings, finish reasons, token counts),
 that `runtime: auto` on a GPU times both on the loaded model, keeps the faster and caches the decision, and that the
