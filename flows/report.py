@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from .analysis.figures import png_bytes
-from .analysis.records import FrontierError
 from .markdown import ALPHA, ci, link, minutes, pts, pval, rate, rounds, table, tok, wrap
 from .report_languages import (section_checks, section_languages, section_leaderboard, section_pass_at_k,
                                section_rescores)
@@ -43,8 +42,7 @@ def family(m: dict) -> str:
 
 # --- pairs ----------------------------------------------------------------------------------------------------
 def differs(a: Run, b: Run) -> str:
-    """What changes answers between two runs' resolved configs: result-neutral settings left out, and a knob one run
-    lacks counted equal to the other's default (a run from before the knob did what its default does)."""
+    """What changes answers between two runs' resolved configs (result_neutral.config_diff), in words."""
     from .analysis.records import param_values
     from .result_neutral import config_diff
 
@@ -422,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         outputs = ((args.doc, results_document(args.results)),
                    (args.readme, readme_with_headline(args.readme.read_text(), args.results)),
                    (args.doc.parent / PICTURE.name, png_bytes(frontier_of(args.results))))
-    except (ReportError, FrontierError) as e:
+    except ReportError as e:  # the frontier's FrontierError is the same class
         print(f"flows.report: {e}", file=sys.stderr)
         return 2
     read = lambda p, c: p.read_bytes() if isinstance(c, bytes) else p.read_text()  # noqa: E731

@@ -9,11 +9,10 @@ import yaml
 
 from agents.types import passed_at
 
-from ..results import ResultsError, load_dir, machine_words
+from ..results import ReportError, load_dir, machine_words
 from ..stats import Paired, paired
 from .records import Run, read_runs
 
-ReportError = ResultsError
 
 
 @dataclass
