@@ -10,17 +10,26 @@ UI_PORT ?= 5000
 
 setup: $(STAMP)
 
-# The job's own needs: the venv and bubblewrap (the sandbox's jail). The tests' (Chromium, PostgreSQL, Docker) and the
-# other languages' toolchains come with `make test` (setup-test); a job in another language installs its toolchain
-# itself on first use, with one line saying so (sandboxes/toolchains.py).
+# The job's own needs: the venv with the engine's extra and bubblewrap (the sandbox's jail). The other extras (llama.cpp,
+# E2B, Dask, PostgreSQL) and the test tools, the tests' system packages (Chromium, PostgreSQL, Docker) and the other
+# languages' toolchains come with `make test` (setup-test); a job that needs a missing extra says which in one line
+# (agents/extras.py), and a job in another language installs its toolchain itself on first use (sandboxes/toolchains.py).
+EVAL_EXTRAS ?= local
 $(STAMP): pyproject.toml
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		(apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) \
 		&& echo "setup: installed bubblewrap" ; } || echo "setup: bubblewrap not installed (sandbox falls back to rlimits only)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[all,test]'
+	$(call install,.[$(EVAL_EXTRAS)])
 	@touch $(STAMP)
+
+# pip unpacks one wheel after another; uv (from PyPI, into the venv) installs the same pins several at a time, so a
+# fresh machine's setup waits less (benchmarks/first_use.py). uv reads no pip settings: PIP_FIND_LINKS (a folder of
+# local wheels, such as a CPU torch) is passed on. Where uv cannot be had or fails, pip installs it all.
+install = { $(PY) -m pip install -q uv >/dev/null 2>&1 && $(VENV)/bin/uv pip install -q --python $(PY) \
+	$$(for l in $$PIP_FIND_LINKS; do printf -- '--find-links %s ' "$$l"; done) -e '$(1)' 2>$(VENV)/.uv-said ; } || \
+	{ echo "setup: uv did not install $(1) ($$(tail -n 1 $(VENV)/.uv-said 2>/dev/null || echo no uv)); pip does" ; \
+	$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '$(1)' ; }
 
 # What only the tests use, installed where apt works (as root; never fails): Docker (sandbox=docker), Chromium (the UI
 # test), PostgreSQL (the MLflow-on-PostgreSQL test); then every language's toolchain, prepared once.
@@ -30,7 +39,9 @@ apt_install = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	&& echo "setup: installed $(1) ($(2))" ; } || echo "setup: $(1) not installed ($(2): its tests skip)"
 setup-test: $(TEST_STAMP)
 
+TEST_EXTRAS := all,test
 $(TEST_STAMP): $(STAMP)
+	$(call install,.[$(TEST_EXTRAS)])
 	@command -v dockerd >/dev/null 2>&1 || $(call apt_install,docker.io,sandbox=docker; build its image with make docker-image)
 	@command -v chromium >/dev/null 2>&1 || $(call apt_install,chromium,the UI test)
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || $(call apt_install,postgresql,the MLflow-on-PostgreSQL test)

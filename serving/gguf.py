@@ -257,7 +257,23 @@ def _dequantize_rows(raw, qtype, dequantize):
         return np.array(dequantize(raw, qtype), dtype=np.float32, copy=True)
     first = dequantize(raw[:1], qtype)
     out = np.empty((raw.shape[0], *first.shape[1:]), dtype=np.float32)
-    step = max(1, _DEQUANT_CHUNK // max(1, first.nbytes))
-    for i in range(0, raw.shape[0], step):
+    from .cores import usable_cores
+
+    threads = usable_cores()
+    # chunks small enough that every core has one: numpy's array operations, gguf's dequantize is made of, let go of
+    # the GIL, so the chunks are dequantized side by side (each into its own rows: the same values)
+    step = max(1, min(_DEQUANT_CHUNK // max(1, first.nbytes), -(-raw.shape[0] // threads)))
+
+    def chunk(i: int) -> None:
         out[i:i + step] = dequantize(raw[i:i + step], qtype)
+
+    starts = range(0, raw.shape[0], step)
+    if threads == 1 or len(starts) == 1:
+        for i in starts:
+            chunk(i)
+        return out
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(chunk, starts))
     return out

@@ -158,9 +158,31 @@ INT8_KERNELS = ("torch", "fixlab", "onednn")
 
 
 def onednn_available() -> bool:
-    """oneDNN's packed int8 matmul is in this torch (x86 CPU builds) and fixlab's scaling loop is built."""
+    """oneDNN's packed int8 matmul is in this torch (x86 CPU builds), fixlab's scaling loop is built, and oneDNN's
+    sums are exact on this CPU (_onednn_exact)."""
     return (hasattr(torch.ops.onednn, "qlinear_prepack") and torch.backends.mkldnn.is_available()
-            and kernels.available())
+            and kernels.available() and _onednn_exact())
+
+
+_EXACT: list[bool] = []  # _onednn_exact's answer, once per process
+
+
+def _onednn_exact() -> bool:
+    """Whether oneDNN's int8 products equal torch._int_mm's exact sums here, probed once on inputs at the ends of the
+    range Int8Linear rounds to. Where the CPU multiplies bytes into int32 lanes (VNNI, AMX) they do; on an AVX2-only
+    CPU oneDNN sums pairs of products in 16 bits first, which saturate at that range, so there it is no int8 kernel:
+    it would change answers (tests/test_paths.py)."""
+    if not _EXACT:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(-127, 128, (4, 128), generator=g, dtype=torch.int8)
+        w = torch.randint(-127, 128, (32, 128), generator=g, dtype=torch.int8)
+        x[0], x[1], w[:8], w[8:16] = 127, -127, 127, -127  # pairs of products past 16 bits, of either sign
+        want = torch._int_mm(x, w.t()).float()
+        got = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, torch.ops.onednn.qlinear_prepack(w, None),
+                                                 torch.ones(32), torch.zeros(32, dtype=torch.long), None, 1.0, 0,
+                                                 torch.float32, "none", [], "")
+        _EXACT.append(bool(torch.equal(got, want)))
+    return _EXACT[0]
 
 
 class Int8Linear(torch.nn.Module):

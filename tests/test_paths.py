@@ -230,7 +230,7 @@ def test_onednn_packed_int8_matmul_gives_exactly_the_int_mm_values():
     from serving.int8 import Int8Linear, Int8Plan, onednn_available
 
     if not onednn_available():
-        pytest.skip("this torch has no oneDNN int8 ops")
+        pytest.skip("this torch has no oneDNN int8 ops, or their sums are not exact on this CPU")
     g = torch.Generator().manual_seed(1)
     shapes = SHAPES
     probe = Int8Linear(torch.nn.Linear(1536, 1536), native=True, plan=Int8Plan("onednn", "onednn"))
@@ -251,6 +251,20 @@ def test_onednn_packed_int8_matmul_gives_exactly_the_int_mm_values():
                 want = ref(x)
                 assert torch.equal(one(x), want), (n, k, m, bias)
                 assert torch.equal(mixed(x), want), (n, k, m, bias)
+
+
+def test_onednn_is_an_int8_kernel_only_where_its_sums_are_exact():
+    """On a CPU that multiplies bytes into int32 lanes (VNNI, AMX) oneDNN's int8 sums are exact and it is a kernel;
+    on an AVX2-only one its 16-bit pair sums saturate (a Zen 3: outputs off by about 1 against torch._int_mm), so it
+    is neither timed nor chosen there."""
+    from serving import int8, machine
+
+    if not hasattr(torch.ops.onednn, "qlinear_prepack") or not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN int8 ops")
+    flags = set(machine.cpu()["flags"])
+    assert int8._onednn_exact() == bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    if not int8._onednn_exact() and native.available():
+        assert "int8:onednn" not in paths.matmul_paths()
 
 
 def test_the_int8_paths_are_timed_over_the_matrices_the_engine_multiplies():
@@ -275,6 +289,26 @@ def test_the_int8_paths_are_timed_over_the_matrices_the_engine_multiplies():
     assert sorted(paths.layer_shapes(shapes, "int8:fixlab")) == sorted(called)
     assert len(called) == 4 and len(paths.layer_shapes(shapes, "float32")) == 7
     assert sum(n * k for n, k in called) == sum(n * k for n, k in paths.layer_shapes(shapes, "float32"))
+
+
+def test_a_path_cut_at_its_probe_is_made_once_and_a_kept_one_gets_all_its_copies(monkeypatch):
+    """A first use must not spend seconds on a reference loop: a path after the first is probed on one copy of the
+    layer before its other copies and its output layer are made, and one CUT times slower than the best stops there."""
+    shapes = {"layer": [(8, 8)] * 7, "int8_layer": [(8, 8)] * 4, "layers": 2, "head": (16, 8)}
+    made = []  # (path, matrices, copies) of each _linears call
+
+    def linears(path, mats, copies):
+        made.append((path, len(mats), copies))
+        pause = 0.05 if path == "int8:slow" else 0.001  # slow: 50x the others, a reference loop
+        return [[(lambda x, pause=pause: time.sleep(pause)) for _ in mats] for _ in range(copies)]
+
+    monkeypatch.setattr(paths, "_linears", linears)
+    monkeypatch.setattr(paths, "_stream_bytes", lambda: 4 * 8 * 8 * 4)  # 4 copies of the int8 layer
+    table = paths.calibrate_matmuls(shapes, paths=["int8:fast", "int8:slow", "int8:also"], rows=(1, 8))
+    assert list(table["int8:slow"]) == [1] and set(table["int8:fast"]) == set(table["int8:also"]) == {1, 8}
+    assert made == [("int8:fast", 4, 4), ("int8:fast", 8, 1),  # the first path: its copies, then its output layer
+                    ("int8:slow", 4, 1),  # probed on one copy, cut: no more copies, no output layer
+                    ("int8:also", 4, 1), ("int8:also", 4, 3), ("int8:also", 8, 1)]  # kept: the rest, the head
 
 
 @pytest.mark.parametrize("weights", ["auto", "int8", "dtype"])
