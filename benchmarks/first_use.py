@@ -4,7 +4,7 @@ built, the flow begun), for this tree and another checkout (`--vs DIR`: a git wo
 turns so that drift in the machine falls on both. Nothing is reused between runs: each job has its own empty
 FIXLAB_CACHE, each venv is new, and pip's own cache is off (PIP_NO_CACHE_DIR), as on a fresh machine.
 
-    .venv/bin/python benchmarks/first_use.py [--runs 1] [--vs DIR] [--setup]
+    .venv/bin/python benchmarks/first_use.py [--runs 1] [--vs DIR] [--setup [--no-jobs]]
 
 `--setup` also times each tree's own `make setup` into a new venv (`VENV=`: its extras, its installer; the wheels come
 from the registry, not from this .venv; bubblewrap as it is). The job is make eval's, stopped with SIGTERM once its
@@ -111,6 +111,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1, help="first jobs a tree (each on its own empty cache)")
     ap.add_argument("--vs", default=None, help="another checkout to time in turn (a git worktree)")
     ap.add_argument("--setup", action="store_true", help="also time each tree's make setup into a new venv")
+    ap.add_argument("--no-jobs", action="store_true", help="time make setup alone (with --setup), no first jobs")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     trees = [REPO] + ([Path(args.vs).resolve()] if args.vs else [])
@@ -121,14 +122,14 @@ def main() -> None:
             for j, tree in enumerate(trees if args.setup else []):
                 setups[j].append(setup(tree, Path(tmp) / f"setup-{j}-{i}"))
                 print(f"{tree} make setup {i + 1}: {setups[j][-1]} s", flush=True)
-        for i in range(args.runs):
+        for i in range(0 if args.no_jobs else args.runs):
             for j, tree in enumerate(trees):
                 got = first_job(tree, Path(tmp) / f"job-{j}-{i}")
                 print(f"{tree} run {i + 1}: {got}", flush=True)
                 jobs[j].append(got)
     rows = [{"tree": "this" if j == 0 else "vs", "commit": commit(tree), "what": "make setup into a new venv",
              "runs": len(setups[j]), "setup_s": median(setups[j])} for j, tree in enumerate(trees) if setups[j]]
-    for j, tree in enumerate(trees):
+    for j, tree in enumerate(trees if jobs[0] else []):
         row = {"tree": "this" if j == 0 else "vs", "commit": commit(tree), "what": "make eval's first job",
                "runs": len(jobs[j])}
         row.update({p: median([r[p] for r in jobs[j]]) for p in PHASES if all(p in r for r in jobs[j])})

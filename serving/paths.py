@@ -37,8 +37,7 @@ from pathlib import Path
 from agents.models.config import TransformersModelConf
 from . import machine
 
-CACHE_VERSION = 5  # 2: weights streamed from memory, as a whole model's; 3: the cut's probe is warm; 4: runtime by job time;
-# 5: oneDNN's packed int8 kernel timed too
+CACHE_VERSION = 5  # 2: weights streamed as a model's; 3: the cut's probe warm; 4: runtime by job time; 5: oneDNN timed
 ROWS = (1, 8, 16, 32, 64, 128, 512)  # decode steps span 1-128 rows (tokens, drafts included); prefill 512+
 OTHER_ROWS = (1, 32, 128, 512)  # the paths other than int8 are ranked at 32 rows; one kernel serves every width
 DECODE_ROWS = 32  # the width the paths are ranked at: the default job decodes 32 rows most of the time
@@ -247,8 +246,7 @@ def calibrate_matmuls(shapes: dict, paths: list[str] | None = None, rows: tuple[
         t0 = time.perf_counter()
         mats = layer_shapes(shapes, path)
         copies = max(1, min(32, -(-_stream_bytes() // _weight_bytes(path, mats))))
-        # a path after the first is probed on one copy of the layer before the rest and the output layer are made:
-        # making them (random weights, packing) took longer than a reference loop's probe itself
+        # later paths: probed on one copy before the rest and the head are made (making them outlasts a probe)
         layers, head = _linears(path, mats, 1 if best1 is not None else copies), None
         out[path] = {}
         for m in (rows if path.startswith("int8:") else [r for r in rows if r in OTHER_ROWS] or rows):
