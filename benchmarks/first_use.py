@@ -1,5 +1,5 @@
-"""A fresh machine's first `make eval`, phase by phase: the tree's `make setup` into a new venv, then the first job on an
-empty fixlab cache (the pack's parts installed, joined and converted, this machine's paths timed, the model
+"""A fresh machine's first `make eval`, phase by phase: the tree's `make setup` into a new venv, then the first job on
+an empty fixlab cache (the pack's parts installed, joined and converted, this machine's paths timed, the model
 built, the flow begun), for this tree and another checkout (`--vs DIR`: a git worktree at an earlier commit), taking
 turns so that drift in the machine falls on both. Nothing is reused between runs: each job has its own empty
 FIXLAB_CACHE, each venv is new, and pip's own cache is off (PIP_NO_CACHE_DIR), as on a fresh machine.
@@ -28,10 +28,11 @@ sys.path.insert(0, str(REPO))
 
 from serving.machine import describe  # noqa: E402
 from flows.results import write  # noqa: E402
+from benchmarks.startup import commit  # noqa: E402 (the short commit of a tree)
 
 TITLE = "A fresh machine's first job, phase by phase (`benchmarks/first_use.py`)"
-TEXT = ("Seconds of each first-use phase: the tree's make setup into a new venv (its extras and installer, caches off), "
-        "then make "
+TEXT = ("Seconds of each first-use phase: the tree's make setup into a new venv (its extras and installer, caches "
+        "off), then make "
         "eval's first job on an empty fixlab cache: the pack's parts installed, joined with its sha256 checked, "
         "converted to float32, the machine's matmul paths timed, the model built, the flow begun (the job is stopped "
         "there). Each tree in turn; a phase's figure is the median over the runs.")
@@ -96,11 +97,6 @@ def _base_python() -> str:
     return getattr(sys, "_base_executable", None) or "python3"
 
 
-def commit(tree: Path) -> str:
-    p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
-    return p.stdout.strip() or "?"
-
-
 def median(xs: list[float]) -> float:
     xs = sorted(xs)
     return xs[len(xs) // 2]
@@ -134,8 +130,9 @@ def main() -> None:
                "runs": len(jobs[j])}
         row.update({p: median([r[p] for r in jobs[j]]) for p in PHASES if all(p in r for r in jobs[j])})
         rows.append(row)
-    dest = write("first_use", {"rows": rows, "runs": {str(j): jobs[j] for j in jobs}, "setups": {str(j): setups[j] for j in setups}}, title=TITLE, text=TEXT,
-                 table=TABLE, out=args.out, config={**vars(args), "trees": [str(t) for t in trees]},
+    data = {"rows": rows, "runs": {str(j): jobs[j] for j in jobs}, "setups": {str(j): setups[j] for j in setups}}
+    dest = write("first_use", data, title=TITLE, text=TEXT, table=TABLE, out=args.out,
+                 config={**vars(args), "trees": [str(t) for t in trees]},
                  machine=describe(load_avg_start=os.getloadavg()))
     for r in rows:
         print(r)
