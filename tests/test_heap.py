@@ -17,12 +17,15 @@ import json, sys, torch
 from serving.heap import free_heap_bytes, map_large_blocks
 if sys.argv[1] == "on":
     map_large_blocks()
-first = torch.empty(2 << 20)       # 8 MiB, mapped; once freed glibc raises its mmap threshold past it
+first = torch.empty(2 << 20)        # 8 MiB, mapped; once freed glibc raises its mmap threshold past it
 del first
+# Holes that torch's import left free in the heap would take the small blocks below, the large ones would lie
+# side by side at the top and go back to the OS when freed: fill every hole of 1 MiB and up first
+fillers = [torch.empty(1 << 18) for _ in range(int(free_heap_bytes()) // (1 << 20) + 1)]
 big, small = [], []
 for i in range(48):                 # KV-buffer-sized blocks, each followed by a small block that stays
     big.append(torch.ones(2 << 20))  # 8 MiB
-    small.append(torch.ones(1024))
+    small.append(torch.ones(1 << 18))  # 1 MiB: it can no longer fit in a hole below
 del big
 print(json.dumps({"free_heap_mib": free_heap_bytes() / 2**20}))
 """
