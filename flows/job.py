@@ -45,10 +45,10 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
     KILLED (flows/evaluate.py, flows/mark_killed.py), and with None when the job is over."""
     from .prefect_flow import check_runner, run_jobs
 
-    t0 = time.perf_counter()
-    usage = Usage()  # where the job's time went: the machine's CPU, the engine busy and idle (flows/usage.py)
+    usage = Usage()  # where the job's time went (flows/usage.py); its start is the job's, for wall_s too
     apply_offline(settings.offline)
     tasks, model = _tasks_and_model(settings, prefect_too=runner is None)
+    usage.model_ready()
     runner = runner or run_jobs
     check_runner(settings.runner)
     tracker = RunTracker(settings.tracking)
@@ -77,7 +77,7 @@ def run_job(settings: JobSettings, runner: Runner | None = None,
             raise KeyboardInterrupt
         trajs = store.load_all()  # read once: the summary, the rows, the MLflow files and the results file share them
         rows, dicts = list(_result_rows(trajs)), [t.to_dict() for t in trajs]
-        summary = _summary(tracker, trajs, rows, dicts, tasks, settings, run_id, t0)
+        summary = _summary(tracker, trajs, rows, dicts, tasks, settings, run_id, usage.t0)
         summary.update(_run_extras(settings, summary, bool(resume), usage, model))
         print(f"fixlab: {Usage.line(summary['usage'])}", file=sys.stderr, flush=True)
         status = _status(summary, trajs)

@@ -6,6 +6,10 @@ job's own process and its finished children (sandbox runs) in CPU seconds; its p
 fixlab's engine, the seconds it prefilled, decoded and sat idle with no request to serve (every task in the sandbox or
 in agent code), decode steps, rows a step and requests queued beside them. Read from /proc/stat, getrusage and the
 engine's running totals: no sampling, nothing on the hot path.
+
+`setup_s` is the wall before the job's model and sandbox were ready (on first use: the pack's parts installed and
+converted, the paths timed), `tasks_s` the rest. The engine's busy share is of `tasks_s`: over the whole wall, a first
+job's setup counted as time the engine sat unused, before it had a model to run.
 """
 from __future__ import annotations
 
@@ -30,10 +34,17 @@ class Usage:
 
     def __init__(self):
         self.t0, self.jiffies, self.times = time.perf_counter(), _machine_jiffies(), os.times()
+        self.ready: float | None = None
+
+    def model_ready(self) -> None:
+        """The model and sandbox are up: what follows is the tasks' time."""
+        self.ready = time.perf_counter()
 
     def finish(self, model=None) -> dict:
         wall = time.perf_counter() - self.t0
         out: dict = {"wall_s": round(wall, 1), "cores": os.cpu_count() or 1}
+        setup = (self.ready - self.t0) if self.ready is not None else 0.0
+        out["setup_s"], out["tasks_s"] = round(setup, 1), round(wall - setup, 1)
         end = _machine_jiffies()
         if self.jiffies and end and end[1] > self.jiffies[1]:
             busy, total = end[0] - self.jiffies[0], end[1] - self.jiffies[1]
@@ -62,14 +73,16 @@ class Usage:
                 "decode_steps": steps, "rows_a_step": round(stats.get("row_steps", 0) / steps, 1) if steps else None,
                 # requests that waited beside each step: for a free row (max_batch) or KV room (kv_cache_mib)
                 "queued_a_step": round(stats.get("queued_row_steps", 0) / steps, 1) if steps else None,
-                "busy_pct": round(100.0 * (stats.get("prefill_s", 0.0) + stats.get("decode_s", 0.0)) / wall, 1),
+                "busy_pct": round(100.0 * (stats.get("prefill_s", 0.0) + stats.get("decode_s", 0.0))
+                                  / max(wall - setup, 1e-9), 1),  # of the tasks' time
             }
         return out
 
     @staticmethod
     def line(u: dict) -> str:
         """One line for the job's stderr."""
-        parts = [f"usage: {u['wall_s']:.0f} s"]
+        setup = f" ({u['setup_s']:.0f} s model and sandbox, {u['tasks_s']:.0f} s tasks)" if u.get("setup_s") else ""
+        parts = [f"usage: {u['wall_s']:.0f} s{setup}"]
         if "machine_cpu_pct" in u:
             parts.append(f"machine CPU {u['machine_cpu_pct']:.0f}% of {100 * u['cores']}%")
         if "peak_rss_gib" in u:
@@ -79,7 +92,7 @@ class Usage:
             parts.append(f"huge pages {hp['mode']}" + (f", {hp['gib']:.2f} GiB on them" if hp.get("gib") else ""))
         e = u.get("engine")
         if e:
-            parts.append(f"engine busy {e['busy_pct']:.0f}% (prefill {e['prefill_s']:.0f} s, decode {e['decode_s']:.0f}"
-                         f" s at {e['rows_a_step']} rows a step, {e['queued_a_step']} more queued), idle {e['idle_s']:.0f} s"
-                         " waiting for requests")
+            parts.append(f"engine busy {e['busy_pct']:.0f}% of the tasks' time (prefill {e['prefill_s']:.0f} s, decode "
+                         f"{e['decode_s']:.0f} s at {e['rows_a_step']} rows a step, {e['queued_a_step']} more queued), "
+                         f"idle {e['idle_s']:.0f} s waiting for requests")
         return "; ".join(parts)

@@ -207,7 +207,7 @@ def _installs_allowed() -> bool:
 
 
 # pip installs of a pack's missing parts at once: each is mostly pip's own start and a download, so on 2 cores four
-# at a time took the 1.5B pack's 22 parts from one after another's 2 s each to a few seconds in all
+# side by side wait on one another little (one after another and four at a time: benchmarks/first_use.py's parts_s)
 PARALLEL_INSTALLS = 4
 
 

@@ -118,6 +118,26 @@ def test_a_jobs_usage_reads_where_the_engine_spent_its_time(tiny):
     assert set(pages) == {"mode", "gib"} and (pages["mode"] is None or pages["mode"] in ("always", "madvise", "never"))
 
 
+def test_the_engines_busy_share_is_of_the_tasks_time_not_the_models_setup(monkeypatch):
+    """A first job spends its first minutes installing, converting and timing the model: that is setup_s, and the
+    engine's busy share is over the time after it (flows/usage.py), not over the whole wall."""
+    from flows import usage as usage_mod
+
+    class EngineTotalsDouble:  # an engine's running totals, fixed: 30 s prefilling and 50 s decoding
+        def engine_stats(self):
+            return {"prefill_s": 30.0, "decode_s": 50.0, "idle_s": 0.0, "steps": 10, "row_steps": 40}
+
+    clock = iter([0.0, 60.0, 160.0])  # started, model ready after 60 s, finished 100 s later
+    monkeypatch.setattr(usage_mod.time, "perf_counter", lambda: next(clock))
+    u = usage_mod.Usage()
+    u.model_ready()
+    out = u.finish(EngineTotalsDouble())
+    assert (out["wall_s"], out["setup_s"], out["tasks_s"]) == (160.0, 60.0, 100.0)
+    assert out["engine"]["busy_pct"] == 80.0  # 80 s of the tasks' 100, not of the wall's 160
+    assert "(60 s model and sandbox, 100 s tasks)" in usage_mod.Usage.line(out)
+    assert "engine busy 80% of the tasks' time" in usage_mod.Usage.line(out)
+
+
 def test_sampling_is_per_request_seeded(tiny):
     batched, single = tiny
     hot = [GenRequest(messages=msgs(2), max_new_tokens=16, temperature=1.5, seed=s) for s in (1, 2, 1)]
