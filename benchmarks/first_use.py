@@ -87,7 +87,8 @@ def setup(tree: Path, work: Path) -> float:
                        env=env, capture_output=True, text=True)
     if p.returncode:
         raise SystemExit(f"error: make setup failed in {tree}: {(p.stderr or p.stdout).strip()[-500:]}")
-    if "uv did not install" in p.stdout + p.stderr:
+    # make echoes the recipe, which holds the same words: the fallback's own line starts with them
+    if any(line.startswith("setup: uv did not install") for line in (p.stdout + p.stderr).splitlines()):
         print(f"note: in {tree} uv did not install; pip did", flush=True)
     return round(time.perf_counter() - t0, 1)
 
