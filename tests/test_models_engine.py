@@ -118,7 +118,7 @@ def test_a_jobs_usage_reads_where_the_engine_spent_its_time(tiny):
     assert set(pages) == {"mode", "gib"} and (pages["mode"] is None or pages["mode"] in ("always", "madvise", "never"))
 
 
-def test_the_engines_busy_share_is_of_the_tasks_time_not_the_models_setup(monkeypatch):
+def test_the_engines_busy_share_is_of_the_tasks_time_not_the_models_setup():
     """A first job spends its first minutes installing, converting and timing the model: that is setup_s, and the
     engine's busy share is over the time after it (flows/usage.py), not over the whole wall."""
     from flows import usage as usage_mod
@@ -127,13 +127,13 @@ def test_the_engines_busy_share_is_of_the_tasks_time_not_the_models_setup(monkey
         def engine_stats(self):
             return {"prefill_s": 30.0, "decode_s": 50.0, "idle_s": 0.0, "steps": 10, "row_steps": 40}
 
-    clock = iter([0.0, 60.0, 160.0])  # started, model ready after 60 s, finished 100 s later
-    monkeypatch.setattr(usage_mod.time, "perf_counter", lambda: next(clock))
     u = usage_mod.Usage()
-    u.model_ready()
+    u.t0 -= 160.0  # started 160 s ago; the model was ready 60 s after the start, and the job ends now
+    u.ready = u.t0 + 60.0
     out = u.finish(EngineTotalsDouble())
-    assert (out["wall_s"], out["setup_s"], out["tasks_s"]) == (160.0, 60.0, 100.0)
-    assert out["engine"]["busy_pct"] == 80.0  # 80 s of the tasks' 100, not of the wall's 160
+    assert out["wall_s"] == pytest.approx(160.0, abs=0.5) and out["setup_s"] == 60.0
+    assert out["tasks_s"] == pytest.approx(100.0, abs=0.5)
+    assert out["engine"]["busy_pct"] == pytest.approx(80.0, abs=0.5)  # 80 s of the tasks' 100, not of the wall's 160
     assert "(60 s model and sandbox, 100 s tasks)" in usage_mod.Usage.line(out)
     assert "engine busy 80% of the tasks' time" in usage_mod.Usage.line(out)
 
