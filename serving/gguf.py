@@ -47,8 +47,9 @@ def convert(pack, gguf_dir: Path, out: Path, streamed: bool = True) -> str:  # p
 class _metadata_read_once:
     """Within it, transformers' GGUF metadata parse (`load_gguf_checkpoint(path, return_tensors=False)`, the legacy
     reader its tokenizer and config take for llama and qwen2) runs once per file; later calls get a copy of its
-    answer. Each parse walks the whole vocabulary through gguf's reader, string by string, and one conversion asked
-    for it three times (what that cost: benchmarks/memory.py --parts convert). Left, the answers go."""
+    answer. Each parse walks the whole vocabulary, string by string, and one conversion asked for it three times
+    (what that cost: benchmarks/memory.py --parts convert); the file is read with HeaderFields, not gguf's reader.
+    Left, the answers go."""
 
     def __enter__(self):
         import copy
@@ -63,7 +64,7 @@ class _metadata_read_once:
                 return original(path, return_tensors, *args, **kwargs)
             key = os.path.realpath(path)
             if key not in answers:
-                answers[key] = original(path, return_tensors=False)
+                answers[key] = _parse_with_header_fields(original, path)
             return copy.deepcopy(answers[key])  # callers pop from the config they get
 
         hf_gguf.load_gguf_checkpoint = load_gguf_checkpoint
@@ -71,6 +72,101 @@ class _metadata_read_once:
 
     def __exit__(self, *exc):
         self._module.load_gguf_checkpoint = self._original
+
+
+def _parse_with_header_fields(parse, path):
+    """transformers' metadata parse of `path` with gguf's GGUFReader swapped for HeaderFields where it reads the
+    file (little-endian, version 2 or 3): the same answer (tested), without a numpy view made for every string."""
+    import gguf as gguf_py
+
+    try:
+        fields = HeaderFields(path)
+    except ValueError:
+        return parse(path, return_tensors=False)
+    reader = gguf_py.GGUFReader
+    gguf_py.GGUFReader = lambda _path, *a, **k: fields
+    try:
+        return parse(path, return_tensors=False)
+    finally:
+        gguf_py.GGUFReader = reader
+
+
+@dataclass
+class _Field:  # what transformers' metadata parse reads of gguf's ReaderField
+    name: str
+    types: list  # [type], or [ARRAY, item type]
+    parts: list  # values as transformers' _gguf_parse_value takes them: bytes for a string, (number,) else
+    data: list  # the indices into parts of the field's values
+
+
+@dataclass
+class _TensorName:
+    name: str
+
+
+class HeaderFields:
+    """A GGUF file's key-value fields and tensor names, read with struct from a mapping of the header, standing in
+    for gguf's GGUFReader in transformers' metadata parse (`fields`, `tensors`' names). GGUFReader makes numpy
+    views of every part of every field, two for each of the vocabulary's strings: most of a conversion's tokenizer
+    time (benchmarks/memory.py --parts convert). ValueError for a file it does not read (big-endian, another
+    version, a nested array): the caller uses GGUFReader."""
+
+    _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    STRING, ARRAY = 8, 9
+
+    def __init__(self, path):
+        import mmap
+        import struct
+
+        self._struct = struct
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            if m[:4] != b"GGUF" or struct.unpack_from("<I", m, 4)[0] not in (2, 3):
+                raise ValueError("not a little-endian GGUF of version 2 or 3")
+            version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
+            self.fields = {name: _Field(name, [t], [(v,)], [0]) for name, t, v in
+                           (("GGUF.version", 4, version), ("GGUF.tensor_count", 10, n_tensors),
+                            ("GGUF.kv_count", 10, n_kv))}
+            at = 24
+            for _ in range(n_kv):
+                name, at = self._string(m, at)
+                (vtype,), at = struct.unpack_from("<I", m, at), at + 4
+                field, at = self._value(m, at, name.decode(), vtype)
+                self.fields[field.name] = field
+            self.tensors = []
+            for _ in range(n_tensors):
+                name, at = self._string(m, at)
+                (dims,) = struct.unpack_from("<I", m, at)
+                at += 4 + 8 * dims + 4 + 8  # the dimensions, the type, the data offset
+                self.tensors.append(_TensorName(name.decode()))
+
+    def _string(self, m, at: int) -> tuple[bytes, int]:
+        (n,) = self._struct.unpack_from("<Q", m, at)
+        return m[at + 8:at + 8 + n], at + 8 + n
+
+    def _value(self, m, at: int, name: str, vtype: int) -> tuple[_Field, int]:
+        unpack_from, calcsize = self._struct.unpack_from, self._struct.calcsize
+        if vtype == self.STRING:
+            text, at = self._string(m, at)
+            return _Field(name, [vtype], [text], [0]), at
+        if vtype in self._SCALARS:
+            code = "<" + self._SCALARS[vtype]
+            return _Field(name, [vtype], [unpack_from(code, m, at)], [0]), at + calcsize(code)
+        if vtype != self.ARRAY:
+            raise ValueError(f"field {name}: value type {vtype}")
+        itype, count = unpack_from("<IQ", m, at)
+        at += 12
+        if itype == self.STRING:
+            parts = []
+            for _ in range(count):
+                text, at = self._string(m, at)
+                parts.append(text)
+        elif itype in self._SCALARS:
+            code = f"<{count}{self._SCALARS[itype]}"
+            parts = [(v,) for v in unpack_from(code, m, at)]
+            at += calcsize(code)
+        else:
+            raise ValueError(f"field {name}: an array of type {itype}")
+        return _Field(name, [vtype, itype], parts, list(range(count))), at
 
 
 def load_tokenizer(pack, gguf_dir: Path):  # pack: a packs.Pack

@@ -302,6 +302,42 @@ def test_streamed_conversion_writes_the_same_folder_holding_one_tensor_at_a_time
     assert grew["whole"] - grew["streamed"] > weights / 2, (grew, weights)
 
 
+def _same_values_and_types(a, b) -> bool:  # == alone takes 1 for 1.0 and True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same_values_and_types(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_values_and_types(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_the_header_fields_give_transformers_the_metadata_ggufs_reader_gives(tmp_path):
+    """A conversion's tokenizer and config come from transformers' GGUF metadata parse, fed by HeaderFields instead
+    of gguf's GGUFReader (serving/gguf.py): the same config, tokenizer and tokenizer_config, value for value and type
+    for type, in the same order. A file HeaderFields does not read (here: a GGUF of version 1) gets GGUFReader's."""
+    from transformers import modeling_gguf_pytorch_utils as hf_gguf
+
+    from serving import gguf as conversion
+
+    path = packs.ensure_gguf("smollm2-135m")
+    by_gguf = hf_gguf.load_gguf_checkpoint(str(path), return_tensors=False)
+    by_header = conversion._parse_with_header_fields(hf_gguf.load_gguf_checkpoint, str(path))
+    assert len(by_gguf["tokenizer"]["tokens"]) > 40000 and by_gguf["config"]["model_type"] == "llama"
+    assert _same_values_and_types(by_header, by_gguf)
+    import gguf as gguf_py
+
+    assert gguf_py.GGUFReader.__name__ == "GGUFReader"  # put back after the parse
+
+    old = tmp_path / "v1.gguf"
+    old.write_bytes(b"GGUF" + (1).to_bytes(4, "little") + bytes(16))
+    with pytest.raises(ValueError, match="version 2 or 3"):
+        conversion.HeaderFields(old)
+    asked = []
+    assert conversion._parse_with_header_fields(lambda p, return_tensors: asked.append(p) or "gguf's", old) == \
+        "gguf's" and asked == [old]
+
+
 @pytest.mark.slow
 def test_a_quantization_the_header_reader_cannot_size_falls_back_to_ggufs_own_table(monkeypatch):
     """transformers' header reader refuses some quantizations (the 0.5B pack's Q5_0 tensors: "ggml type 6 is not
