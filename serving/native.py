@@ -144,6 +144,24 @@ def available() -> bool:
     return library() is not None
 
 
+def build_beside() -> threading.Thread | None:
+    """Build this process's kernels (library()) on a thread of their own, so that a first job compiles them while its
+    weights install, download or convert instead of after (gcc once per machine; later jobs load the cached build).
+    library() waits for that build rather than starting its own. None where they are already loaded here."""
+    if default_isa() in _libs:
+        return None
+
+    def build() -> None:
+        try:
+            library()
+        except ValueError:  # an unknown FIXLAB_CPU_ISA: the caller's own library() call says so in one line
+            pass
+
+    t = threading.Thread(target=build, name="fixlab-kernels-build", daemon=True)
+    t.start()
+    return t
+
+
 def runnable_isas() -> list[str]:
     """The builds this CPU can run, best first: native, then avx2 where the CPU has AVX2 and FMA (and native is more),
     then portable."""

@@ -159,6 +159,30 @@ def test_fixlab_int8_matmul_gives_exactly_the_int_mm_values_on_every_build(isa):
         assert torch.equal(packed.matmul(x, xs, ws, None), acc.float().mul_(xs).mul_(ws))
 
 
+def test_the_kernels_build_once_on_their_own_thread_and_library_waits_for_that_build(monkeypatch):
+    """A first job compiles the kernels while its weights install and convert (TransformersModel starts build_beside
+    before it resolves the paths): one build, on its own thread, which library() waits for instead of building again."""
+    import threading
+
+    started, release, builds = threading.Event(), threading.Event(), []
+
+    def slow_build(isa):
+        builds.append(threading.current_thread().name)
+        started.set()
+        release.wait(10)
+        return "the one build"
+
+    monkeypatch.setattr(native, "_libs", {})
+    monkeypatch.setattr(native, "_build", slow_build)
+    thread = native.build_beside()
+    assert thread is not None and started.wait(10)
+    threading.Timer(0.2, release.set).start()
+    assert native.library() == "the one build"  # waited for the thread's build
+    thread.join(10)
+    assert builds == ["fixlab-kernels-build"]
+    assert native.build_beside() is None  # built in this process: nothing to start
+
+
 @needs_gcc
 def test_int8_linear_gives_the_same_values_with_either_kernel_at_any_rows():
     torch.manual_seed(0)
