@@ -237,7 +237,7 @@ def _installs_allowed() -> bool:
     return os.environ.get("FIXLAB_PACKS_NO_INSTALL", "").lower() not in ("1", "true", "yes")
 
 
-# pip installs of a pack's missing parts at once: each is mostly pip's own start and a download, so on 2 cores four
+# installs of a pack's missing parts at once: each is mostly the installer's start and a download, so on 2 cores four
 # side by side wait on one another little (one after another and four at a time: benchmarks/first_use.py's parts_s)
 PARALLEL_INSTALLS = 4
 
