@@ -128,8 +128,10 @@ def weights_source(cfg: TransformersModelConf) -> tuple[str, dict]:
     if len(given) > 1:
         raise BadModelConfig(f"model config {cfg.name!r} sets {' and '.join(given)}: set only one")
     if cfg.pack:
+        from .native import build_beside
         from .packs import ensure_pack
 
+        build_beside()  # gcc beside the pack's install and conversion, not after them
         return str(ensure_pack(cfg.pack)), {}
     if cfg.path:
         p = Path(cfg.path).expanduser()

@@ -47,9 +47,6 @@ class TransformersModel:
             from .cores import claim_threads
 
             self._cores = claim_threads(cfg.threads)
-            from .native import build_beside
-
-            build_beside()  # gcc beside the weights' install and conversion, not after them
         try:
             # weights, dtype and int8 kernels: as configured, and what `auto` measures on this machine (paths.py)
             from .paths import resolve

@@ -160,8 +160,8 @@ def test_fixlab_int8_matmul_gives_exactly_the_int_mm_values_on_every_build(isa):
 
 
 def test_the_kernels_build_once_on_their_own_thread_and_library_waits_for_that_build(monkeypatch):
-    """A first job compiles the kernels while its weights install and convert (TransformersModel starts build_beside
-    before it resolves the paths): one build, on its own thread, which library() waits for instead of building again."""
+    """A first job compiles the kernels while its weights install and convert (devices.weights_source starts
+    build_beside before it installs a pack): one build, on its own thread, which library() waits for."""
     import threading
 
     started, release, builds = threading.Event(), threading.Event(), []
