@@ -144,22 +144,29 @@ def available() -> bool:
     return library() is not None
 
 
+_beside: threading.Thread | None = None
+_beside_lock = threading.Lock()
+
+
 def build_beside() -> threading.Thread | None:
     """Build this process's kernels (library()) on a thread of their own, so that a first job compiles them while its
     weights install, download or convert instead of after (gcc once per machine; later jobs load the cached build).
     library() waits for that build rather than starting its own. None where they are already loaded here."""
-    if default_isa() in _libs:
-        return None
+    global _beside
+    with _beside_lock:
+        # A job asks for its weights more than once as it starts; one build thread is enough.
+        if default_isa() in _libs or (_beside is not None and _beside.is_alive()):
+            return None
 
-    def build() -> None:
-        try:
-            library()
-        except ValueError:  # an unknown FIXLAB_CPU_ISA: the caller's own library() call says so in one line
-            pass
+        def build() -> None:
+            try:
+                library()
+            except ValueError:  # an unknown FIXLAB_CPU_ISA: the caller's own library() call says so in one line
+                pass
 
-    t = threading.Thread(target=build, name="fixlab-kernels-build", daemon=True)
-    t.start()
-    return t
+        _beside = threading.Thread(target=build, name="fixlab-kernels-build", daemon=True)
+        _beside.start()
+        return _beside
 
 
 def runnable_isas() -> list[str]:

@@ -174,8 +174,10 @@ def test_the_kernels_build_once_on_their_own_thread_and_library_waits_for_that_b
 
     monkeypatch.setattr(native, "_libs", {})
     monkeypatch.setattr(native, "_build", slow_build)
+    monkeypatch.setattr(native, "_beside", None)
     thread = native.build_beside()
     assert thread is not None and started.wait(10)
+    assert native.build_beside() is None  # a second ask while the first build compiles starts no other thread
     threading.Timer(0.2, release.set).start()
     assert native.library() == "the one build"  # waited for the thread's build
     thread.join(10)
