@@ -26,7 +26,9 @@ $(STAMP): pyproject.toml
 # pip unpacks one wheel after another; uv (from PyPI, into the venv) installs the same pins several at a time, so a
 # fresh machine's setup waits less (benchmarks/first_use.py). uv reads no pip settings: PIP_FIND_LINKS (a folder of
 # local wheels, such as a CPU torch) is passed on. Where uv cannot be had or fails, pip installs it all.
-install = { $(PY) -m pip install -q uv >/dev/null 2>&1 && $(VENV)/bin/uv pip install -q --python $(PY) \
+# --compile-bytecode: pip writes every module's .pyc as it installs, uv does not; where PYTHONDONTWRITEBYTECODE is set
+# no import writes them either, so every process would compile torch, transformers and the rest from source again.
+install = { $(PY) -m pip install -q uv >/dev/null 2>&1 && $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) \
 	$$(for l in $$PIP_FIND_LINKS; do printf -- '--find-links %s ' "$$l"; done) -e '$(1)' 2>$(VENV)/.uv-said ; } || \
 	{ echo "setup: uv did not install $(1) ($$(tail -n 1 $(VENV)/.uv-said 2>/dev/null || echo no uv)); pip does" ; \
 	$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '$(1)' ; }

@@ -7,8 +7,8 @@ FIXLAB_CACHE, each venv is new, and pip's own cache is off (PIP_NO_CACHE_DIR), a
     .venv/bin/python benchmarks/first_use.py [--runs 1] [--vs DIR] [--setup [--no-jobs]]
 
 `--setup` also times each tree's own `make setup` into a new venv (`VENV=`: its extras, its installer; the wheels come
-from the registry, not from this .venv; bubblewrap as it is). The job is make eval's, stopped with SIGTERM once its
-flow begins (the tasks' own time is the job's, measured by benchmarks/repeat.py).
+from the registry, not from this .venv; bubblewrap as it is), and runs that tree's jobs in that venv. The job is make
+eval's, stopped with SIGTERM once its flow begins (the tasks' own time is the job's, measured by benchmarks/repeat.py).
 
 Writes benchmarks/results/first-use-<UTC time>.json and prints the table.
 """
@@ -48,12 +48,13 @@ MARKS = [("installing", "parts"), ("joining pack", "join"), ("converting pack", 
          ("Beginning flow run", "end")]
 
 
-def first_job(tree: Path, work: Path) -> dict:
-    """Seconds of each phase of make eval's first job in `tree` on an empty cache, then stopped."""
+def first_job(tree: Path, work: Path, python: str = sys.executable) -> dict:
+    """Seconds of each phase of make eval's first job in `tree` on an empty cache, then stopped; run by `python` (the
+    venv the tree's own make setup made, with --setup: its bytecode as that setup left it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_URL", "MLFLOW_", "FIXLAB_CACHE"))}
     env.update(PREFECT_HOME=str(work / "prefect"), PYTHONUNBUFFERED="1", FIXLAB_CACHE=str(work / "cache"),
                PIP_NO_CACHE_DIR="1")
-    cmd = [sys.executable, "-m", "flows.evaluate", "cache=false", f"tracking.uri=sqlite:///{work}/mlflow.db",
+    cmd = [python, "-m", "flows.evaluate", "cache=false", f"tracking.uri=sqlite:///{work}/mlflow.db",
            f"tracking.artifacts={work}/artifacts", f"hydra.run.dir={work}/outputs", f"tracking.results={work}/results"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -80,7 +81,7 @@ def first_job(tree: Path, work: Path) -> dict:
 
 
 def setup(tree: Path, work: Path) -> float:
-    """Seconds of the tree's `make setup` into a new venv (its own extras and installer), caches off."""
+    """Seconds of the tree's `make setup` into a new venv, work/venv (its own extras and installer), caches off."""
     env = {**os.environ, "PIP_NO_CACHE_DIR": "1", "UV_NO_CACHE": "1"}
     t0 = time.perf_counter()
     p = subprocess.run(["make", "-C", str(tree), "setup", f"VENV={work / 'venv'}", f"PYTHON={_base_python()}"],
@@ -114,14 +115,16 @@ def main() -> None:
     trees = [REPO] + ([Path(args.vs).resolve()] if args.vs else [])
     jobs: dict[int, list[dict]] = {j: [] for j in range(len(trees))}
     setups: dict[int, list[float]] = {j: [] for j in range(len(trees))}
+    pythons: dict[int, list[str]] = {j: [] for j in range(len(trees))}  # with --setup, each job runs in its venv
     with tempfile.TemporaryDirectory(prefix="fixlab-first-use-") as tmp:
         for i in range(args.runs):
             for j, tree in enumerate(trees if args.setup else []):
                 setups[j].append(setup(tree, Path(tmp) / f"setup-{j}-{i}"))
+                pythons[j].append(str(Path(tmp) / f"setup-{j}-{i}" / "venv" / "bin" / "python"))
                 print(f"{tree} make setup {i + 1}: {setups[j][-1]} s", flush=True)
         for i in range(0 if args.no_jobs else args.runs):
             for j, tree in enumerate(trees):
-                got = first_job(tree, Path(tmp) / f"job-{j}-{i}")
+                got = first_job(tree, Path(tmp) / f"job-{j}-{i}", *pythons[j][i:i + 1])
                 print(f"{tree} run {i + 1}: {got}", flush=True)
                 jobs[j].append(got)
     rows = [{"tree": "this" if j == 0 else "vs", "commit": commit(tree), "what": "make setup into a new venv",
@@ -133,7 +136,9 @@ def main() -> None:
         rows.append(row)
     data = {"rows": rows, "runs": {str(j): jobs[j] for j in jobs}, "setups": {str(j): setups[j] for j in setups}}
     dest = write("first_use", data, title=TITLE, text=TEXT, table=TABLE, out=args.out,
-                 config={**vars(args), "trees": [str(t) for t in trees]},
+                 config={**vars(args), "trees": [str(t) for t in trees],
+                         # set, no import writes a .pyc: a venv without them compiles every module in every process
+                         "PYTHONDONTWRITEBYTECODE": os.environ.get("PYTHONDONTWRITEBYTECODE", "")},
                  machine=describe(load_avg_start=os.getloadavg()))
     for r in rows:
         print(r)
