@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -245,13 +246,31 @@ def _streamed_plan(gguf: Path) -> _StreamPlan | None:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     processor = processor_cls(config=hf_gguf.load_gguf_checkpoint(str(gguf), return_tensors=False)["config"])
-    names = hf_gguf.get_gguf_hf_weights_map(model, processor)
+    with _tensor_name_map_built_once():
+        names = hf_gguf.get_gguf_hf_weights_map(model, processor)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     tied = set(getattr(model, "all_tied_weights_keys", None) or {})
     chosen = {name: names[name] for name, *_ in tensors if name in names}
     if sorted(chosen.values()) != sorted(set(shapes) - tied) or any(shapes[k] == () for k in chosen.values()):
         return None  # a tensor the model wants that the file lacks (or a duplicate): let transformers decide
     return _StreamPlan(model, processor, names, shapes, tensors, chosen)
+
+
+@contextmanager
+def _tensor_name_map_built_once():
+    """Within it, gguf's get_tensor_name_map builds the map of an (architecture, layers) once: transformers'
+    get_gguf_hf_weights_map asks for it anew for every submodule of the model, and each build walks every name pattern
+    of every layer (the map is only read afterwards)."""
+    import functools
+
+    import gguf as gguf_py
+
+    original = gguf_py.get_tensor_name_map
+    gguf_py.get_tensor_name_map = functools.cache(original)
+    try:
+        yield
+    finally:
+        gguf_py.get_tensor_name_map = original
 
 
 def _tensor_table(gguf: Path) -> tuple[str, list]:
@@ -346,8 +365,13 @@ def _pread_into(fd: int, buf: memoryview, offset: int) -> None:
 
 def _dequantize_rows(raw, qtype, dequantize):
     """gguf's dequantize over chunks of rows into one float32 array: blocks never span rows, so the values are the
-    ones a single call gives, without its temporaries for the whole tensor (several times the output for k-quants)."""
+    ones a single call gives, without its temporaries for the whole tensor (several times the output for k-quants).
+    Q4_K and Q6_K, most of a Q4_K_M pack's weights, go to the compiled kernels where they build: the same values."""
     import numpy as np
+
+    native = _dequantize_natively(raw, qtype)
+    if native is not None:
+        return native
 
     if raw.ndim < 2:
         return np.array(dequantize(raw, qtype), dtype=np.float32, copy=True)
@@ -372,4 +396,31 @@ def _dequantize_rows(raw, qtype, dequantize):
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(chunk, starts))
+    return out
+
+
+def _dequantize_natively(raw, qtype):
+    """`raw`'s blocks dequantized by kernels.c (fixlab_dequant_q4_k, _q6_k: gguf's numpy dequantize value for value,
+    tested), or None for another type, a non-contiguous array, or no compiled kernels (gguf's numpy then)."""
+    import ctypes
+
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as T
+
+    kernel = {T.Q4_K: "fixlab_dequant_q4_k", T.Q6_K: "fixlab_dequant_q6_k"}.get(qtype)
+    if kernel is None:
+        return None
+    block, size = GGML_QUANT_SIZES[qtype]
+    if raw.dtype != np.uint8 or raw.ndim < 1 or raw.shape[-1] % size or not raw.flags.c_contiguous:
+        return None
+    from . import native
+    from .cores import usable_cores
+
+    lib = native.library()
+    if lib is None:
+        return None
+    out = np.empty((*raw.shape[:-1], raw.shape[-1] // size * block), dtype=np.float32)
+    getattr(lib, kernel)(raw.ctypes.data_as(ctypes.c_void_p), raw.size // size, out.ctypes.data_as(ctypes.c_void_p),
+                         usable_cores())
     return out

@@ -12,6 +12,7 @@
       rounding), bit-equal to transformers' eager ops (fused.py).
    7. torch's multinomial draw of a seeded CPU generator (sampling.py).
    8. A decode, draft or prefix-hit prefill step's decoder layers in one call, over 1-6 (decoder.py).
+   9. A registry pack's Q4_K and Q6_K weights dequantized to float32 as gguf's numpy does (gguf.py's conversion).
 
    1. is bit-equal to the eager torch ops they replace (test: tests/test_models_int8.py), so answers do not move:
    - the scale is absmax / 127.0f clamped to 1e-12f, as `rows.abs().amax(1) / 127.0` then `.clamp(min=1e-12)`;
@@ -1611,5 +1612,67 @@ void fixlab_decoder_layers(const fixlab_layer *layers, int64_t nl, float *x, int
         fixlab_int8_matmul(q8, n, inter, inter, ly->down.packed, ly->down.colsum, ly->down.n, xs, ly->down.ws,
                            ly->down.bias, tmp, hid, threads);
         for (int64_t t = 0; t < n * hid; t++) x[t] = x[t] + tmp[t];
+    }
+}
+
+/* 9. A registry pack's Q4_K and Q6_K blocks dequantized to float32 (serving/gguf.py's conversion), value for value
+   gguf's numpy dequantize (gguf/quants.py): the same float32 products and differences in the same order, no fused
+   multiply-add (-ffp-contract=off), float16 widened exactly. One pass with no temporaries where numpy makes several
+   arrays the size of the output for each block's scales and nibbles. */
+static inline float f16_to_f32(const uint8_t *p) {
+    const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 31) {
+        bits = sign | 0x7f800000u | man << 13; /* inf or NaN, its payload kept as numpy keeps it */
+    } else if (exp != 0) {
+        bits = sign | (exp + 112) << 23 | man << 13;
+    } else {
+        const float f = (float)man * 0x1p-24f; /* zero or subnormal: exact (man < 2^10) */
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    }
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+/* blocks of 144 bytes: d, dmin (float16), 12 bytes of 6-bit scales and mins for 8 groups of 32, 128 bytes of nibbles
+   (the 32 bytes of groups 2g and 2g+1 share bytes: low nibble, high nibble) -> 256 floats each. */
+void fixlab_dequant_q4_k(const uint8_t *blocks, int64_t n_blocks, float *out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (n_blocks > 256)
+    for (int64_t b = 0; b < n_blocks; b++) {
+        const uint8_t *p = blocks + b * 144, *s = p + 4, *qs = p + 16;
+        const float d = f16_to_f32(p), dmin = f16_to_f32(p + 2);
+        float *y = out + b * 256;
+        for (int j = 0; j < 8; j++) {
+            const int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30);
+            const int m = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
+            const float dj = d * (float)sc, mj = dmin * (float)m;
+            const uint8_t *q = qs + (j / 2) * 32;
+            const int shift = (j % 2) * 4;
+            for (int i = 0; i < 32; i++) y[j * 32 + i] = dj * (float)((q[i] >> shift) & 0x0f) - mj;
+        }
+    }
+}
+
+/* blocks of 210 bytes: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales (one per 16 values), d (float16)
+   -> 256 floats each: d * scale times the 6-bit value less 32. */
+void fixlab_dequant_q6_k(const uint8_t *blocks, int64_t n_blocks, float *out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (n_blocks > 256)
+    for (int64_t b = 0; b < n_blocks; b++) {
+        const uint8_t *ql = blocks + b * 210, *qh = ql + 128;
+        const int8_t *sc = (const int8_t *)(ql + 192);
+        const float d = f16_to_f32(ql + 208);
+        float *y = out + b * 256;
+        for (int g = 0; g < 16; g++) {
+            const float ds = d * (float)sc[g];
+            for (int i = 0; i < 16; i++) {
+                const int k = g * 16 + i, h = k / 128, r = k % 128;
+                const int lo = (ql[h * 64 + r % 64] >> (4 * (r / 64))) & 0x0f;
+                const int hi = (qh[h * 32 + r % 32] >> (2 * (r / 32))) & 0x03;
+                y[k] = ds * (float)((lo | hi << 4) - 32);
+            }
+        }
     }
 }

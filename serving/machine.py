@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import platform
 from functools import lru_cache
+from pathlib import Path
 
 # The flags that decide speed here: int8 dot products (VNNI, AMX), bf16 in hardware, 512-bit vectors, AVX2 + FMA.
 FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile",
@@ -82,3 +83,9 @@ def summary(c: dict | None = None) -> str:
     """One line: `Intel(R) Xeon(R) Processor (x86_64; avx2 fma ... amx_int8)`."""
     c = c or cpu()
     return f"{c['model']} ({c['arch']}; {' '.join(c['flags']) or 'no vector flags read'})"
+
+
+def cache_root() -> Path:
+    """fixlab's cache folder ($FIXLAB_CACHE, else ~/.cache/fixlab), where what is made once per machine is kept: the
+    packs, the compiled kernels, the measured paths, the toolchains."""
+    return Path(os.environ.get("FIXLAB_CACHE") or Path.home() / ".cache" / "fixlab").expanduser()

@@ -62,7 +62,7 @@ def _build(isa: str) -> ctypes.CDLL | None:
         print("fixlab: compiled kernels: no C compiler (gcc) found; using the eager int8 ops and a float32 KV cache",
               file=sys.stderr)
         return None
-    from .packs import cache_root
+    from .machine import cache_root
 
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     flags = ISAS[isa] + FLAGS
@@ -79,7 +79,11 @@ def _build(isa: str) -> ctypes.CDLL | None:
                   "and a float32 KV cache", file=sys.stderr)
             return None
         os.replace(tmp, out)  # atomic: a concurrent builder's file is the same bytes
-    lib = ctypes.CDLL(str(out))
+    return _declared(ctypes.CDLL(str(out)))
+
+
+def _declared(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The library with each kernel's argument and result types (kernels.c's signatures)."""
     i64, p = ctypes.c_int64, ctypes.c_void_p
     lib.fixlab_quantize_rows.argtypes = [p, i64, i64, i64, p, p, ctypes.c_int]
     lib.fixlab_scale_products.argtypes = [p, i64, i64, p, p, p, ctypes.c_int]
@@ -114,6 +118,8 @@ def _build(isa: str) -> ctypes.CDLL | None:
     lib.fixlab_multinomial1.argtypes = [p, p, i64]
     lib.fixlab_mt_seed.restype = lib.fixlab_exponential.restype = None
     lib.fixlab_multinomial1.restype = i64
+    lib.fixlab_dequant_q4_k.argtypes = lib.fixlab_dequant_q6_k.argtypes = [p, i64, p, ctypes.c_int]
+    lib.fixlab_dequant_q4_k.restype = lib.fixlab_dequant_q6_k.restype = None
     return lib
 
 

@@ -36,6 +36,7 @@ from filelock import FileLock, Timeout
 from agents.models.base import ModelUnavailable
 
 from .gguf import convert, load_tokenizer  # noqa: F401 (the converter, re-exported: packs.convert)
+from .machine import cache_root  # noqa: F401 (re-exported: packs.cache_root)
 
 _CHUNK = 8 << 20
 DONE_MARKER = "fixlab_pack.json"  # written last inside the converted folder; its presence means "complete"
@@ -91,10 +92,6 @@ PACKS: dict[str, Pack] = {
         ),
     )
 }
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("FIXLAB_CACHE") or Path.home() / ".cache" / "fixlab").expanduser()
 
 
 def _pkgs_dir() -> Path:

@@ -421,3 +421,69 @@ def test_dequantizing_a_tensor_in_chunks_side_by_side_gives_the_values_of_one_ca
     want = dequantize(raw, t)
     assert got.dtype == np.float32 and got.shape == (37, 512)
     assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
+
+
+def _k_quant_blocks(qtype: str, n: int, rng):
+    """n blocks of random bytes whose float16 scales are finite (as in real files), subnormals among them."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    size = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][1]
+    raw = rng.integers(0, 256, (n, size), dtype=np.uint8)
+    scales = (rng.standard_normal((n, 2)) * np.array([1e-2, 1e-6])).astype(np.float16)  # the second: subnormal
+    scales[:3] = [[0.0, -0.0], [65504.0, -6e-8], [-1.0, 1e-7]]
+    at = {"Q4_K": [0, 2], "Q6_K": [208]}[qtype]
+    for column, offset in enumerate(at):
+        raw[:, offset:offset + 2] = scales[:, column:column + 1].view(np.uint8)
+    return raw
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_the_compiled_k_quant_dequantizers_give_ggufs_values_bit_for_bit(qtype, monkeypatch):
+    """A Q4_K_M pack's weights are mostly Q4_K and Q6_K blocks, which the conversion dequantizes with kernels.c: every
+    float is gguf's numpy dequantize's, bit for bit, at any number of threads and rows (and gguf's own where the
+    kernels cannot be built)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from serving import cores as cores_mod, gguf, native
+
+    if native.library() is None:
+        pytest.skip("the compiled kernels need gcc")
+    t = GGMLQuantizationType[qtype]
+    raw = _k_quant_blocks(qtype, 3 * 700, np.random.default_rng(11)).reshape(3 * 7, -1)  # 21 rows of 100 blocks
+    want = dequantize(raw, t).view(np.uint32)
+    assert gguf._dequantize_natively(raw, t) is not None
+    for cores in (1, 2):
+        monkeypatch.setattr(cores_mod, "usable_cores", lambda: cores)
+        got = gguf._dequantize_rows(raw, t, dequantize)
+        assert got.shape == (21, 25600) and np.array_equal(got.view(np.uint32), want), cores
+    monkeypatch.setattr(native, "library", lambda isa=None: None)
+    assert np.array_equal(gguf._dequantize_rows(raw, t, dequantize).view(np.uint32), want)
+
+
+@pytest.mark.slow
+def test_the_compiled_dequantizers_give_ggufs_values_on_a_real_packs_tensors():
+    """The 0.5B pack's first Q4_K and first Q6_K tensors, read from the real GGUF, dequantize to gguf's values."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize
+
+    from serving import gguf, native
+
+    if native.library() is None:
+        pytest.skip("the compiled kernels need gcc")
+    path = packs.ensure_gguf("qwen0.5b-coder-q4")
+    _arch, table = gguf._tensor_table(path)
+    seen = set()
+    with open(path, "rb") as f:
+        for name, qtype, shape, dtype, offset in table:
+            if qtype not in (T.Q4_K, T.Q6_K) or qtype in seen:
+                continue
+            seen.add(qtype)
+            raw = np.empty(shape, dtype=dtype)
+            gguf._pread_into(f.fileno(), memoryview(raw.reshape(-1).view(np.uint8)), offset)
+            got = gguf._dequantize_natively(raw, qtype)
+            assert np.array_equal(got.view(np.uint32), dequantize(raw, qtype).view(np.uint32)), name
+    assert seen == {T.Q4_K, T.Q6_K}
