@@ -4,7 +4,10 @@ that drift in the machine falls on both. Each job is make eval's (the defaults, 
 MLflow store and its own temporary Prefect server, stopped with SIGTERM once its flow begins: only the start is timed.
 One untimed job a tree first (the Prefect database's migrations, the page cache).
 
-    .venv/bin/python benchmarks/startup.py [--runs 3] [--vs DIR] [OVERRIDE ...]
+    .venv/bin/python benchmarks/startup.py [--runs 3] [--vs DIR] [--vs-python PY] [OVERRIDE ...]
+
+`--vs-python`: the interpreter of the second tree's jobs (another venv: its packages, its bytecode); with it, `--vs`
+may be this tree, so that only the venv differs.
 
 Writes benchmarks/results/startup-<UTC time>.json and prints the table.
 """
@@ -34,11 +37,11 @@ TABLE = {"rows": "rows", "columns": [["tree", "tree"], ["commit", "commit"], ["r
                                     ["flow begun s", "flow_s"], ["flow range", "flow_range"]]}
 
 
-def one_start(tree: Path, work: Path, overrides: list[str]) -> tuple[float, float]:
+def one_start(tree: Path, work: Path, overrides: list[str], python: str = sys.executable) -> tuple[float, float]:
     """(seconds to the model's line, seconds to the flow's line) of one job in `tree`, then stopped."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_URL", "MLFLOW_"))}
     env.update(PREFECT_HOME=str(work.parent / "prefect"), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "flows.evaluate", "cache=false", f"tracking.uri=sqlite:///{work}/mlflow.db",
+    cmd = [python, "-m", "flows.evaluate", "cache=false", f"tracking.uri=sqlite:///{work}/mlflow.db",
            f"tracking.artifacts={work}/artifacts", f"hydra.run.dir={work}/outputs", f"tracking.results={work}/results",
            *overrides]
     t0 = time.perf_counter()
@@ -69,23 +72,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3, help="timed jobs a tree")
     ap.add_argument("--vs", default=None, help="another checkout to time in turn (a git worktree)")
+    ap.add_argument("--vs-python", default=sys.executable, help="the interpreter of the --vs tree's jobs")
     ap.add_argument("--out", default=None)
     ap.add_argument("overrides", nargs="*", help="the job's overrides (default: make eval's job)")
     args = ap.parse_args()
     trees = [REPO] + ([Path(args.vs).resolve()] if args.vs else [])
-    times: dict[Path, list[tuple[float, float]]] = {t: [] for t in trees}
+    pythons = [sys.executable, args.vs_python]
+    times: dict[int, list[tuple[float, float]]] = {j: [] for j in range(len(trees))}
     with tempfile.TemporaryDirectory(prefix="fixlab-startup-") as tmp:
         for i in range(-1, args.runs):  # -1: the untimed first job of each tree
             for j, tree in enumerate(trees):
                 work = Path(tmp) / f"job-{j}-{i + 1}"
-                m, f = one_start(tree, work, args.overrides)
+                m, f = one_start(tree, work, args.overrides, pythons[j])
                 print(f"{tree} run {i + 1}: model {m:.1f} s, flow {f:.1f} s" + (" (untimed)" if i < 0 else ""))
                 if i >= 0:
-                    times[tree].append((m, f))
+                    times[j].append((m, f))
     rows = []
     for j, tree in enumerate(trees):
-        ms, fs = sorted(m for m, _ in times[tree]), sorted(f for _, f in times[tree])
-        rows.append({"tree": "this" if j == 0 else "vs", "commit": commit(tree), "runs": len(ms),
+        ms, fs = sorted(m for m, _ in times[j]), sorted(f for _, f in times[j])
+        rows.append({"tree": "this" if j == 0 else "vs", "commit": commit(tree), "python": pythons[j], "runs": len(ms),
                      "model_s": round(ms[len(ms) // 2], 1), "model_range": f"{ms[0]:.1f}-{ms[-1]:.1f}",
                      "flow_s": round(fs[len(fs) // 2], 1), "flow_range": f"{fs[0]:.1f}-{fs[-1]:.1f}"})
     dest = write("startup", {"rows": rows}, title=TITLE, text=TEXT, table=TABLE, out=args.out,
