@@ -15,12 +15,12 @@ huge pages on large CPU tensors (heap.py `use_huge_pages`), which torch reads at
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 from agents.models.base import Generation, GenRequest, Model, ModelUnavailable
 from agents.models.config import LlamaCppModelConf, TransformersModelConf
 from .heap import use_huge_pages
+from .machine import cache_root  # noqa: F401 (fixlab's cache folder, part of the public surface)
 from .tuning import EngineTuning
 
 use_huge_pages()  # before torch's first CPU allocation, which reads it (heap.py)
@@ -70,13 +70,6 @@ def _build(conf: TransformersModelConf | LlamaCppModelConf, tuning: EngineTuning
 
         return LlamaCppModel(conf)
     raise ModelUnavailable(f"serving serves transformers and llamacpp configs, not {conf.backend!r}")
-
-
-def cache_root() -> Path:
-    """fixlab's cache folder ($FIXLAB_CACHE, else ~/.cache/fixlab): registry packs, measured paths, trajectories."""
-    from .packs import cache_root as root
-
-    return root()
 
 
 def recorded_path(conf: TransformersModelConf) -> dict | None:

@@ -348,7 +348,7 @@ def cache_key(shapes: dict, what: str, extra: dict | None = None) -> tuple[str, 
 
 
 def cache_file(key: str) -> Path:
-    from .packs import cache_root
+    from .machine import cache_root
 
     return cache_root() / "paths" / f"{key}.json"
 
