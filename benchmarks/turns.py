@@ -9,6 +9,8 @@ variable read once (THP_MEM_ALLOC_ENABLE), or a setting of the model's build (in
     .venv/bin/python benchmarks/turns.py --a int8_groups=true --b int8_groups=false --turns 12
 
     .venv/bin/python benchmarks/turns.py --a "" --b "" --b-tree /tmp/before   # this tree against an older checkout
+    .venv/bin/python benchmarks/turns.py --a "" --b "" --b-tree /tmp/before --load 2,8   # beside a load of one
+        process busy 2 ms of every 10, as a job's sandbox runs and Python take bursts of a core from the engine
 
 A side is comma-separated KEY=VALUE pairs: upper-case keys are environment variables of its process, the others model
 config or EngineTuning settings (as decode_profile.py --set). The two workers never run at once.
@@ -37,7 +39,7 @@ TITLE = "Two settings taking turns (`benchmarks/turns.py`)"
 TEXT = ("Two live processes of the 1.5B pack, one per setting, alternating turn by turn (A B B A): a decode forward of "
         "`rows` rows over `context` cached tokens and a prefill forward of `prompt_rows` x `prompt_tokens`, each timed "
         "in its worker; the ratio is A over B per turn, its median over the turns.")
-TABLE = {"rows": ".", "columns": [["A", "a"], ["B", "b"], ["rows x context", "decode_shape"],
+TABLE = {"rows": ".", "columns": [["A", "a"], ["B", "b"], ["beside", "load"], ["rows x context", "decode_shape"],
                                   ["prefill rows x tokens", "prefill_shape"], ["turns", "turns"],
                                   ["decode ms A", "decode.a_ms"], ["decode ms B", "decode.b_ms"],
                                   ["decode A/B", "decode.ratio"], ["prefill ms A", "prefill.a_ms"],
@@ -101,6 +103,31 @@ m.close()
 '''
 
 
+LOAD = r'''
+import sys, time
+busy, idle = float(sys.argv[1]) / 1000, float(sys.argv[2]) / 1000
+while True:
+    t = time.perf_counter()
+    while time.perf_counter() - t < busy:
+        pass
+    time.sleep(idle)
+'''
+
+
+def load_spec(spec: str) -> tuple[float, float]:
+    """--load's BUSY_MS,IDLE_MS (argparse's type: a bad value is one line before any worker starts)."""
+    try:
+        busy, idle = (float(x) for x in spec.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r} is not BUSY_MS,IDLE_MS (e.g. --load 2,8)") from None
+    return busy, idle
+
+
+def background_load(spec: tuple[float, float] | None) -> subprocess.Popen | None:
+    """A process busy BUSY ms then asleep IDLE ms, over and over, for the turns' whole length."""
+    return subprocess.Popen([sys.executable, "-c", LOAD, *(str(x) for x in spec)]) if spec else None
+
+
 def side(spec: str) -> tuple[dict, dict]:
     """(environment, settings) of one side's KEY=VALUE pairs."""
     import yaml
@@ -133,6 +160,8 @@ def main() -> None:
     ap.add_argument("--prompt-rows", type=int, default=1)
     ap.add_argument("--prompt-tokens", type=int, default=896, help="896: the 1.5B pack's prefill width")
     ap.add_argument("--turns", type=int, default=10, help="timed turns a side, after one warm-up turn")
+    ap.add_argument("--load", default=None, type=load_spec, metavar="BUSY_MS,IDLE_MS",
+                    help="a process beside the workers, busy BUSY ms of every BUSY + IDLE, during the turns")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch
@@ -140,7 +169,7 @@ def main() -> None:
     from serving.machine import describe
     from flows.results import write
 
-    workers, threads = [], []
+    workers, threads, load = [], [], None
     try:
         for spec, tree in ((args.a, REPO), (args.b, Path(args.b_tree or REPO).resolve())):  # one at a time: two
             env, sets = side(spec)                                                             # builds would starve
@@ -158,6 +187,7 @@ def main() -> None:
             raise SystemExit(f"turns.py: the workers run {threads[0]} and {threads[1]} threads; a comparison needs "
                              "the same (set threads=N on both sides)")
         got: list[list] = [[], []]
+        load = background_load(args.load)
         for turn in range(args.turns + 1):
             for j in ((0, 1) if turn % 2 == 0 else (1, 0)):
                 workers[j].stdin.write("go\n")
@@ -169,6 +199,9 @@ def main() -> None:
                 print(f"turn {turn}: A {got[0][-1][0]:.0f} / {got[0][-1][1]:.0f} ms, "
                       f"B {got[1][-1][0]:.0f} / {got[1][-1][1]:.0f} ms (decode / prefill)", flush=True)
     finally:
+        if load:
+            load.kill()
+            load.wait()
         for w in workers:
             if w.stdin and not w.stdin.closed:
                 w.stdin.close()
@@ -181,6 +214,7 @@ def main() -> None:
                 "a_all_ms": [round(x, 1) for x in a], "b_all_ms": [round(x, 1) for x in b]}
 
     out = {"a": args.a, "b": args.b + (f" at {commit(Path(args.b_tree))}" if args.b_tree else ""),
+           "load": "one process busy {:g} ms, asleep {:g} ms".format(*args.load) if args.load else None,
            "threads": {"a": threads[0], "b": threads[1]}, "decode_shape": f"{args.rows} x {args.context}",
            "prefill_shape": f"{args.prompt_rows} x {args.prompt_tokens}", "turns": args.turns,
            "decode": part(0), "prefill": part(1)}

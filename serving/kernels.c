@@ -797,6 +797,15 @@ void fixlab_decode_attention(const float *q, int64_t B, int64_t H, int64_t Q, in
 #define XCOPIES 1
 #endif
 
+/* Panels a thread takes at a time (fixlab_int8_matmul). Threads take chunks as they free up, not fixed halves: on
+   2 cores, a sandbox run or the job's other Python preempting one thread left the other spinning at the barrier
+   until it caught up, so every millisecond taken from one core cost the step two (benchmarks/turns.py under a load
+   of 2 ms bursts). At least 4 panels where there are enough, so that the next panel's weights, asked for ahead, are
+   mostly this thread's; fewer where 4 would leave a thread without its share. */
+static inline int64_t chunk_of(int64_t iters, int threads) {
+    const int64_t fine = iters / (8 * threads), fair = iters / (2 * threads);
+    return fine > 4 ? fine : fair > 4 ? 4 : fair > 1 ? fair : 1;
+}
 /* row blocks of a panel that share the asking for the next panel's weights (fixlab_int8_matmul) */
 #define PF_TILES 4
 
@@ -977,10 +986,11 @@ void fixlab_int8_matmul(const int8_t *x, int64_t m, int64_t k, int64_t ldx, cons
     /* threads split the panels; for many rows and few panels (prefill of a narrow matrix) they split rows too */
     const int64_t row_blocks = (m + MR - 1) / MR;
     const int64_t split = panels >= 4 * threads || row_blocks < 2 ? 1 : (row_blocks < threads ? row_blocks : threads);
+    const int64_t chunk = chunk_of(split * panels, threads);
 #pragma omp parallel num_threads(threads) if (m * n * k >= 262144)
     {
         int32_t acc[MR * PANEL];
-#pragma omp for schedule(static) collapse(2)
+#pragma omp for schedule(dynamic, chunk) collapse(2)
         for (int64_t s = 0; s < split; s++)
             for (int64_t p = 0; p < panels; p++) {
                 const int8_t *wp = packed + p * PANEL * kp;
@@ -997,7 +1007,7 @@ void fixlab_int8_matmul(const int8_t *x, int64_t m, int64_t k, int64_t ldx, cons
                     const int64_t m0 = rb * MR;
                     const int mr = m - m0 < MR ? (int)(m - m0) : MR;
                     const xelem *xr = xc + m0 * xrow;
-                    const char *pf = p + 1 < panels && rb - b0 < pft
+                    const char *pf = p + 1 < panels && (s * panels + p + 1) % chunk && rb - b0 < pft /* same chunk */
                                          ? (const char *)(wp + PANEL * kp) + (rb - b0) * (PANEL * kp / pft) : NULL;
                     switch (mr) { /* one specialisation per row count, so the tile's loops unroll into registers */
                         case 1: tile(xr, kp, 1, wp, colsum, n0, n, acc, pf, pstep); break;
