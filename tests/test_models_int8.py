@@ -196,25 +196,23 @@ def test_weights_rounded_by_the_compiled_loop_on_every_thread_equal_the_first_ro
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="fixlab's kernels need gcc")
 def test_fixlab_int8_matmul_on_two_threads_taking_panels_as_they_free_up_gives_the_int_mm_values():
     """The threads take chunks of panels as they free up (kernels.c chunk_of): whichever thread computes a panel,
-    and whatever the chunking (few panels, rows split too, the 1.5B's 43-panel q/k/v group), each output is the exact
-    integer sum scaled as torch._int_mm's is."""
-    from serving import native
+    and whatever the chunking (few panels, rows split too, the 1.5B's 43-panel q/k/v group), each output equals
+    torch._int_mm's (Int8Linear's torch plan)."""
+    from serving.int8 import Int8Plan
 
     torch.manual_seed(7)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the suite's workers run on one
     try:
         for n, k in ((240, 96), (2048, 160), (4000, 64)):
-            w = torch.randint(-127, 128, (n, k), dtype=torch.int8)
-            packed = native.PackedInt8(w)
-            ws, bias = torch.rand(n) + 0.5, torch.randn(n)
+            lin = torch.nn.Linear(k, n)
+            ref = Int8Linear(lin, native=True, plan=Int8Plan("torch", "torch"))
+            fixlab = Int8Linear(lin, native=True, plan=Int8Plan("fixlab", "fixlab"))
             for m in (1, 3, 24, 65, 200):
-                xq = torch.randint(-127, 128, (m, k), dtype=torch.int8)
-                xs = torch.rand(m, 1) + 0.5
-                want = (torch._int_mm(torch.cat([xq, xq.new_zeros(max(0, 17 - m), k)])[:max(m, 17)],
-                                      w.t().contiguous())[:m].float() * xs) * ws + bias
+                x = torch.randn(m, k)
+                want = ref(x)
                 for _ in range(3):  # chunks go to whichever thread is free: every run the same values
-                    assert torch.equal(packed.matmul(xq, xs, ws, bias), want), (n, k, m)
+                    assert torch.equal(fixlab(x), want), (n, k, m)
     finally:
         torch.set_num_threads(threads)
 
